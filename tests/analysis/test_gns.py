@@ -185,8 +185,8 @@ def test_seed_equal_weight_subbatches_is_biased(population: np.ndarray) -> None:
         idx = rng.integers(0, population.shape[0], size=(chunk.size, w, b))
         ex = population[idx]  # (r, w, b, P)
         small = ex.mean(axis=2)  # (r, w, P): correct mean over the 100 examples
-        seed_small = np.stack([ex[:, :, lo:hi].mean(axis=2) for lo, hi in zip(bounds[:-1], bounds[1:])])
-        seed_small = seed_small.mean(axis=0)  # equal weights on 32, 32, 32, 4
+        parts = [ex[:, :, lo:hi].mean(axis=2) for lo, hi in zip(bounds[:-1], bounds[1:], strict=True)]
+        seed_small = np.mean(parts, axis=0)  # (r, w, P): equal weights on 32, 32, 32, 4
         big = small.mean(axis=1)  # (r, P): the correct B = 400 gradient for both
         g2_big = np.einsum("rp,rp->r", big, big)
         for dst_g2, dst_tr, s in [(ours_g2, ours_tr, small), (seed_g2, seed_tr, seed_small)]:
