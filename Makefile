@@ -1,0 +1,35 @@
+# Two commands do all the set-up on a fresh machine: `make demo` and `make test`.
+PYTHON ?= python3
+VENV   ?= .venv
+PY     := $(VENV)/bin/python
+BCRIT  := $(VENV)/bin/bcrit
+STAMP  := $(VENV)/.installed
+
+.PHONY: install demo test test-all lint bench clean
+
+# torch first, pinned to the local CPU wheel: an unpinned torch pulls a multi-GB CUDA build.
+$(STAMP): pyproject.toml
+	@test -x $(PY) || $(PYTHON) -m venv $(VENV)
+	$(PY) -m pip install -q --upgrade pip
+	$(PY) -m pip install -q "torch==2.13.0"
+	$(PY) -m pip install -q -e ".[test]"
+	@touch $(STAMP)
+
+install: $(STAMP)
+
+demo: $(STAMP)
+	$(PY) -m examples.demo
+
+# Default suite: everything but @pytest.mark.slow. pytest's exit 5 (no tests collected) is a failure here.
+test: $(STAMP)
+	$(PY) -m pytest -m "not slow" -q; rc=$$?; \
+	if [ $$rc -eq 5 ]; then echo "make test: pytest collected no tests" >&2; exit 1; fi; exit $$rc
+
+test-all: $(STAMP)
+	$(PY) -m pytest -q; rc=$$?; if [ $$rc -eq 5 ]; then exit 1; fi; exit $$rc
+
+lint: $(STAMP)
+	$(VENV)/bin/ruff check . && $(VENV)/bin/ruff format --check .
+
+clean:
+	rm -rf runs demo-runs .pytest_cache

@@ -1,0 +1,1 @@
+"""bcrit.analysis: from recorded runs to the critical batch size (no torch, no ray)."""

@@ -1,0 +1,78 @@
+"""Every metric name and counter the platform reports, defined once.
+
+The trainables report these names, the orchestrator writes them to MLflow and Parquet, the analysis reads
+them. The README's metric table is generated from `METRIC_DOCS` (keep it in sync: a test checks).
+"""
+
+from __future__ import annotations
+
+# --- counters reported with every result -----------------------------------------------------------------
+STEP = "step"  # optimizer updates done
+MICRO_STEP = "micro_step"  # forward/backward passes done by each worker (= step * grad_accum)
+EXAMPLES = "examples"  # training examples consumed (= step * batch_size)
+EPOCH = "epoch"  # fractional passes over the training set (= examples / train-set size)
+
+# --- losses ------------------------------------------------------------------------------------------------
+TRAIN_LOSS = "train/loss"  # mean epsilon-MSE of the effective batch of this step (all workers, all micro-batches)
+LR = "train/lr"  # learning rate used for this step
+GRAD_NORM = "train/grad_norm"  # |g| of the all-reduced gradient before clipping
+EVAL_LOSS = "eval/loss"  # held-out epsilon-MSE, fixed examples/noise/timesteps (common random numbers)
+EVAL_LOSS_BIN = "eval/loss/bin{k}"  # the same restricted to timestep bin k
+
+# --- gradient noise scale (McCandlish et al. 2018), global, every step ----------------------------------
+GNS_G2_SMALL = "gns/g2_small"  # |G_b|^2: mean squared norm of the small-batch gradients of this step
+GNS_G2_BIG = "gns/g2_big"  # |G_B|^2: squared norm of the big-batch (all-reduced) gradient
+GNS_B_SMALL = "gns/b_small"  # b: examples in each small-batch gradient
+GNS_B_BIG = "gns/b_big"  # B: examples in the big-batch gradient
+GNS_G2 = "gns/g2"  # unbiased |G|^2 of this step alone (noisy; may be negative)
+GNS_TRACE = "gns/trace"  # unbiased tr(Sigma) of this step alone (noisy)
+GNS_B_SIMPLE = "gns/b_simple"  # B_simple = EMA(tr Sigma) / EMA(|G|^2), bias-corrected EMAs
+
+# --- the same per timestep bin k, every `gns_every` steps ------------------------------------------------
+GNS_BIN_G2_SMALL = "gns/bin{k}/g2_small"
+GNS_BIN_G2_BIG = "gns/bin{k}/g2_big"
+GNS_BIN_B_SMALL = "gns/bin{k}/b_small"
+GNS_BIN_B_BIG = "gns/bin{k}/b_big"
+GNS_BIN_G2 = "gns/bin{k}/g2"
+GNS_BIN_TRACE = "gns/bin{k}/trace"
+GNS_BIN_B_SIMPLE = "gns/bin{k}/b_simple"
+
+# --- trial status (trials.parquet `status`, MLflow tag `status`) ------------------------------------------
+STATUS_RUNNING = "running"
+STATUS_REACHED_TARGET = "reached_target"
+STATUS_BUDGET_SPENT = "budget_spent"
+STATUS_DIVERGED = "diverged"
+STATUS_FAILED = "failed"
+FINAL_STATUSES = (STATUS_REACHED_TARGET, STATUS_BUDGET_SPENT, STATUS_DIVERGED, STATUS_FAILED)
+
+
+def per_bin(template: str, k: int) -> str:
+    """Name of a per-bin metric, e.g. ``per_bin(EVAL_LOSS_BIN, 3) == "eval/loss/bin3"``."""
+    return template.format(k=k)
+
+
+METRIC_DOCS: dict[str, str] = {
+    STEP: "optimizer updates done",
+    MICRO_STEP: "forward/backward passes per worker (`step x grad_accum`)",
+    EXAMPLES: "training examples consumed (`step x batch_size`)",
+    EPOCH: "passes over the training set (`examples / train size`, fractional)",
+    TRAIN_LOSS: "epsilon-MSE of this step's effective batch",
+    LR: "learning rate used for this step",
+    GRAD_NORM: "norm of the all-reduced gradient, before clipping",
+    EVAL_LOSS: "held-out epsilon-MSE; fixed examples, noise and timesteps (common random numbers)",
+    EVAL_LOSS_BIN: "the same on the held-out examples whose fixed timestep lies in bin k",
+    GNS_G2_SMALL: "`|G_b|^2`, mean squared norm of this step's small-batch gradients",
+    GNS_G2_BIG: "`|G_B|^2`, squared norm of this step's big-batch gradient",
+    GNS_B_SMALL: "`b`, examples per small-batch gradient",
+    GNS_B_BIG: "`B`, examples in the big-batch gradient",
+    GNS_G2: "unbiased `|G|^2` from this step alone",
+    GNS_TRACE: "unbiased `tr(Sigma)` from this step alone",
+    GNS_B_SIMPLE: "`B_simple`: bias-corrected EMA of `tr(Sigma)` over EMA of `|G|^2`",
+    GNS_BIN_G2_SMALL: "per-bin `|G_b|^2` (measurement pass, every `gns_every` steps)",
+    GNS_BIN_G2_BIG: "per-bin `|G_B|^2`",
+    GNS_BIN_B_SMALL: "per-bin `b`",
+    GNS_BIN_B_BIG: "per-bin `B`",
+    GNS_BIN_G2: "per-bin unbiased `|G_k|^2`",
+    GNS_BIN_TRACE: "per-bin unbiased `tr(Sigma_k)`",
+    GNS_BIN_B_SIMPLE: "per-bin `B_simple` (EMAs of numerator and denominator)",
+}

@@ -1,0 +1,76 @@
+"""Held-out evaluation for steps-to-target: a low-noise loss from common random numbers.
+
+Every trial of every sweep sees the same held-out examples, the same noise and the same timesteps: position
+``p = r * eval_size + i`` (example ``i``, repeat ``r``) lies in timestep bin ``p mod K``, its timestep is uniform
+inside that bin and its noise standard normal, both from a generator keyed by a fixed seed and ``p``. Bins get
+equal counts, so ``eval/loss`` (the mean over all positions) weighs every bin alike, as uniform timesteps do.
+"""
+
+from __future__ import annotations
+
+import contextlib
+
+import numpy as np
+import torch
+
+from analysis.bins import timestep_bins
+from trainables.diffusion import NUM_TIMESTEPS, per_example_loss
+from trainables.randomness import STREAM_EVAL, mix
+
+EVAL_SEED = 1812_06162  # fixed for every trial: common random numbers across a sweep
+EVAL_CHUNK = 256
+
+
+class HeldOutEval:
+    def __init__(self, dataset, repeats: int, num_bins: int, rank: int, world_size: int, device):
+        n = dataset.info.eval_size
+        self.num_bins = num_bins
+        self.device = device
+        bins = timestep_bins(num_bins, NUM_TIMESTEPS)
+        positions = np.arange(rank, n * repeats, world_size)  # this rank's share of the positions
+        self.bin_of = torch.from_numpy(positions % num_bins)
+        x, y = dataset.get(positions % n, split="eval")
+        g = torch.Generator()
+        ts, noise = [], []
+        for p in positions:
+            g.manual_seed(mix(EVAL_SEED, STREAM_EVAL, int(p)))
+            lo, hi = bins[p % num_bins]
+            ts.append(torch.randint(lo, hi + 1, (1,), generator=g))
+            noise.append(torch.randn(x.shape[1:], generator=g))
+        self.x, self.y = x, y
+        self.t = torch.cat(ts) if ts else torch.zeros(0, dtype=torch.int64)
+        self.noise = torch.stack(noise) if noise else torch.zeros((0, *x.shape[1:]))
+
+    @torch.no_grad()
+    def __call__(self, model, scheduler, autocast) -> tuple[float, list[float]]:
+        """``(eval_loss, [eval_loss_bin_k])`` over all ranks (all-reduced when distributed)."""
+        was_training = model.training
+        model.eval()
+        sums = torch.zeros(self.num_bins, dtype=torch.float64)
+        counts = torch.zeros(self.num_bins, dtype=torch.float64)
+        for s in range(0, len(self.t), EVAL_CHUNK):
+            sl = slice(s, s + EVAL_CHUNK)
+            with autocast():
+                loss = per_example_loss(
+                    model,
+                    scheduler,
+                    self.x[sl].to(self.device),
+                    self.y[sl].to(self.device),
+                    self.t[sl].to(self.device),
+                    self.noise[sl].to(self.device),
+                )
+            sums.index_add_(0, self.bin_of[sl], loss.double().cpu())
+            counts.index_add_(0, self.bin_of[sl], torch.ones_like(loss, dtype=torch.float64).cpu())
+        stats = torch.cat([sums, counts])
+        if torch.distributed.is_available() and torch.distributed.is_initialized():
+            stats = stats.to(self.device)
+            torch.distributed.all_reduce(stats)
+            stats = stats.cpu()
+        sums, counts = stats[: self.num_bins], stats[self.num_bins :]
+        model.train(was_training)
+        per_bin = (sums / counts.clamp(min=1)).tolist()
+        return float(sums.sum() / counts.sum()), per_bin
+
+
+def null_autocast():
+    return contextlib.nullcontext()

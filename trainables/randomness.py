@@ -1,0 +1,67 @@
+"""Split-invariant randomness.
+
+An example's timestep, noise and label drop depend only on ``(seed, step, j)`` where ``j`` is the example's
+position in the *global* batch, and the global batch's example indices come from one seeded permutation per
+epoch. Every worker and micro-step slices the same global batch, so one effective batch gives the same update
+however it is split into micro-batches, accumulation steps and workers (up to float summation order).
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import torch
+
+_MASK63 = (1 << 63) - 1
+
+
+def mix(*keys: int) -> int:
+    """A 63-bit seed from integer keys (splitmix64 finaliser over a running hash); stable across processes."""
+    h = 0x9E3779B97F4A7C15
+    for k in keys:
+        h = (h ^ (int(k) & 0xFFFFFFFFFFFFFFFF)) * 0xBF58476D1CE4E5B9 & 0xFFFFFFFFFFFFFFFF
+        h = (h ^ (h >> 31)) * 0x94D049BB133111EB & 0xFFFFFFFFFFFFFFFF
+        h ^= h >> 29
+    return h & _MASK63
+
+
+# stream ids: keep training, evaluation and GNS-measurement streams disjoint
+STREAM_EPOCH, STREAM_EXAMPLE, STREAM_EVAL, STREAM_GNS = 1, 2, 3, 4
+
+
+def epoch_permutation(seed: int, epoch: int, n: int) -> np.ndarray:
+    return np.random.Generator(np.random.PCG64(mix(seed, STREAM_EPOCH, epoch))).permutation(n)
+
+
+def global_batch_indices(seed: int, step: int, batch_size: int, train_size: int) -> np.ndarray:
+    """Dataset indices of the global batch of optimizer step ``step`` (0-based): positions
+    ``[step*B, (step+1)*B)`` of the concatenation of per-epoch permutations."""
+    start, stop = step * batch_size, (step + 1) * batch_size
+    out, pos = [], start
+    while pos < stop:
+        epoch, offset = divmod(pos, train_size)
+        take = min(stop - pos, train_size - offset)
+        out.append(epoch_permutation(seed, epoch, train_size)[offset : offset + take])
+        pos += take
+    return np.concatenate(out)
+
+
+def local_slice(batch_size: int, world_size: int, rank: int, accum: int, micro: int, micro_idx: int) -> slice:
+    """Positions in the global batch that rank ``rank`` processes at micro-step ``micro_idx``.
+    Rank r owns the contiguous block ``[r*B/W, (r+1)*B/W)``, cut into ``accum`` micro-batches."""
+    start = rank * (batch_size // world_size) + micro_idx * micro
+    return slice(start, start + micro)
+
+
+def example_draws(
+    seed: int, stream: int, step: int, positions: range, shape: tuple[int, ...], num_timesteps: int
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """Per-example ``(timestep int64 [n], uniform float32 [n], noise float32 [n, *shape])``, each example from
+    its own generator keyed by ``(seed, stream, step, position)``."""
+    g = torch.Generator()
+    ts, us, noise = [], [], []
+    for j in positions:
+        g.manual_seed(mix(seed, stream, step, j))
+        ts.append(torch.randint(0, num_timesteps, (1,), generator=g))
+        us.append(torch.rand(1, generator=g))
+        noise.append(torch.randn(shape, generator=g))
+    return torch.cat(ts), torch.cat(us), torch.stack(noise)

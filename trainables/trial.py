@@ -1,0 +1,177 @@
+"""Running one trial: as a Ray Train ``TorchTrainer`` (DDP over ``num_workers`` workers; gloo on CPU, NCCL on
+GPU; ``num_workers=0`` in-process), or with no Ray at all (`run_local`, for fast tests and benchmarks).
+
+`check_trial` validates everything that can be known before a worker starts (config, dataset, preset vs image
+size, resources) and raises one `ConfigError`.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import shutil
+import tempfile
+
+import torch
+
+from trainables.config import ConfigError, TrialConfig
+from trainables.data import DatasetError, describe_dataset
+from trainables.loop import train_loop
+from trainables.presets import PRESETS
+
+
+def check_trial(cfg: TrialConfig, resources: dict | None = None) -> None:
+    """Raise ConfigError for a dataset that is missing or malformed, an image size the patch size does not
+    divide, or more workers than the CPUs/GPUs available (``resources`` as ``ray.cluster_resources()``;
+    default: this machine)."""
+    try:
+        info = describe_dataset(cfg.dataset, cfg.eval_size)
+    except DatasetError as e:
+        raise ConfigError(str(e)) from None
+    patch = PRESETS[cfg.preset].patch_size
+    if info.image_size % patch:
+        raise ConfigError(f"image size {info.image_size} of {info.name} is not divisible by patch size {patch}")
+    if resources is None:
+        resources = {"CPU": os.cpu_count() or 1, "GPU": torch.cuda.device_count()}
+    if cfg.use_gpu and resources.get("GPU", 0) < cfg.world_size:
+        raise ConfigError(
+            f"{cfg.world_size} GPU worker(s) asked for but {int(resources.get('GPU', 0))} GPU(s) available; "
+            "lower num_workers or set use_gpu=false"
+        )
+    need = cfg.world_size * cfg.cpus_per_worker
+    if not cfg.use_gpu and need > resources.get("CPU", 0):
+        raise ConfigError(
+            f"{cfg.world_size} worker(s) x {cfg.cpus_per_worker} CPU need {need} CPUs but "
+            f"{int(resources.get('CPU', 0))} are available; lower num_workers or cpus_per_worker"
+        )
+
+
+# --- sessions ------------------------------------------------------------------------------------------------
+class LocalSession:
+    """In-process session with no Ray: reports are kept in a list, checkpoints copied under ``root``."""
+
+    rank, world_size = 0, 1
+
+    def __init__(self, root: str | None = None, resume_from: str | None = None, device: str = "cpu"):
+        self.device = torch.device(device)
+        self.root = root
+        self.resume_from = resume_from
+        self.reports: list[dict] = []
+        self.checkpoints: list[str] = []
+
+    def report(self, metrics: dict, checkpoint_dir: str | None) -> None:
+        self.reports.append(metrics)
+        if checkpoint_dir and self.root:
+            dest = os.path.join(self.root, f"checkpoint_step{metrics['step']:08d}")
+            shutil.copytree(checkpoint_dir, dest, dirs_exist_ok=True)
+            self.checkpoints.append(dest)
+
+    @contextlib.contextmanager
+    def restore(self):
+        yield self.resume_from
+
+
+class RaySession:
+    """Session of a Ray Train worker (V2 API)."""
+
+    def __init__(self):
+        import ray.train
+        import ray.train.torch
+
+        ctx = ray.train.get_context()
+        self.rank, self.world_size = ctx.get_world_rank(), ctx.get_world_size()
+        try:
+            self.device = ray.train.torch.get_device()
+        except Exception:  # local mode (num_workers=0) has no accelerator setup
+            self.device = torch.device("cuda" if torch.cuda.is_available() else "cpu")
+
+    def report(self, metrics: dict, checkpoint_dir: str | None) -> None:
+        import ray.train
+
+        ckpt = ray.train.Checkpoint.from_directory(checkpoint_dir) if checkpoint_dir else None
+        ray.train.report(metrics, checkpoint=ckpt)
+
+    @contextlib.contextmanager
+    def restore(self):
+        import ray.train
+
+        ckpt = ray.train.get_checkpoint()
+        if ckpt is None:
+            yield None
+        else:
+            with ckpt.as_directory() as d:
+                yield d
+
+
+# --- runners ---------------------------------------------------------------------------------------------------
+def run_local(cfg: TrialConfig, checkpoint_root: str | None = None, resume_from: str | None = None) -> LocalSession:
+    """Run the whole trial in this process (``num_workers`` must be 0 or 1); returns the session with its reports."""
+    if cfg.world_size != 1:
+        raise ConfigError("run_local runs one worker; use run_trial for num_workers >= 2")
+    session = LocalSession(checkpoint_root, resume_from, "cuda" if cfg.use_gpu else "cpu")
+    session.summary = train_loop(cfg, session)
+    return session
+
+
+def train_func(config: dict) -> dict:
+    """What each Ray Train worker runs."""
+    return train_loop(TrialConfig.from_dict(config["trial"]), RaySession())
+
+
+def build_trainer(cfg: TrialConfig, *, name: str, storage_path: str, callbacks=(), max_failures: int = 0):
+    """A ``TorchTrainer`` for the trial. A run of the same ``name`` in ``storage_path`` resumes from its
+    latest checkpoint (Ray Train V2), which is how a retried or restored Tune trial continues."""
+    from ray.train import CheckpointConfig, FailureConfig, RunConfig, ScalingConfig
+    from ray.train.torch import TorchConfig, TorchTrainer
+
+    scaling = ScalingConfig(
+        num_workers=cfg.num_workers,
+        use_gpu=cfg.use_gpu,
+        resources_per_worker={"CPU": cfg.cpus_per_worker, **({"GPU": 1} if cfg.use_gpu else {})},
+    )
+    run = RunConfig(
+        name=name,
+        storage_path=storage_path,
+        failure_config=FailureConfig(max_failures=max_failures),
+        checkpoint_config=CheckpointConfig(num_to_keep=2),
+        callbacks=list(callbacks),
+    )
+    return TorchTrainer(
+        train_func,
+        train_loop_config={"trial": cfg.to_dict()},
+        scaling_config=scaling,
+        run_config=run,
+        torch_config=TorchConfig(backend="nccl" if cfg.use_gpu else "gloo"),
+    )
+
+
+def ensure_ray(num_cpus: int | None = None) -> None:
+    """Connect to ``RAY_ADDRESS`` when set, else start a local Ray (embedded default). On small machines the
+    logical CPUs are over-subscribed: each Tune driver takes a CPU besides its workers (REFERENCE.md)."""
+    import ray
+
+    if ray.is_initialized():
+        return
+    os.environ.setdefault("RAY_TRAIN_HEALTH_CHECK_INTERVAL_S", "0.1")
+    if os.environ.get("RAY_ADDRESS"):
+        ray.init(address=os.environ["RAY_ADDRESS"], log_to_driver=True)
+    else:
+        ray.init(
+            num_cpus=num_cpus or max(4, (os.cpu_count() or 1) * 2),
+            include_dashboard=False,
+            log_to_driver=True,
+        )
+
+
+def run_trial(cfg: TrialConfig, *, name: str, storage_path: str | None = None, max_failures: int = 0) -> dict:
+    """Validate, then fit the trial with Ray Train; returns rank 0's summary."""
+    check_trial(cfg)
+    storage_path = os.path.abspath(storage_path or os.path.join(tempfile.gettempdir(), "bcrit-runs"))
+    if cfg.num_workers > 0:
+        ensure_ray()
+    trainer = build_trainer(cfg, name=name, storage_path=storage_path, max_failures=max_failures)
+    result = trainer.fit()
+    summary = dict(result.return_value or {})
+    summary["path"] = result.path
+    summary["checkpoint"] = result.checkpoint.path if result.checkpoint else None
+    return summary
