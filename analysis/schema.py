@@ -103,10 +103,10 @@ def _schema_name(file: str) -> str:
 def validate_trials(table: pa.Table) -> pa.Table:
     """Check a ``trials.parquet`` table against the contract; return it unchanged or raise RunsTableError."""
     _check_columns(table, TRIALS_SCHEMA, TRIALS_FILE)
-    ids = table.column("trial_id")
-    if pc.count_distinct(ids).as_py() != table.num_rows:
-        counts = pc.value_counts(ids)
-        dup = [d["values"] for d in counts.to_pylist() if d["counts"] > 1][:3]
+    codes, ids = string_codes(table.column("trial_id"))
+    counts = np.bincount(codes, minlength=len(ids))
+    if (counts > 1).any():
+        dup = [ids[i] for i in np.flatnonzero(counts > 1)[:3]]
         raise RunsTableError(f"{TRIALS_FILE}: column 'trial_id' has duplicates {dup}; keep one row per trial")
     bad = pc.invert(pc.is_in(pc.cast(table.column("status"), pa.string()), pa.array(STATUSES)))
     if pc.any(bad).as_py():
