@@ -1,0 +1,159 @@
+"""The collected squared norms equal explicitly computed ones (float64, rel. error <= 1e-6).
+
+``LocalGradNormHook`` runs inside DDP on a real gloo process group (``W`` spawned processes on
+localhost): its per-rank number must be ``|g_local|^2`` of that rank's accumulated gradient, and the
+gradient DDP leaves in ``.grad`` must still be the mean of the local ones.
+"""
+
+from __future__ import annotations
+
+import json
+import socket
+import time
+from pathlib import Path
+
+import numpy as np
+import pytest
+import torch
+import torch.distributed as dist
+import torch.multiprocessing as mp
+from torch import nn
+from torch.nn.parallel import DistributedDataParallel
+
+from trainables.gns_stats import LocalGradNormHook, sq_norm
+
+# --------------------------------------------------------------------------------------------------------
+# sq_norm
+# --------------------------------------------------------------------------------------------------------
+
+
+def test_sq_norm_brute_force_float64() -> None:
+    gen = torch.Generator().manual_seed(0)
+    ts = [torch.randn(shape, generator=gen) for shape in [(3,), (4, 5), (2, 3, 4), ()]]
+    ts.append(torch.randn(7, generator=gen, dtype=torch.float64))
+    ts.append(torch.randn(6, generator=gen).to(torch.bfloat16))
+    out = sq_norm([*ts, None])  # None (no gradient) is skipped
+    ref = sum(float((t.double() ** 2).sum()) for t in ts)
+    assert out.dtype == torch.float64 and out.ndim == 0
+    assert float(out) == pytest.approx(ref, rel=1e-12)
+
+
+def test_sq_norm_empty_is_zero() -> None:
+    out = sq_norm([])
+    assert out.dtype == torch.float64 and float(out) == 0.0
+
+
+def test_sq_norm_large_float32_tensor() -> None:
+    """A million float32 values, compared with an explicit float64 sum of squares."""
+    t = torch.randn(1_000_000, generator=torch.Generator().manual_seed(1))
+    ref = float(np.sum(t.numpy().astype(np.float64) ** 2))
+    assert float(sq_norm([t, t[:10]])) == pytest.approx(ref + float((t[:10].double() ** 2).sum()), rel=1e-10)
+
+
+# --------------------------------------------------------------------------------------------------------
+# LocalGradNormHook under DDP (gloo, W spawned processes)
+# --------------------------------------------------------------------------------------------------------
+
+MICRO = 4  # examples per micro-batch
+
+
+def _free_port() -> int:
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+def _model() -> nn.Module:
+    torch.manual_seed(0)  # the same initial weights on every rank (DDP also broadcasts rank 0's)
+    return nn.Sequential(nn.Linear(8, 16), nn.Tanh(), nn.Linear(16, 4))
+
+
+def _flat_grad(model: nn.Module) -> torch.Tensor:
+    return torch.cat([p.grad.reshape(-1).double() for p in model.parameters()])
+
+
+def _worker(rank: int, world: int, port: int, out_dir: str) -> None:
+    dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{port}", rank=rank, world_size=world)
+    try:
+        results = []
+        ref_model = _model().double()  # float64 reference copy of the same weights
+        ddp = DistributedDataParallel(_model(), bucket_cap_mb=1e-4)  # tiny buckets: several per step
+        hook = LocalGradNormHook().register(ddp)
+        gen = torch.Generator().manual_seed(100 + rank)  # each rank its own data
+        for accum in (1, 2, 2):  # the last repeats after DDP's bucket rebuild
+            xs = [torch.randn(MICRO, 8, generator=gen) for _ in range(accum)]
+            ys = [torch.randn(MICRO, 4, generator=gen) for _ in range(accum)]
+            ddp.zero_grad(set_to_none=True)
+            ref_model.zero_grad(set_to_none=True)
+            buckets_in_no_sync = 0
+            for i, (x, y) in enumerate(zip(xs, ys, strict=True)):
+                if i < accum - 1:
+                    with ddp.no_sync():  # forward and backward inside: no all-reduce, no hook
+                        (nn.functional.mse_loss(ddp(x), y) / accum).backward()
+                    buckets_in_no_sync += hook.buckets
+                else:
+                    (nn.functional.mse_loss(ddp(x), y) / accum).backward()
+                (nn.functional.mse_loss(ref_model(x.double()), y.double()) / accum).backward()
+            buckets = hook.buckets
+            local_sq = hook.pop()
+
+            local = _flat_grad(ref_model)  # float64 local gradient of this rank
+            gathered = [torch.empty_like(local) for _ in range(world)]
+            dist.all_gather(gathered, local)
+            mean = torch.stack(gathered).mean(dim=0)
+            averaged = _flat_grad(ddp.module)
+            results.append(
+                {
+                    "accum": accum,
+                    "hook": local_sq,
+                    "ref": float(local @ local),
+                    "avg_rel_err": float((averaged - mean).norm() / mean.norm()),
+                    "buckets": buckets,
+                    "buckets_in_no_sync": buckets_in_no_sync,
+                }
+            )
+        try:
+            hook.pop()
+            popped_twice = True
+        except RuntimeError:
+            popped_twice = False
+        Path(out_dir, f"rank{rank}.json").write_text(json.dumps({"steps": results, "pop2": popped_twice}))
+    finally:
+        dist.destroy_process_group()
+
+
+def _spawn(world: int, out_dir: Path, timeout_s: float = 60.0) -> list[dict]:
+    ctx = mp.start_processes(
+        _worker, args=(world, _free_port(), str(out_dir)), nprocs=world, join=False, start_method="spawn"
+    )
+    deadline = time.monotonic() + timeout_s
+    while not ctx.join(timeout=1.0):
+        if time.monotonic() > deadline:
+            for p in ctx.processes:
+                p.kill()
+            pytest.fail(f"DDP workers did not finish within {timeout_s} s")
+    return [json.loads(Path(out_dir, f"rank{r}.json").read_text()) for r in range(world)]
+
+
+@pytest.mark.parametrize("world", [1, 2])
+def test_local_grad_norm_hook_matches_explicit_gradients(world: int, tmp_path: Path) -> None:
+    if world == 1:  # a one-process group runs in this process (saves a ~3 s spawn)
+        _worker(0, 1, _free_port(), str(tmp_path))
+        ranks = [json.loads(Path(tmp_path, "rank0.json").read_text())]
+    else:
+        ranks = _spawn(world, tmp_path)
+    for r in ranks:
+        assert r["pop2"] is False  # pop() resets: a second pop without a backward raises
+        for step in r["steps"]:
+            assert step["buckets_in_no_sync"] == 0  # nothing collected on non-syncing micro-steps
+            assert step["hook"] == pytest.approx(step["ref"], rel=1e-6)
+            assert step["avg_rel_err"] < 1e-6  # training still sees the all-reduced mean
+        # DDP starts with one bucket and rebuilds after the first step: then several, summed
+        assert r["steps"][0]["buckets"] == 1 and min(s["buckets"] for s in r["steps"][1:]) > 1
+    if world == 2:  # the two ranks really saw different data
+        assert not np.isclose(ranks[0]["steps"][0]["ref"], ranks[1]["steps"][0]["ref"])
+
+
+def test_register_rejects_plain_module() -> None:
+    with pytest.raises(TypeError):
+        LocalGradNormHook().register(nn.Linear(2, 2))  # type: ignore[arg-type]
