@@ -78,9 +78,7 @@ def analyze_metric(
                 "e_min": fit.e_min,
                 "points": [
                     {"batch_size": int(b), "steps": float(s), "trial_id": runs.trial_ids[r]}
-                    for b, s, r in zip(
-                        best.batch_sizes[reached], best.steps[reached], best.trial[reached], strict=True
-                    )
+                    for b, s, r in zip(best.batch_sizes[reached], best.steps[reached], best.trial[reached], strict=True)
                 ],
                 "censored": [runs.trial_ids[r] for r in np.flatnonzero(ok & np.isinf(steps[j]))],
             }
@@ -137,9 +135,7 @@ def analyze(
     return result
 
 
-def write_outputs(
-    result: dict, runs: Runs, out: Path, plots: bool = True, gns_beta: float = 0.99
-) -> list[Path]:
+def write_outputs(result: dict, runs: Runs, out: Path, plots: bool = True, gns_beta: float = 0.99) -> list[Path]:
     """Write ``bcrit.json``, the plots (optional) and ``report.md``; return the written paths."""
     out.mkdir(parents=True, exist_ok=True)
     paths = [out / JSON_FILE]
@@ -168,11 +164,9 @@ def render_markdown(result: dict, pngs: list[str]) -> str:
         + f" · bootstrap: {result['bootstrap']['replicates']} replicates, "
         f"{100 * result['bootstrap']['level']:.0f}% interval.",
         "",
-        "Fit `S = S_min + E_min/B` in log space, `B_crit = E_min/S_min` "
-        "(McCandlish et al. 2018, arXiv 1812.06162).",
+        "Fit `S = S_min + E_min/B` in log space, `B_crit = E_min/S_min` (McCandlish et al. 2018, arXiv 1812.06162).",
         "",
-        "| target | B_crit | interval | S_min (steps) | E_min (examples) | batch sizes | censored "
-        "| B_simple |",
+        "| target | B_crit | interval | S_min (steps) | E_min (examples) | batch sizes | censored | B_simple |",
         "|---:|---:|:---:|---:|---:|---:|---:|---:|",
     ]
     for t in result["targets"]:
@@ -189,9 +183,7 @@ def render_markdown(result: dict, pngs: list[str]) -> str:
             gs = [t["b_simple"] for t in b["targets"] if t.get("b_simple") is not None]
             lo, hi = b["timesteps"]
             med_bs = _fmt(float(np.median(gs))) if gs else "–"
-            lines.append(
-                f"| {b['bin']} | {lo}–{hi} | {_fmt(float(np.median(bc)) if bc else None)} | {med_bs} |"
-            )
+            lines.append(f"| {b['bin']} | {lo}–{hi} | {_fmt(float(np.median(bc)) if bc else None)} | {med_bs} |")
     if result["notes"]:
         lines += ["", "Notes:", ""] + [f"- {n}" for n in result["notes"]]
     lines += [""] + [f"![{p}]({p})" for p in pngs]

@@ -13,6 +13,7 @@ import numpy as np
 import pyarrow as pa
 
 from analysis import metrics as m
+from analysis.gns_view import gns_names
 from analysis.loaders import Runs, runs_from_tables
 from analysis.schema import METRICS_SCHEMA, trials_table
 
@@ -36,11 +37,10 @@ def synth_runs(
     diverge_factor: float = 4.0,
     budget_u: float = 9.0,
     bins: int = 0,
+    gns: bool = False,
 ) -> Runs:
     """A sweep: batch sizes × learning-rate factors × seeds; ``lr = diverge_factor·opt`` trials diverge."""
-    grid = np.array(
-        [(b, f, s) for b in batch_sizes for f in lr_factors for s in range(seeds)], dtype=np.float64
-    )
+    grid = np.array([(b, f, s) for b in batch_sizes for f in lr_factors for s in range(seeds)], dtype=np.float64)
     b, f, seed = grid.T
     n = len(grid)
     penalty = 1.0 + 0.3 * np.log2(f) ** 2
@@ -75,5 +75,18 @@ def synth_runs(
         cols["examples"].append((step * b[:, None].astype(np.int64)).ravel())
         cols["metric"].append(np.full(step.size, name))
         cols["value"].append((loss * scale).ravel())
+    if gns:  # |G|^2 falls with the loss, tr(Sigma) stays: B_simple = tr/|G|^2 grows over training
+        for k in [None, *range(bins)]:
+            g2 = 10.0 * (loss - FLOOR) * (1.0 + 0.5 * (k or 0))
+            trace = np.full_like(g2, 100.0)
+            bb = np.broadcast_to(b[:, None], g2.shape)
+            noise = rng.normal(0.0, 0.05, (2, *g2.shape))
+            vals = [g2 + trace / (bb / 4) * (1 + noise[0]), g2 + trace / bb * (1 + noise[1]), bb / 4, bb]
+            for name, val in zip(gns_names(k), vals, strict=True):
+                cols["trial_id"].append(np.repeat(ids, n_evals + 1))
+                cols["step"].append(step.ravel())
+                cols["examples"].append((step * b[:, None].astype(np.int64)).ravel())
+                cols["metric"].append(np.full(step.size, name))
+                cols["value"].append(np.nan_to_num(val, nan=1e9).ravel())
     metrics = pa.table({k: np.concatenate(v) for k, v in cols.items()}, schema=METRICS_SCHEMA)
     return runs_from_tables(trials, metrics, source="synthetic")

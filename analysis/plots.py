@@ -1,0 +1,150 @@
+"""PNG plots of a ``bcrit.json`` result (matplotlib ``Figure`` objects rendered with Agg; no pyplot state).
+
+- ``steps_vs_examples.png``: per target, steps vs examples with the fitted hyperbola
+  ``(S/S_min - 1)(E/E_min - 1) = 1`` and its asymptotes ``S_min``, ``E_min`` (McCandlish et al. 2018);
+- ``steps_vs_batch.png``: steps-to-target vs batch size with the perfect-scaling line ``S ∝ 1/B``;
+- ``bcrit_vs_target.png``: ``B_crit`` vs target loss with the bootstrap band;
+- ``bins.png``: per timestep bin, ``B_crit`` and ``B_simple`` vs target side by side;
+- ``gns_training.png``: re-smoothed ``B_simple`` over training, globally and per bin.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import numpy as np
+
+from analysis import gns_view
+from analysis.loaders import Runs
+
+
+def _figure(ncols: int = 1, width: float = 6.4, height: float = 4.6):
+    from matplotlib.figure import Figure
+
+    fig = Figure(figsize=(width * ncols, height), layout="constrained")
+    return fig, fig.subplots(1, ncols, squeeze=False)[0]
+
+
+def _colors(n: int):
+    from matplotlib import colormaps
+
+    return colormaps["viridis"](np.linspace(0.0, 0.9, max(n, 1)))
+
+
+def _metric_label(metric: str) -> str:
+    return f"{metric} (ε-MSE)" if metric.startswith("eval/loss") or metric.startswith("train/loss") else metric
+
+
+def steps_vs_examples(result: dict, path: Path) -> Path:
+    fig, (ax,) = _figure()
+    for t, c in zip(result["targets"], _colors(len(result["targets"])), strict=True):
+        b = np.array([p["batch_size"] for p in t["points"]], dtype=float)
+        s = np.array([p["steps"] for p in t["points"]])
+        ax.scatter(b * s, s, color=c, zorder=3, label=f"target {t['target']:.4g}: B_crit={t['b_crit']:.3g}")
+        bb = np.geomspace(b.min() / 4, b.max() * 4, 200)
+        ax.plot(bb * (t["s_min"] + t["e_min"] / bb), t["s_min"] + t["e_min"] / bb, color=c, lw=1.2)
+        ax.axhline(t["s_min"], color=c, ls=":", lw=0.8)
+        ax.axvline(t["e_min"], color=c, ls=":", lw=0.8)
+    ax.set(xscale="log", yscale="log", xlabel="examples to target E = B·S (examples)")
+    ax.set(ylabel="steps to target S (optimizer steps)", title="Steps vs examples; dotted: S_min, E_min")
+    ax.legend(fontsize=7)
+    fig.savefig(path, dpi=110)
+    return path
+
+
+def steps_vs_batch(result: dict, path: Path) -> Path:
+    fig, (ax,) = _figure()
+    for t, c in zip(result["targets"], _colors(len(result["targets"])), strict=True):
+        b = np.array([p["batch_size"] for p in t["points"]], dtype=float)
+        s = np.array([p["steps"] for p in t["points"]])
+        ax.scatter(b, s, color=c, zorder=3, label=f"target {t['target']:.4g}")
+        bb = np.geomspace(b.min(), b.max(), 200)
+        ax.plot(bb, t["s_min"] + t["e_min"] / bb, color=c, lw=1.2)
+        ax.plot(bb, s[0] * b[0] / bb, color=c, ls="--", lw=0.8)  # perfect scaling from the smallest B
+        ax.axvline(t["b_crit"], color=c, ls=":", lw=0.8)
+    ax.set(xscale="log", yscale="log", xlabel="batch size B (examples per step)")
+    ax.set(ylabel="steps to target S (optimizer steps)")
+    ax.set_title("Steps vs batch size; dashed: perfect scaling, dotted: B_crit", fontsize=10)
+    ax.legend(fontsize=7)
+    fig.savefig(path, dpi=110)
+    return path
+
+
+def _band(ax, targets: list[dict], color, label: str, key: str = "b_crit") -> None:
+    y = np.array([t["target"] for t in targets])
+    v = np.array([np.nan if t.get(key) is None else t[key] for t in targets], dtype=float)
+    ax.plot(y, v, "o-", color=color, label=label)
+    if key == "b_crit":
+        ci = np.array([[np.nan if c is None else c for c in t["b_crit_ci"]] for t in targets], dtype=float)
+        ax.fill_between(y, ci[:, 0], ci[:, 1], color=color, alpha=0.2, lw=0)
+
+
+def bcrit_vs_target(result: dict, path: Path) -> Path:
+    fig, (ax,) = _figure()
+    level = int(round(100 * result.get("bootstrap", {}).get("level", 0.9)))
+    _band(ax, result["targets"], "C0", f"B_crit ({level}% bootstrap band)")
+    if any(t.get("b_simple") is not None for t in result["targets"]):
+        _band(ax, result["targets"], "C3", "B_simple at the crossing (median)", key="b_simple")
+    ax.set(yscale="log", xlabel=f"target {_metric_label(result['metric'])}")
+    ax.set(ylabel="batch size (examples per step)", title="B_crit vs target loss")
+    ax.invert_xaxis()  # training moves left to right: lower targets to the right
+    ax.legend(fontsize=8)
+    fig.savefig(path, dpi=110)
+    return path
+
+
+def bins(result: dict, path: Path) -> Path:
+    fig, (a0, a1) = _figure(ncols=2)
+    colors = _colors(len(result["bins"]))
+    for b, c in zip(result["bins"], colors, strict=True):
+        lo, hi = b["timesteps"]
+        _band(a0, b["targets"], c, f"bin {b['bin']} (t={lo}–{hi})")
+        _band(a1, b["targets"], c, f"bin {b['bin']} (t={lo}–{hi})", key="b_simple")
+    for ax, name in ((a0, "empirical B_crit"), (a1, "B_simple at the crossing")):
+        ax.set(yscale="log", xlabel="target per-bin eval loss (ε-MSE)", ylabel=f"{name} (examples)")
+        ax.set_title(f"Per timestep bin: {name}", fontsize=10)
+        ax.invert_xaxis()
+        ax.legend(fontsize=7)
+    ys = [v for ax in (a0, a1) for v in ax.get_ylim()]
+    for ax in (a0, a1):
+        ax.set_ylim(min(ys), max(ys))  # same scale so the two are comparable
+    fig.savefig(path, dpi=110)
+    return path
+
+
+def gns_training(result: dict, runs: Runs, path: Path, beta: float = 0.99) -> Path | None:
+    """B_simple over training for the best trial per batch size (at the middle global target)."""
+    mid = result["targets"][len(result["targets"]) // 2]
+    row_of = {t: i for i, t in enumerate(runs.trial_ids)}
+    picks = [(p["batch_size"], row_of[p["trial_id"]]) for p in mid["points"]]
+    panels = [(None, "global")] + [
+        (b["bin"], f"bin {b['bin']} (t={b['timesteps'][0]}–{b['timesteps'][1]})") for b in result["bins"]
+    ]
+    traces = [[gns_view.b_simple_trace(runs, row, k, beta) for _, row in picks] for k, _ in panels]
+    keep = [i for i, tr in enumerate(traces) if any(x is not None for x in tr)]
+    if not keep:
+        return None
+    fig, axes = _figure(ncols=len(keep), width=4.2, height=3.8)
+    colors = _colors(len(picks))
+    for ax, i in zip(axes, keep, strict=True):
+        for (bsz, _), tr, c in zip(picks, traces[i], colors, strict=True):
+            if tr is not None:
+                ax.plot(tr.step * bsz, tr.b_simple, color=c, lw=1, label=f"B={bsz}")
+        ax.set(xscale="log", yscale="log", xlabel="examples seen (examples)", ylabel="B_simple (examples)")
+        ax.set_title(f"GNS over training: {panels[i][1]}", fontsize=9)
+    axes[0].legend(fontsize=6)
+    fig.savefig(path, dpi=100)
+    return path
+
+
+def make_all(result: dict, runs: Runs, out: Path, gns_beta: float = 0.99) -> list[Path]:
+    """Write every plot that the result has data for; return the paths."""
+    paths = [
+        steps_vs_examples(result, out / "steps_vs_examples.png"),
+        steps_vs_batch(result, out / "steps_vs_batch.png"),
+        bcrit_vs_target(result, out / "bcrit_vs_target.png"),
+    ]
+    if result["bins"]:
+        paths.append(bins(result, out / "bins.png"))
+    g = gns_training(result, runs, out / "gns_training.png", gns_beta)
+    return paths + ([g] if g is not None else [])
