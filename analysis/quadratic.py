@@ -1,0 +1,201 @@
+"""The noisy quadratic model (NQM; Zhang et al. 2019, arXiv 1907.04164): ground truth for B_crit.
+
+Loss ``L(θ) = ½ Σ_i h_i θ_i²`` (a diagonal Hessian ``H = diag(h)``). A mini-batch of ``B`` examples gives the
+gradient ``g = Hθ + ξ`` with ``E ξ = 0`` and ``Cov ξ = C/B``, ``C = diag(c)`` (the NQM takes ``C ∝ H``, i.e.
+``c_i = h_i``). Plain SGD ``θ' = θ - lr·g`` then obeys, per coordinate, independent of the other coordinates:
+
+    θ_i' = (1 - lr h_i) θ_i - lr ξ_i
+    E[θ_i'²] = (1 - lr h_i)² E[θ_i²] + lr² c_i / B          (the cross term vanishes: E[ξ | θ] = 0)
+
+a linear recursion ``m' = r m + q`` with ``r_i = (1 - lr h_i)²``, ``q_i = lr² c_i/B``. Its closed form is
+
+    m_i(t) = m*_i + r_i^t (m_i(0) - m*_i),   m*_i = q_i/(1 - r_i) = lr c_i / (B h_i (2 - lr h_i))
+
+(for ``r_i = 1``: ``m_i(t) = m_i(0) + t q_i``; for ``lr h_i > 2`` the coordinate diverges), and the expected
+loss is ``E L(t) = ½ Σ_i h_i m_i(t)``. Steps-to-target are read off this deterministic curve at integer steps,
+interpolated linearly like :func:`analysis.steps.steps_to_target`.
+
+"Closed-form B_crit" (:func:`closed_form_b_crit`) means: for each batch size, the expected-loss curve above is
+exact (no sampling); the learning rate is tuned by taking the fewest steps over a fine log grid; the
+resulting ``S(B)`` points are fitted with the same log-space ``S = S_min + E_min/B`` fit as measured runs
+(:func:`analysis.pareto.fit_pareto`). It is the B_crit of the *expected* loss, the quantity a sweep of noisy
+runs estimates; no sampling noise enters it, only the lr grid and the fit.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+
+from analysis.loaders import Series
+from analysis.pareto import fit_pareto
+from analysis.steps import steps_to_target
+
+
+def _arrays(*xs) -> list[np.ndarray]:
+    return [np.asarray(x, dtype=np.float64) for x in xs]
+
+
+def _collapse(h: np.ndarray, c: np.ndarray, m0: np.ndarray) -> tuple[np.ndarray, ...]:
+    """Merge coordinates with equal ``(h, c, m0)`` (their ``m(t)`` is the same): ``(h, c, m0, count)``."""
+    rows, count = np.unique(np.stack([h, c, m0], axis=1), axis=0, return_counts=True)
+    return rows[:, 0], rows[:, 1], rows[:, 2], count.astype(np.float64)
+
+
+def _loss_at(
+    h: np.ndarray, c: np.ndarray, m0: np.ndarray, lr: np.ndarray, B: float, t: np.ndarray, w=None
+) -> np.ndarray:
+    """``E L(t)`` for learning rates ``lr`` (n,) at real times ``t`` (T,): shape (n, T); ``inf`` if diverged.
+
+    ``w``: optional multiplicity of each coordinate (from :func:`_collapse`).
+    """
+    if w is None:
+        h, c, m0, w = _collapse(h, c, m0)
+    lr3 = lr[:, None, None]  # (n, 1, 1)
+    t3 = np.asarray(t, dtype=np.float64)[None, None, :]  # (1, 1, T)
+    h3, c3, m3 = h[None, :, None], c[None, :, None], m0[None, :, None]  # (1, d, 1)
+    r = (1.0 - lr3 * h3) ** 2  # (n, d, 1)
+    q = lr3**2 * c3 / B
+    with np.errstate(over="ignore", invalid="ignore", divide="ignore"):
+        flat = np.isclose(r, 1.0, rtol=0.0, atol=1e-15)
+        m_star = np.where(flat, 0.0, q / np.where(flat, 1.0, 1.0 - r))
+        decay = np.exp(t3 * np.log(np.maximum(r, 1e-300)))  # r**t, with 0**0 = 1
+        m = np.where(flat, m3 + t3 * q, m_star + decay * (m3 - m_star))  # (n, d, T)
+        loss = 0.5 * ((w * h)[None, :, None] * m).sum(axis=1)  # (n, T)
+    return np.where(np.isfinite(loss), loss, np.inf)
+
+
+def expected_loss_curve(
+    h: np.ndarray, c: np.ndarray, theta0_sq: np.ndarray, lr: float | np.ndarray, B: float, steps: int
+) -> np.ndarray:
+    """``E L(t)`` for ``t = 0..steps`` (shape ``(steps+1,)``; with an array ``lr`` of shape (n,): (n, steps+1)).
+
+    Exact closed form of the SGD second-moment recursion (module docstring). Divergent settings give ``inf``.
+    """
+    h, c, m0 = _arrays(h, c, theta0_sq)
+    lrs = np.atleast_1d(np.asarray(lr, dtype=np.float64))
+    loss = _loss_at(h, c, m0, lrs, B, np.arange(steps + 1))
+    return loss[0] if np.ndim(lr) == 0 else loss
+
+
+def expected_steps_to_target(
+    h: np.ndarray,
+    c: np.ndarray,
+    theta0_sq: np.ndarray,
+    lr: float | np.ndarray,
+    B: float,
+    target: float,
+    max_steps: int,
+) -> float | np.ndarray:
+    """First (interpolated) step at which ``E L(t) <= target``; ``inf`` if not within ``max_steps``.
+
+    1. evaluate ``E L`` on a geometric grid of ~256 integer steps in ``0..max_steps``;
+    2. take the first grid point at or below the target;
+    3. evaluate every integer step between it and the grid point before, and interpolate the crossing
+       between integer steps exactly as :func:`analysis.steps.steps_to_target` does between evaluations.
+    (A curve that dips below the target and back above within one grid interval would be missed; the NQM's
+    expected loss is a sum of exponentials in ``t`` and does not do that for stable learning rates.)
+    """
+    h, c, m0 = _arrays(h, c, theta0_sq)
+    out = _crossings(h, c, m0, np.atleast_1d(np.asarray(lr, dtype=np.float64)), B, target, max_steps)
+    return float(out[0]) if np.ndim(lr) == 0 else out
+
+
+def _crossings(
+    h: np.ndarray, c: np.ndarray, m0: np.ndarray, lrs: np.ndarray, B: float, y: float, max_steps: int, best=False
+) -> np.ndarray:
+    """Steps to ``y`` per lr (steps 1-3 of :func:`expected_steps_to_target`); ``best``: refine only the lrs
+    that can still be the fastest (the others stay ``inf``)."""
+    grid = np.unique(np.concatenate([[0], np.round(np.geomspace(1, max_steps, 256))])).astype(np.int64)
+    below = _loss_at(h, c, m0, lrs, B, grid) <= y  # (n, G)
+    hit = below.any(axis=1)
+    j = np.where(hit, np.argmax(below, axis=1), len(grid))
+    out = np.full(len(lrs), np.inf)
+    todo = np.flatnonzero(hit)
+    if best and len(todo):
+        todo = todo[grid[np.maximum(j[todo] - 1, 0)] < grid[j[todo].min()]]
+    for i in todo:
+        if j[i] == 0:
+            out[i] = 0.0
+            continue
+        t = np.arange(grid[j[i] - 1], grid[j[i]] + 1)
+        fine = _loss_at(h, c, m0, lrs[i : i + 1], B, t)[0]
+        out[i] = steps_to_target(Series(np.zeros(len(t), np.int64), t, fine), 1, [y])[0, 0]
+    return out
+
+
+@dataclass(frozen=True)
+class QuadraticBCrit:
+    """Closed-form B_crit of the NQM and the per-batch-size points behind it."""
+
+    b_crit: float
+    s_min: float
+    e_min: float
+    batch_sizes: np.ndarray  # (n_b,)
+    steps: np.ndarray  # (n_b,) expected steps with the best lr
+    best_lr: np.ndarray  # (n_b,)
+
+
+def default_lrs(h: np.ndarray, n: int = 200) -> np.ndarray:
+    """A fine log grid of stable learning rates: ``1e-4·2/h_max .. 0.999·2/h_max``."""
+    top = 2.0 / float(np.max(h))
+    return np.geomspace(1e-4 * top, 0.999 * top, n)
+
+
+def closed_form_b_crit(
+    h: np.ndarray,
+    c: np.ndarray,
+    theta0_sq: np.ndarray,
+    target: float,
+    batch_sizes: np.ndarray,
+    lrs: np.ndarray | None = None,
+    max_steps: int = 20_000,
+) -> QuadraticBCrit:
+    """B_crit of the expected NQM loss with the lr tuned per batch size (see the module docstring)."""
+    h, c, m0 = _arrays(h, c, theta0_sq)
+    lrs = default_lrs(h) if lrs is None else np.asarray(lrs, dtype=np.float64)
+    bs = np.asarray(batch_sizes, dtype=np.float64)
+    best = np.full(len(bs), np.inf)
+    best_lr = np.full(len(bs), np.nan)
+    for i, b in enumerate(bs):
+        s = _crossings(h, c, m0, lrs, b, target, max_steps, best=True)
+        k = int(np.argmin(s))
+        best[i], best_lr[i] = s[k], lrs[k]
+    fit = fit_pareto(bs, best)
+    return QuadraticBCrit(fit.b_crit, fit.s_min, fit.e_min, bs, best, best_lr)
+
+
+def simulate(
+    h: np.ndarray,
+    c: np.ndarray,
+    theta0: np.ndarray,
+    lr: float | np.ndarray,
+    B: float | np.ndarray,
+    steps: int,
+    seed: int,
+    eval_every: int = 1,
+) -> tuple[np.ndarray, np.ndarray]:
+    """Run SGD on the NQM with sampled gradient noise; return ``(eval_steps, eval_loss)``.
+
+    ``theta0``: (d,) or (R, d) for R independent runs; ``lr`` and ``B`` broadcast over R. The mini-batch
+    gradient noise is drawn as ``N(0, c/B)`` per coordinate: the mean of ``B`` iid per-example noises of
+    covariance ``diag(c)``. The eval metric is the noise-free loss ``½ Σ h θ²`` at steps
+    ``0, eval_every, ...`` up to ``steps``; shapes ``(n_eval,)`` and ``(n_eval,)`` or ``(R, n_eval)``.
+    Overflowing (diverged) runs report ``inf``.
+    """
+    h, c, theta = _arrays(h, c, theta0)
+    theta = theta.copy()
+    batch = theta.shape[:-1]
+    lr_b = np.broadcast_to(np.asarray(lr, dtype=np.float64), batch)[..., None]  # (..., 1)
+    sd = np.sqrt(c / np.broadcast_to(np.asarray(B, dtype=np.float64), batch)[..., None])  # (..., d)
+    rng = np.random.default_rng(seed)
+    eval_steps = np.arange(0, steps + 1, eval_every)
+    out = np.empty((*batch, len(eval_steps)))
+    with np.errstate(over="ignore", invalid="ignore"):
+        for t in range(steps + 1):
+            if t % eval_every == 0:
+                out[..., t // eval_every] = 0.5 * (h * theta**2).sum(-1)
+            if t < steps:
+                theta -= lr_b * (h * theta + sd * rng.standard_normal(theta.shape))
+    return eval_steps, np.where(np.isfinite(out), out, np.inf)
