@@ -122,12 +122,15 @@ def write_sweep_dir(runs: Runs, path: str | Path) -> None:
 
 
 _INT_PARAMS = ("batch_size", "micro_batch_size", "grad_accum", "num_workers", "seed")
-_RUN_STATUS = {"RUNNING": m.STATUS_RUNNING, "SCHEDULED": m.STATUS_RUNNING, "FAILED": m.STATUS_FAILED, "KILLED": m.STATUS_FAILED}
+_RUN_STATUS = {
+    "RUNNING": m.STATUS_RUNNING,
+    "SCHEDULED": m.STATUS_RUNNING,
+    "FAILED": m.STATUS_FAILED,
+    "KILLED": m.STATUS_FAILED,
+}
 
 
-def load_mlflow(
-    experiment_name: str, tracking_uri: str | None = None, parent_run_id: str | None = None
-) -> Runs:
+def load_mlflow(experiment_name: str, tracking_uri: str | None = None, parent_run_id: str | None = None) -> Runs:
     """Read a sweep from MLflow: the parent run's nested child runs (tag ``mlflow.parentRunId``) are the
     trials.
 
@@ -153,9 +156,7 @@ def load_mlflow(
     if parent_run_id is None:
         parents = [r for r in runs if r.info.run_id in children]
         if not parents:
-            raise RunsTableError(
-                f"MLflow experiment {experiment_name!r} has no parent run with nested child runs"
-            )
+            raise RunsTableError(f"MLflow experiment {experiment_name!r} has no parent run with nested child runs")
         parent_run_id = max(parents, key=lambda r: r.info.start_time or 0).info.run_id
     kids = children.get(parent_run_id, [])
     if not kids:

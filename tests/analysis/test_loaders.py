@@ -1,0 +1,103 @@
+"""Loaders: Parquet round trip, and MLflow nested runs in a real local SQLite store give the same tables."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+from synth_runs import synth_runs
+
+from analysis import metrics as m
+from analysis.loaders import load_mlflow, load_sweep_dir, write_sweep_dir
+from analysis.report import analyze, log_to_mlflow
+from analysis.schema import RunsTableError
+
+
+def test_parquet_round_trip(tmp_path):
+    runs = synth_runs(np.random.default_rng(0), seeds=1, bins=1)
+    write_sweep_dir(runs, tmp_path)
+    back = load_sweep_dir(tmp_path)
+    assert back.trial_ids == runs.trial_ids
+    for name in (m.EVAL_LOSS, m.per_bin(m.EVAL_LOSS_BIN, 0)):
+        a, b = runs.series(name), back.series(name)
+        np.testing.assert_array_equal(a.trial, b.trial)
+        np.testing.assert_array_equal(a.step, b.step)
+        np.testing.assert_array_equal(a.value, b.value)
+    assert back.series("nope").trial.size == 0
+
+
+TRIALS = [  # trial_id, batch_size, lr, status, eval losses at steps 0, 10, 20
+    ("t0", 8, 0.1, m.STATUS_REACHED_TARGET, [1.0, 0.5, 0.2]),
+    ("t1", 16, 0.2, m.STATUS_DIVERGED, [1.0, 2.0, 9.0]),
+    ("t2", 32, 0.1, None, [1.0, 0.7, 0.4]),  # no status tag: derived from the run state
+]
+
+
+@pytest.fixture(scope="module")
+def store(tmp_path_factory):  # one SQLite store for the module: creating its tables takes seconds
+    import mlflow
+    from mlflow.tracking import MlflowClient
+
+    tmp_path = tmp_path_factory.mktemp("mlflow")
+    uri = f"sqlite:///{tmp_path}/mlflow.db"
+    client = MlflowClient(uri)
+    exp = client.create_experiment("sweep", artifact_location=(tmp_path / "artifacts").as_uri())
+    parent = client.create_run(exp, run_name="sweep-parent")
+    for tid, bs, lr, status, losses in TRIALS:
+        tags = {"mlflow.parentRunId": parent.info.run_id, "trial_id": tid}
+        if status:
+            tags["status"] = status
+        run = client.create_run(exp, run_name=f"run-{tid}", tags=tags)
+        params = {"batch_size": bs, "micro_batch_size": bs // 2, "grad_accum": 2, "num_workers": 1}
+        for k, v in {**params, "lr": lr, "seed": 0, "warmup": 5}.items():
+            client.log_param(run.info.run_id, k, v)
+        for i, v in enumerate(losses):
+            client.log_metric(run.info.run_id, m.EVAL_LOSS, v, step=10 * i, timestamp=1000 * i + 1)
+        client.log_metric(run.info.run_id, m.EVAL_LOSS, losses[-1] - 0.01, step=20, timestamp=5000)  # re-logged
+        client.set_terminated(run.info.run_id, "FINISHED")
+    lone = client.create_run(exp, run_name="unrelated")  # a run without children is not a parent
+    client.set_terminated(lone.info.run_id)
+    assert mlflow.get_tracking_uri()  # the global URI is untouched by the loader
+    return uri, parent.info.run_id
+
+
+def test_load_mlflow_nested_runs(store):
+    uri, parent = store
+    runs = load_mlflow("sweep", tracking_uri=uri)
+    assert runs.parent_run_id == parent and runs.tracking_uri == uri
+    rows = runs.trials.sort_by("trial_id").to_pylist()
+    assert [r["trial_id"] for r in rows] == ["t0", "t1", "t2"]
+    assert [r["batch_size"] for r in rows] == [8, 16, 32]
+    assert [r["status"] for r in rows] == [m.STATUS_REACHED_TARGET, m.STATUS_DIVERGED, m.STATUS_BUDGET_SPENT]
+    assert rows[0]["micro_batch_size"] == 4 and rows[0]["grad_accum"] == 2 and rows[0]["warmup"] == "5"
+    t0 = runs.trial_ids.index("t0")
+    s = runs.series(m.EVAL_LOSS)
+    sel = s.trial == t0
+    np.testing.assert_array_equal(s.step[sel], [0, 10, 20])
+    np.testing.assert_allclose(s.value[sel], [1.0, 0.5, 0.19])  # the re-logged step keeps the latest value
+    ex = runs.metrics.filter(runs.metrics.column("trial_id").to_numpy(zero_copy_only=False) == "t2")
+    assert ex.column("examples").to_pylist() == [0, 320, 640]  # examples = step * batch_size
+    assert load_mlflow("sweep", tracking_uri=uri, parent_run_id=parent).trial_ids == runs.trial_ids
+
+
+def test_load_mlflow_errors(store):
+    uri, parent = store
+    with pytest.raises(RunsTableError, match="experiment 'nope' not found"):
+        load_mlflow("nope", tracking_uri=uri)
+    with pytest.raises(RunsTableError, match="has no nested child runs"):
+        load_mlflow("sweep", tracking_uri=uri, parent_run_id="0" * 32)
+
+
+def test_log_to_mlflow_attaches_artifacts_to_parent(store, tmp_path):
+    from mlflow.tracking import MlflowClient
+
+    uri, parent = store
+    runs = load_mlflow("sweep", tracking_uri=uri)
+    out = tmp_path / "report"
+    # three batch sizes, one diverged: too few for a fit, so write a report by hand to check the logging
+    out.mkdir()
+    (out / "bcrit.json").write_text("{}")
+    log_to_mlflow(out, uri, parent)
+    names = [f.path for f in MlflowClient(uri).list_artifacts(parent, "analysis")]
+    assert names == ["analysis/bcrit.json"]
+    with pytest.raises(ValueError, match="only batch sizes"):
+        analyze(runs, targets=[0.3], out_dir=out, bootstrap=0)
