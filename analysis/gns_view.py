@@ -32,18 +32,12 @@ def gns_names(k: int | None = None) -> tuple[str, str, str, str]:
     """Metric names of ``(|G_b|^2, |G_B|^2, b, B)``, global (``k=None``) or of timestep bin ``k``."""
     if k is None:
         return (m.GNS_G2_SMALL, m.GNS_G2_BIG, m.GNS_B_SMALL, m.GNS_B_BIG)
-    return tuple(
-        m.per_bin(t, k) for t in (m.GNS_BIN_G2_SMALL, m.GNS_BIN_G2_BIG, m.GNS_BIN_B_SMALL, m.GNS_BIN_B_BIG)
-    )
+    return tuple(m.per_bin(t, k) for t in (m.GNS_BIN_G2_SMALL, m.GNS_BIN_G2_BIG, m.GNS_BIN_B_SMALL, m.GNS_BIN_B_BIG))
 
 
 def bins_in(runs: Runs, prefix: str) -> list[int]:
     """Bin indices k for which some metric ``{prefix}/bin{k}...`` was reported, ascending."""
-    ks = {
-        int(g.group(1))
-        for name in runs.metric_names()
-        if name.startswith(prefix) and (g := _BIN_RE.search(name))
-    }
+    ks = {int(g.group(1)) for name in runs.metric_names() if name.startswith(prefix) and (g := _BIN_RE.search(name))}
     return sorted(ks)
 
 

@@ -161,7 +161,10 @@ def load_mlflow(experiment_name: str, tracking_uri: str | None = None, parent_ru
     kids = children.get(parent_run_id, [])
     if not kids:
         raise RunsTableError(f"MLflow run {parent_run_id} has no nested child runs (tag mlflow.parentRunId)")
-    trials, metrics = _tables_from_runs(client, kids)
+    latest: dict[str, object] = {}  # a trial retried after Tuner.restore may have several runs: keep the newest
+    for r in sorted(kids, key=lambda r: r.info.start_time or 0):
+        latest[r.data.tags.get("trial_id") or r.info.run_name or r.info.run_id] = r
+    trials, metrics = _tables_from_runs(client, list(latest.values()))
     validate_trials(trials)
     validate_metrics(metrics, trial_ids=trials.column("trial_id"))
     return Runs(
