@@ -1,0 +1,317 @@
+"""cluster.yaml: Ray's own cluster-config validation (offline) and the security properties the config must keep.
+
+Validation is what `ray up` does before it talks to AWS: ``prepare_config`` (merge with Ray's AWS defaults, merge
+the setup commands, check the docker section, fill per-type min/max workers), then ``validate_config`` (Ray's JSON
+schema ``ray-schema.json`` plus its cross-field checks). The rest of ``ray up``'s ``_bootstrap_config`` (auto-detecting
+node resources, creating the key pair, IAM role and security group) needs AWS credentials and boto3, so it is not run;
+cluster.yaml declares every node type's resources so nothing checked here depends on that auto-detection.
+
+Every property is also checked to fail: each mutation below breaks one of them in a copy of the config.
+"""
+
+import copy
+import re
+import shlex
+from pathlib import Path
+
+import pytest
+import yaml
+
+ROOT = Path(__file__).resolve().parents[2]
+CLUSTER_YAML = ROOT / "cluster.yaml"
+
+LOOPBACK = "127.0.0.1"
+MLFLOW_PORT = "5000"
+IMAGE_RE = re.compile(r"^rayproject/ray:(?P<version>\d+\.\d+\.\d+)(-py\d+)?-gpu$")
+# EC2 families with NVIDIA GPUs (head must not be one; workers must be one).
+GPU_FAMILIES = {"g4dn", "g5", "g6", "g6e", "gr6", "p3", "p3dn", "p4d", "p4de", "p5", "p5e", "p5en", "p6"}
+SHELL_OPS = {"&", "&&", "||", ";", "|", "}", ")", ">", "2>&1", "<"}
+COMMAND_KEYS = ("initialization_commands", "setup_commands", "head_setup_commands", "worker_setup_commands")
+HEAD_ONLY_KEYS = ("head_setup_commands", "head_start_ray_commands")
+# libyaml when present: keeps the ~30 load/dump round trips of this module well under a second.
+_Loader = getattr(yaml, "CSafeLoader", yaml.SafeLoader)
+_Dumper = getattr(yaml, "CSafeDumper", yaml.SafeDumper)
+
+
+def _load(text: str) -> dict:
+    return yaml.load(text, Loader=_Loader)
+
+
+def _dump(cfg: dict) -> str:
+    return yaml.dump(cfg, Dumper=_Dumper, sort_keys=False)
+
+
+def ray_prepare_and_validate(config: dict) -> dict:
+    """The offline part of ``ray up``: Ray's own fill-in and validation. Raises on an invalid config."""
+    from ray.autoscaler._private.util import prepare_config, validate_config
+
+    prepared = prepare_config(copy.deepcopy(config))
+    validate_config(prepared)
+    return prepared
+
+
+def _tokens(cmd: str) -> list[str]:
+    # Split shell operators glued to words (`disown;`, `x)`) so option parsing stops at them.
+    return shlex.split(cmd.replace(";", " ; "))
+
+
+def _option(tokens: list[str], start: int, *names: str) -> str | None:
+    """Value of the first of ``names`` among the options after ``tokens[start]``, up to the next shell operator."""
+    for i in range(start, len(tokens)):
+        tok = tokens[i]
+        if tok in SHELL_OPS:
+            break
+        for name in names:
+            if tok == name and i + 1 < len(tokens):
+                return tokens[i + 1]
+            if tok.startswith(name + "="):
+                return tok.split("=", 1)[1]
+    return None
+
+
+def _mlflow_servers(cmd: str) -> list[list[str]]:
+    """The argument lists of every ``mlflow server`` / ``mlflow ui`` invocation in a shell command."""
+    toks = _tokens(cmd)
+    return [
+        toks[i + 2 :]
+        for i in range(len(toks) - 1)
+        if Path(toks[i]).name == "mlflow" and toks[i + 1] in ("server", "ui")
+    ]
+
+
+def _all_commands(cfg: dict) -> dict[str, list[str]]:
+    keys = (*COMMAND_KEYS, "head_start_ray_commands", "worker_start_ray_commands")
+    out = {k: list(cfg.get(k) or []) for k in keys}
+    for name, nt in (cfg.get("available_node_types") or {}).items():
+        for k in ("initialization_commands", "worker_setup_commands"):
+            out[f"available_node_types.{name}.{k}"] = list(nt.get(k) or [])
+    return out
+
+
+def violations(text: str) -> list[str]:
+    """Security and layout violations of a cluster.yaml text (empty list: all good). Also runs Ray's validation."""
+    import ray
+
+    cfg = _load(text)
+    prepared = ray_prepare_and_validate(cfg)
+    bad: list[str] = []
+
+    # 1. Nothing bound to, or opened for, every address.
+    for pattern in ("0.0.0.0", "::/0"):
+        if pattern in text:
+            bad.append(f"'{pattern}' appears in the config")
+
+    # 2. MLflow: exactly one server, started on the head only, bound to loopback, port 5000, sqlite store, artifacts on
+    #    shared storage.
+    cmds = _all_commands(cfg)
+    servers = []
+    for key, lst in cmds.items():
+        for cmd in lst:
+            for args in _mlflow_servers(cmd):
+                if key not in HEAD_ONLY_KEYS:
+                    bad.append(f"mlflow server started from {key} (runs beyond the head)")
+                servers.append(args)
+    if len(servers) != 1:
+        bad.append(f"expected one mlflow server command on the head, found {len(servers)}")
+    for args in servers:
+        host = _option(args, 0, "--host", "-h")
+        if host != LOOPBACK:
+            bad.append(f"mlflow server --host is {host!r}, must be {LOOPBACK}")
+        port = _option(args, 0, "--port", "-p")
+        if port != MLFLOW_PORT:
+            bad.append(f"mlflow server --port is {port!r}, must be {MLFLOW_PORT}")
+        store = _option(args, 0, "--backend-store-uri") or ""
+        if not store.startswith("sqlite:////home/ray/mlflow/"):
+            bad.append(f"mlflow backend store {store!r} is not sqlite:////home/ray/mlflow/...")
+        art = _option(args, 0, "--default-artifact-root") or ""
+        if not (art.startswith("/mnt/") or art.startswith("s3://")):
+            bad.append(f"mlflow artifact root {art!r} is not on shared storage")
+
+    # 3. Ray dashboard / Jobs API on loopback (`ray start --dashboard-host`; Ray's default is localhost).
+    for key, lst in cmds.items():
+        for cmd in lst:
+            toks = _tokens(cmd)
+            for i, tok in enumerate(toks[:-1]):
+                if tok == "ray" and toks[i + 1] == "start":
+                    dash = _option(toks, i + 2, "--dashboard-host")
+                    if dash not in (None, LOOPBACK, "localhost"):
+                        bad.append(f"{key}: ray start --dashboard-host {dash}")
+
+    # 4. Images: rayproject/ray:<this Ray>-...-gpu everywhere, never the deprecated ray-ml.
+    docker = cfg.get("docker") or {}
+    images = {k: docker[k] for k in ("image", "head_image", "worker_image") if k in docker}
+    for name, nt in cfg["available_node_types"].items():
+        if "worker_image" in (nt.get("docker") or {}):
+            images[f"{name}.worker_image"] = nt["docker"]["worker_image"]
+    if "image" not in images:
+        bad.append("docker.image missing")
+    for where, image in images.items():
+        m = IMAGE_RE.match(image)
+        if "ray-ml" in image or not m:
+            bad.append(f"{where}: {image!r} is not rayproject/ray:<version>[-pyXY]-gpu")
+        elif m["version"] != ray.__version__:
+            bad.append(f"{where}: image Ray {m['version']} differs from the installed Ray {ray.__version__}")
+
+    # 5. Node types: a CPU head, GPU workers that scale from zero.
+    head = cfg["head_node_type"]
+    types = prepared["available_node_types"]
+    head_type = types[head]
+    if head_type["resources"].get("GPU", 0) != 0:
+        bad.append("head node type advertises GPUs")
+    if head_type["node_config"].get("InstanceType", "").split(".")[0] in GPU_FAMILIES:
+        bad.append("head node type is a GPU instance")
+    workers = {n: t for n, t in types.items() if n != head}
+    if not workers:
+        bad.append("no worker node type")
+    for name, nt in workers.items():
+        if nt["resources"].get("GPU", 0) < 1:
+            bad.append(f"worker type {name} has no GPUs")
+        if nt["node_config"].get("InstanceType", "").split(".")[0] not in GPU_FAMILIES:
+            bad.append(f"worker type {name} is not a GPU instance type")
+        if nt.get("min_workers") != 0:
+            bad.append(f"worker type {name} min_workers is {nt.get('min_workers')}, must be 0")
+        if nt.get("max_workers", 0) < 1:
+            bad.append(f"worker type {name} max_workers < 1")
+
+    # 6. Every node installs this package (the synced repo, editable), constrained so the image's Ray / torch stay.
+    mounts = cfg.get("file_mounts") or {}
+    repo_mounts = {remote for remote, local in mounts.items() if (ROOT / local).resolve() == ROOT}
+    for key in ("head_setup_commands", "worker_setup_commands"):
+        installs = []
+        for cmd in prepared[key]:
+            toks = _tokens(cmd)
+            for i in range(len(toks) - 1):
+                if toks[i] == "pip" and toks[i + 1] == "install":
+                    editable = _option(toks, i + 2, "-e", "--editable")
+                    constrained = _option(toks, i + 2, "-c", "--constraint") is not None or "--no-deps" in toks
+                    if editable in repo_mounts or any(t.startswith("bcrit @ git+") for t in toks[i + 2 :]):
+                        installs.append(constrained)
+        if not installs:
+            bad.append(f"{key}: no `pip install -e <synced repo>` of this package")
+        elif not all(installs):
+            bad.append(f"{key}: the package install is not constrained (-c) or --no-deps; it may replace torch/ray")
+    return bad
+
+
+@pytest.fixture(scope="module")
+def text() -> str:
+    return CLUSTER_YAML.read_text()
+
+
+def test_cluster_yaml_passes_ray_validation_and_security_checks(text):
+    assert violations(text) == []
+
+
+def test_ray_validation_fills_in_like_ray_up(text):
+    prepared = ray_prepare_and_validate(_load(text))
+    # merge_setup_commands: the common setup runs first on both node kinds.
+    setup = _load(text)["setup_commands"]
+    assert prepared["head_setup_commands"][: len(setup)] == setup
+    assert prepared["worker_setup_commands"][: len(setup)] == setup
+    # fill_node_type_min_max_workers: the head gets max_workers 0.
+    assert prepared["available_node_types"][prepared["head_node_type"]]["max_workers"] == 0
+    assert prepared["provider"]["type"] == "aws"
+
+
+def _set_mlflow(cfg, old, new):
+    cmds = cfg["head_start_ray_commands"]
+    i = next(i for i, c in enumerate(cmds) if "mlflow server" in c)
+    assert old in cmds[i]
+    cmds[i] = cmds[i].replace(old, new)
+
+
+def _mlflow_to_setup(cfg):
+    cmds = cfg["head_start_ray_commands"]
+    i = next(i for i, c in enumerate(cmds) if "mlflow server" in c)
+    cfg["setup_commands"].append(cmds.pop(i))
+
+
+def _worker(cfg):
+    return next(t for n, t in cfg["available_node_types"].items() if n != cfg["head_node_type"])
+
+
+def _head(cfg):
+    return cfg["available_node_types"][cfg["head_node_type"]]
+
+
+def _drop_constraint(cfg):
+    cfg["setup_commands"] = [c.replace("-c /tmp/bcrit-constraints.txt ", "") for c in cfg["setup_commands"]]
+
+
+MUTATIONS = {
+    "mlflow on all interfaces": (lambda c: _set_mlflow(c, "--host 127.0.0.1", "--host 0.0.0.0"), "0.0.0.0"),
+    "mlflow on a private IP": (lambda c: _set_mlflow(c, "--host 127.0.0.1", "--host=10.0.0.5"), "--host"),
+    "mlflow host left to default": (lambda c: _set_mlflow(c, "--host 127.0.0.1 ", ""), "--host"),
+    "mlflow on IPv6 any": (lambda c: _set_mlflow(c, "--host 127.0.0.1", "-h ::"), "--host"),
+    "mlflow on another port": (lambda c: _set_mlflow(c, "--port 5000", "--port 8080"), "--port"),
+    "mlflow started on workers too": (_mlflow_to_setup, "beyond the head"),
+    "dashboard on a VPC address": (
+        lambda c: c.__setitem__(
+            "head_start_ray_commands",
+            [
+                x.replace("--dashboard-host=127.0.0.1", "--dashboard-host 172.31.0.9")
+                for x in c["head_start_ray_commands"]
+            ],
+        ),
+        "dashboard-host",
+    ),
+    "public rule for MLflow": (
+        lambda c: c["provider"].__setitem__(
+            "security_group",
+            {
+                "IpPermissions": [
+                    {"FromPort": 5000, "ToPort": 5000, "IpProtocol": "tcp", "IpRanges": [{"CidrIp": "0.0.0.0/0"}]}
+                ]
+            },
+        ),
+        "0.0.0.0",
+    ),
+    "deprecated ray-ml image": (
+        lambda c: c["docker"].__setitem__("image", "rayproject/ray-ml:2.60.0-py311-gpu"),
+        "image",
+    ),
+    "cpu image": (lambda c: c["docker"].__setitem__("image", "rayproject/ray:2.60.0-py311-cpu"), "image"),
+    "other Ray version": (lambda c: c["docker"].__setitem__("image", "rayproject/ray:2.9.0-py311-gpu"), "differs"),
+    "ray-ml worker image": (lambda c: c["docker"].__setitem__("worker_image", "rayproject/ray-ml:latest-gpu"), "image"),
+    "workers without GPUs": (lambda c: _worker(c)["resources"].pop("GPU"), "no GPUs"),
+    "workers on a CPU type": (lambda c: _worker(c)["node_config"].__setitem__("InstanceType", "m5.24xlarge"), "GPU"),
+    "workers always on": (lambda c: _worker(c).__setitem__("min_workers", 1), "min_workers"),
+    "head with a GPU": (lambda c: _head(c)["resources"].__setitem__("GPU", 1), "head"),
+    "head on a GPU type": (lambda c: _head(c)["node_config"].__setitem__("InstanceType", "g5.xlarge"), "head"),
+    "package not installed": (
+        lambda c: c.__setitem__("setup_commands", [x for x in c["setup_commands"] if "-e /home/ray/bcrit" not in x]),
+        "pip install",
+    ),
+    "package install unconstrained": (_drop_constraint, "constrained"),
+    "repo not synced": (lambda c: c.__setitem__("file_mounts", {}), "pip install"),
+}
+
+
+@pytest.mark.parametrize("name", list(MUTATIONS))
+def test_each_property_fails_when_broken(text, name):
+    mutate, expect = MUTATIONS[name]
+    cfg = _load(text)
+    mutate(cfg)
+    assert cfg != _load(text), f"mutation {name!r} changed nothing"
+    bad = violations(_dump(cfg))
+    assert bad, f"mutation {name!r} was not caught"
+    assert any(expect in b for b in bad), bad
+
+
+RAY_INVALID = {
+    "unknown top-level key": lambda c: c.__setitem__("mlflow_port", 5000),
+    "unknown docker key": lambda c: c["docker"].__setitem__("ports", ["5000:5000"]),
+    "non-integer GPU count": lambda c: _worker(c)["resources"].__setitem__("GPU", "four"),
+    "missing resources": lambda c: _worker(c).pop("resources"),
+    "head type not defined": lambda c: c.__setitem__("head_node_type", "nope"),
+    "min workers above max_workers": lambda c: _worker(c).__setitem__("min_workers", 99),
+}
+
+
+@pytest.mark.parametrize("name", list(RAY_INVALID))
+def test_ray_validation_rejects_broken_configs(text, name):
+    cfg = _load(text)
+    RAY_INVALID[name](cfg)
+    with pytest.raises(Exception) as err:  # jsonschema.ValidationError or ValueError, as `ray up` raises
+        ray_prepare_and_validate(cfg)
+    assert type(err.value).__name__ in ("ValidationError", "ValueError"), err.value
