@@ -8,6 +8,7 @@ size, resources) and raises one `ConfigError`.
 from __future__ import annotations
 
 import contextlib
+import logging
 import os
 import shutil
 import tempfile
@@ -115,6 +116,8 @@ def run_local(cfg: TrialConfig, checkpoint_root: str | None = None, resume_from:
 
 def train_func(config: dict) -> dict:
     """What each Ray Train worker runs."""
+    # Ray Train logs every report at INFO with its full payload (our `rows`): keep worker logs readable.
+    logging.getLogger("ray.train.v2._internal.execution.context").setLevel(logging.WARNING)
     return train_loop(TrialConfig.from_dict(config["trial"]), RaySession())
 
 
