@@ -1,0 +1,317 @@
+"""The sweep spec: one YAML file in the tuning playbook's vocabulary, validated before anything is launched.
+
+```yaml
+name: tiny                        # sweep name: MLflow parent run, default storage ./runs/<name>
+workload: dit                     # dit (default) | quadratic (the noisy quadratic model, seconds per trial)
+scientific:                       # the variable under study: effective batch size B = micro x A x W
+  batch_sizes: [16, 32, 64, 128]
+  splits: [{grad_accum: 1, num_workers: 0}]  # every B runs these; micro_batch_size = B / (A x W) when omitted
+  per_batch_size:                 # replaces `splits` for one B (add accumulation / multi-worker variants)
+    64: [{grad_accum: 1, num_workers: 0}, {grad_accum: 2, num_workers: 0}, {grad_accum: 1, num_workers: 2}]
+  use_gpu: false
+  cpus_per_worker: 1
+nuisance:                         # re-tuned per batch size
+  search: grid                    # grid: lists of values | optuna: TPE, ranges {low, high}
+  lr: [2.0e-3, 6.0e-3]            # optuna: {low: 1.0e-4, high: 1.0e-2} (log scale)
+  trials_per_batch_size: 8        # optuna only
+fixed: {preset: tiny, dataset: digits, seeds: [0], eval_every: 10}   # any other trial-config keys
+stopping: {target_loss: 0.2, max_steps: 100, divergence_factor: 3.0}
+tracking: {mlflow_uri: null, experiment: bcrit}   # null: $MLFLOW_TRACKING_URI, else sqlite in the sweep dir
+storage: ./runs/tiny
+```
+Every mistake raises one `UserError` line naming the key and the fix.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import itertools
+import os
+from dataclasses import dataclass, field
+from typing import Any
+
+from orchestrator.overrides import UserError, apply_overrides, load_yaml
+
+TOP_KEYS = ("name", "workload", "scientific", "nuisance", "fixed", "stopping", "tracking", "storage")
+SCIENTIFIC_KEYS = ("batch_sizes", "splits", "per_batch_size", "use_gpu", "cpus_per_worker")
+SPLIT_KEYS = ("micro_batch_size", "grad_accum", "num_workers")
+NUISANCE_PARAMS = ("lr", "warmup_steps", "beta2", "weight_decay")
+NUISANCE_KEYS = ("search", "trials_per_batch_size", "seed", *NUISANCE_PARAMS)
+STOPPING_KEYS = ("target_loss", "max_steps", "divergence_factor")
+TRACKING_KEYS = ("mlflow_uri", "experiment")
+# trial-config keys owned by other sections (a clear error instead of a silent conflict)
+OWNED = {
+    "batch_size": "scientific.batch_sizes",
+    **{k: "scientific.splits" for k in SPLIT_KEYS},
+    "use_gpu": "scientific.use_gpu",
+    "cpus_per_worker": "scientific.cpus_per_worker",
+    **{k: f"nuisance.{k}" for k in NUISANCE_PARAMS},
+    **{k: f"stopping.{k}" for k in STOPPING_KEYS},
+    "seed": "fixed.seeds",
+}
+WORKLOADS = ("dit", "quadratic")
+SPEC_FILE = "sweep_spec.yaml"  # the resolved spec, saved in the sweep dir (what --resume reads)
+
+
+@dataclass(frozen=True)
+class Split:
+    """How one effective batch size is reached: micro-batch x accumulation x workers (0 workers = in-process)."""
+
+    micro_batch_size: int
+    grad_accum: int
+    num_workers: int
+
+    def label(self) -> str:
+        return f"{self.micro_batch_size}x{self.grad_accum}x{max(1, self.num_workers)}"
+
+
+@dataclass(frozen=True)
+class SweepSpec:
+    name: str
+    workload: str
+    batch_sizes: tuple[int, ...]
+    splits: dict[int, tuple[Split, ...]]  # batch size -> its splits
+    use_gpu: bool
+    cpus_per_worker: int
+    search: str  # "grid" | "optuna"
+    nuisance: dict[str, Any]  # grid: name -> list of values; optuna: name -> (low, high) or a constant
+    trials_per_batch_size: int  # optuna only
+    search_seed: int
+    fixed: dict[str, Any]  # trial-config keys shared by every trial (without seeds)
+    seeds: tuple[int, ...]
+    stopping: dict[str, Any]
+    mlflow_uri: str
+    experiment: str
+    sweep_dir: str
+    raw: dict = field(compare=False, repr=False)  # the resolved YAML (saved in the sweep dir, logged to MLflow)
+
+    # --- trial configs -----------------------------------------------------------------------------------
+    def base_config(self, batch_size: int, split: Split, seed: int) -> dict[str, Any]:
+        """The trial-config dict of one (batch size, split, seed) before the nuisance values are filled in."""
+        return {
+            **self.fixed,
+            **{k: v for k, v in self.stopping.items() if v is not None},
+            "batch_size": batch_size,
+            **dataclasses.asdict(split),
+            "use_gpu": self.use_gpu,
+            "cpus_per_worker": self.cpus_per_worker,
+            "seed": seed,
+        }
+
+    def groups(self) -> list[tuple[int, Split, int]]:
+        """Every (batch size, split, seed) combination, in spec order."""
+        return [(b, s, seed) for b in self.batch_sizes for s in self.splits[b] for seed in self.seeds]
+
+    def grid_points(self) -> list[dict[str, Any]]:
+        """Nuisance values of a grid search (the cartesian product); [] for optuna."""
+        if self.search != "grid":
+            return []
+        names = list(self.nuisance)
+        return [dict(zip(names, vals, strict=True)) for vals in itertools.product(*self.nuisance.values())]
+
+    def trial_configs(self) -> list[dict[str, Any]]:
+        """All trial-config dicts of a grid sweep; for optuna, one representative per group and nuisance corner
+        (low and high ends of every range), which is what validation needs."""
+        points = self.grid_points() or self._optuna_corners()
+        return [{**self.base_config(b, s, seed), **p} for b, s, seed in self.groups() for p in points]
+
+    def _optuna_corners(self) -> list[dict[str, Any]]:
+        ends = [list(v) if isinstance(v, tuple) else [v] for v in self.nuisance.values()]
+        return [dict(zip(self.nuisance, vals, strict=True)) for vals in itertools.product(*ends)]
+
+    def num_trials(self) -> int:
+        if self.search == "grid":
+            return len(self.groups()) * len(self.grid_points())
+        return len(self.batch_sizes) * self.trials_per_batch_size
+
+    def to_yaml(self) -> str:
+        import yaml
+
+        return yaml.safe_dump(self.raw, sort_keys=False)
+
+
+# --- parsing ----------------------------------------------------------------------------------------------------
+def load_spec(path: str, overrides: list[str] | None = None, *, sweep_dir: str | None = None) -> SweepSpec:
+    """Read, override (``--set key=value``) and validate a sweep spec. Raises UserError."""
+    return parse_spec(apply_overrides(load_yaml(path), overrides or []), sweep_dir=sweep_dir, source=path)
+
+
+def parse_spec(data: dict, *, sweep_dir: str | None = None, source: str = "spec") -> SweepSpec:
+    _keys(data, TOP_KEYS, "")
+    name = data.get("name")
+    if not isinstance(name, str) or not name.strip() or "/" in name:
+        raise UserError(f"{source}: 'name' must be a non-empty string without '/', e.g. name: tiny")
+    workload = data.get("workload", "dit")
+    if workload not in WORKLOADS:
+        raise UserError(f"workload {workload!r} is unknown; choose one of {list(WORKLOADS)}")
+    sci = _section(data, "scientific", SCIENTIFIC_KEYS, required=True)
+    nui = _section(data, "nuisance", NUISANCE_KEYS, required=True)
+    fixed = dict(_section(data, "fixed", None))
+    stop = _section(data, "stopping", STOPPING_KEYS)
+    track = _section(data, "tracking", TRACKING_KEYS)
+
+    batch_sizes = _batch_sizes(sci.get("batch_sizes"))
+    default_splits = _splits(sci.get("splits", [{"grad_accum": 1, "num_workers": 0}]), "scientific.splits")
+    per_b = sci.get("per_batch_size") or {}
+    if not isinstance(per_b, dict):
+        raise UserError("scientific.per_batch_size must map a batch size to its list of splits")
+    splits: dict[int, tuple[Split, ...]] = {}
+    for b in batch_sizes:
+        raw_splits = per_b.get(b, per_b.get(str(b)))
+        given = _splits(raw_splits, f"scientific.per_batch_size.{b}") if raw_splits is not None else default_splits
+        splits[b] = tuple(_resolve_split(b, s, where) for s, where in given)
+    extra_b = [k for k in per_b if not str(k).isdigit() or int(k) not in batch_sizes]
+    if extra_b:
+        raise UserError(f"scientific.per_batch_size.{extra_b[0]} is not in scientific.batch_sizes; add it there")
+
+    for key, where in OWNED.items():
+        if key in fixed:
+            raise UserError(f"fixed.{key} is set by {where}; move it there")
+    seeds = fixed.pop("seeds", [0])
+    seeds = [seeds] if isinstance(seeds, int) else seeds
+    if not isinstance(seeds, list) or not seeds or not all(isinstance(s, int) and s >= 0 for s in seeds):
+        raise UserError(f"fixed.seeds must be a non-negative integer or a list of them, got {seeds!r}")
+
+    search, nuisance, trials_per_b = _nuisance(nui)
+    name = name.strip()
+    storage = data.get("storage") or os.path.join("runs", name)
+    if not isinstance(storage, str):
+        raise UserError("storage must be a directory path, e.g. storage: ./runs/tiny")
+    sweep_dir = os.path.abspath(sweep_dir or storage)
+    uri = track.get("mlflow_uri") or os.environ.get("MLFLOW_TRACKING_URI") or local_mlflow_uri(sweep_dir)
+    experiment = track.get("experiment") or "bcrit"
+    if not isinstance(experiment, str):
+        raise UserError("tracking.experiment must be a string (an MLflow experiment name)")
+    return SweepSpec(
+        name=name,
+        workload=workload,
+        batch_sizes=tuple(batch_sizes),
+        splits=splits,
+        use_gpu=_bool(sci.get("use_gpu", False), "scientific.use_gpu"),
+        cpus_per_worker=_pos_int(sci.get("cpus_per_worker", 1), "scientific.cpus_per_worker"),
+        search=search,
+        nuisance=nuisance,
+        trials_per_batch_size=trials_per_b,
+        search_seed=_pos_int(nui.get("seed", 0), "nuisance.seed", minimum=0),
+        fixed=fixed,
+        seeds=tuple(seeds),
+        stopping={k: stop.get(k) for k in STOPPING_KEYS if k in stop},
+        mlflow_uri=uri,
+        experiment=experiment,
+        sweep_dir=sweep_dir,
+        raw={**data, "name": name, "storage": sweep_dir, "tracking": {"mlflow_uri": uri, "experiment": experiment}},
+    )
+
+
+def local_mlflow_uri(sweep_dir: str) -> str:
+    """The embedded default tracking store: SQLite in the sweep dir, written only by the sweep driver."""
+    return f"sqlite:///{os.path.join(os.path.abspath(sweep_dir), 'mlflow.db')}"
+
+
+def _keys(d: Any, allowed: tuple[str, ...] | None, where: str) -> None:
+    if not isinstance(d, dict):
+        raise UserError(f"{where or 'spec'} must be a mapping of keys to values")
+    if allowed is None:
+        return
+    unknown = [k for k in d if k not in allowed]
+    if unknown:
+        prefix = f"{where}." if where else ""
+        scope = f" of {where}" if where else ""
+        raise UserError(f"unknown key {prefix}{unknown[0]}; valid keys{scope}: {list(allowed)}")
+
+
+def _section(data: dict, name: str, allowed: tuple[str, ...] | None, required: bool = False) -> dict:
+    if name not in data or data[name] is None:
+        if required:
+            raise UserError(f"missing section '{name}'; see examples/tiny.yaml")
+        return {}
+    _keys(data[name], allowed, name)
+    return data[name]
+
+
+def _pos_int(v: Any, where: str, minimum: int = 1) -> int:
+    if isinstance(v, bool) or not isinstance(v, int) or v < minimum:
+        raise UserError(f"{where} must be an integer >= {minimum}, got {v!r}")
+    return v
+
+
+def _bool(v: Any, where: str) -> bool:
+    if not isinstance(v, bool):
+        raise UserError(f"{where} must be true or false, got {v!r}")
+    return v
+
+
+def _batch_sizes(v: Any) -> list[int]:
+    if not isinstance(v, list) or not v:
+        raise UserError("scientific.batch_sizes must be a non-empty list of integers, e.g. [16, 32, 64, 128]")
+    out = [_pos_int(b, "scientific.batch_sizes[]") for b in v]
+    if len(set(out)) != len(out):
+        raise UserError(f"scientific.batch_sizes has duplicates {out}; list each batch size once")
+    return out
+
+
+def _splits(v: Any, where: str) -> list[tuple[dict, str]]:
+    if not isinstance(v, list) or not v:
+        raise UserError(f"{where} must be a non-empty list like [{{grad_accum: 1, num_workers: 0}}]")
+    out = []
+    for i, s in enumerate(v):
+        _keys(s, SPLIT_KEYS, f"{where}[{i}]")
+        out.append((s, f"{where}[{i}]"))
+    return out
+
+
+def _resolve_split(b: int, s: dict, where: str) -> Split:
+    a = _pos_int(s.get("grad_accum", 1), f"{where}.grad_accum")
+    w = _pos_int(s.get("num_workers", 0), f"{where}.num_workers", minimum=0)
+    per = a * max(1, w)
+    micro = s.get("micro_batch_size")
+    if micro is None:
+        if b % per:
+            raise UserError(
+                f"{where}: batch size {b} is not divisible by grad_accum x workers = {per}; "
+                f"use a batch size that is a multiple of {per} or another split"
+            )
+        micro = b // per
+    micro = _pos_int(micro, f"{where}.micro_batch_size")
+    if micro * per != b:
+        raise UserError(
+            f"{where}: micro_batch_size {micro} x grad_accum {a} x workers {max(1, w)} = {micro * per} != "
+            f"batch size {b}; fix the split or drop micro_batch_size to derive it"
+        )
+    return Split(micro, a, w)
+
+
+def _nuisance(nui: dict) -> tuple[str, dict[str, Any], int]:
+    search = nui.get("search", "grid")
+    if search not in ("grid", "optuna"):
+        raise UserError(f"nuisance.search must be 'grid' or 'optuna', got {search!r}")
+    if "lr" not in nui:
+        raise UserError("nuisance.lr is required (grid: a list of values; optuna: {low: 1e-4, high: 1e-2})")
+    out: dict[str, Any] = {}
+    for k in NUISANCE_PARAMS:
+        if k not in nui:
+            continue
+        v = nui[k]
+        if search == "grid":
+            v = v if isinstance(v, list) else [v]
+            if not v or not all(isinstance(x, (int, float)) and not isinstance(x, bool) for x in v):
+                raise UserError(f"nuisance.{k} must be a number or a non-empty list of numbers for search: grid")
+            out[k] = v
+        elif isinstance(v, dict):
+            _keys(v, ("low", "high"), f"nuisance.{k}")
+            lo, hi = v.get("low"), v.get("high")
+            if not all(isinstance(x, (int, float)) and not isinstance(x, bool) for x in (lo, hi)) or not lo < hi:
+                raise UserError(f"nuisance.{k} needs numbers low < high, got {v!r}")
+            if k in ("lr", "weight_decay") and lo <= 0:
+                raise UserError(f"nuisance.{k}.low must be > 0 (searched on a log scale), got {lo}")
+            out[k] = (lo, hi)
+        elif isinstance(v, (int, float)) and not isinstance(v, bool):
+            out[k] = v
+        else:
+            raise UserError(f"nuisance.{k} must be {{low, high}} or a constant for search: optuna, got {v!r}")
+    if search == "grid" and "trials_per_batch_size" in nui:
+        raise UserError("nuisance.trials_per_batch_size is for search: optuna; a grid runs every listed value")
+    n = _pos_int(nui.get("trials_per_batch_size", 8), "nuisance.trials_per_batch_size") if search == "optuna" else 0
+    if search == "optuna" and not isinstance(out["lr"], tuple):
+        raise UserError("nuisance.lr must be a range {low, high} for search: optuna")
+    return search, out, n

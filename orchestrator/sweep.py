@@ -1,0 +1,301 @@
+"""The sweep's Python API, for ``bcrit sweep`` and for users' own Tune scripts (see examples/sweep_script.py).
+
+    spec = load_spec("examples/tiny.yaml")          # validated YAML (orchestrator.spec)
+    check_spec(spec)                                 # every trial config + resources, storage, tracking
+    tuner = build_tuner(spec)                        # Tuner: trainable, resources, search, callbacks
+    results = run(tuner, spec)                       # fit; every MLflow run ends terminal
+    results = run(restore_tuner(spec.sweep_dir), spec)   # continue an interrupted sweep
+
+Resources (Ray Train V2): a trial with workers takes one CPU for its Tune driver; its workers get their own
+placement group from Train, so the trial's own request must not include them (they would be reserved twice).
+`max_concurrent_trials` keeps room for the largest trial's workers next to the running drivers.
+"""
+
+from __future__ import annotations
+
+import math
+import os
+import time
+from typing import Any
+
+from analysis import metrics as M
+from orchestrator.overrides import UserError
+from orchestrator.spec import SPEC_FILE, SweepSpec, load_spec, parse_spec
+from orchestrator.tune_trainable import OBJECTIVE, get_workload, make_trainable
+
+TUNE_DIR = "tune"  # Tune experiment of the sweep: <sweep_dir>/tune
+
+
+# --- validation --------------------------------------------------------------------------------------------------
+def check_storage(sweep_dir: str) -> None:
+    try:
+        os.makedirs(sweep_dir, exist_ok=True)
+        probe = os.path.join(sweep_dir, ".bcrit-write-test")
+        with open(probe, "w") as f:
+            f.write("ok")
+        os.remove(probe)
+    except OSError as e:
+        raise UserError(f"storage {sweep_dir!r} is not writable ({e.strerror}); choose another storage path") from None
+
+
+def check_tracking(uri: str) -> None:
+    """The tracking URI must be usable now: a SQLite file we can create, or a server that answers."""
+    if uri.startswith("sqlite:///"):
+        directory = os.path.dirname(uri[len("sqlite:///") :]) or "."
+        if not os.path.isdir(directory) or not os.access(directory, os.W_OK):
+            raise UserError(f"tracking.mlflow_uri {uri!r}: directory {directory!r} is missing or not writable")
+        return
+    if uri.startswith(("http://", "https://")):
+        import urllib.request
+
+        try:
+            with urllib.request.urlopen(uri.rstrip("/") + "/health", timeout=5) as r:
+                if r.status >= 400:
+                    raise OSError(f"HTTP {r.status}")
+        except Exception as e:  # noqa: BLE001 - any failure means unreachable
+            raise UserError(
+                f"tracking.mlflow_uri {uri!r} is unreachable ({e}); start the server or unset it to use the "
+                "embedded SQLite store"
+            ) from None
+        return
+    if uri.startswith(("file:", "/", ".")) or "://" not in uri:
+        raise UserError(
+            f"tracking.mlflow_uri {uri!r}: MLflow 3 refuses the file store; use sqlite:///PATH/mlflow.db or "
+            "an http:// server"
+        )
+
+
+def check_spec(spec: SweepSpec, resources: dict | None = None) -> list[dict[str, Any]]:
+    """Validate everything before launch: each trial config (``from_dict`` + the workload's check against
+    ``resources``, default ``ray.cluster_resources()``), storage and tracking. Returns the trial-config dicts
+    (normalised by the config class). Raises UserError; nothing is launched."""
+    check_storage(spec.sweep_dir)
+    check_tracking(spec.mlflow_uri)
+    if resources is None:
+        import ray
+
+        resources = ray.cluster_resources()
+    w = get_workload(spec.workload)
+    from trainables.config import ConfigError
+
+    out, checked = [], set()
+    for raw in spec.trial_configs():
+        where = f"trial B={raw['batch_size']} split {raw['micro_batch_size']}x{raw['grad_accum']}x{raw['num_workers']}"
+        try:
+            cfg = w.config_cls.from_dict(raw)
+            key = tuple(sorted((k, str(v)) for k, v in cfg.to_dict().items() if k not in ("lr", "seed")))
+            if key not in checked:
+                w.check(cfg, resources)
+                checked.add(key)
+        except (ConfigError, TypeError) as e:
+            raise UserError(f"{where}: {e}") from None
+        out.append(cfg.to_dict())
+    return out
+
+
+# --- resources ---------------------------------------------------------------------------------------------------
+def trial_bundle(cfg: dict) -> dict[str, float]:
+    """What the Tune trial itself holds: its driver (1 CPU), or the whole in-process worker."""
+    if int(cfg.get("num_workers", 0)) == 0:
+        return {"CPU": float(cfg.get("cpus_per_worker", 1)), **({"GPU": 1.0} if cfg.get("use_gpu") else {})}
+    return {"CPU": 1.0}
+
+
+def trial_need(cfg: dict) -> dict[str, float]:
+    """Everything a trial uses while it runs (driver + Train workers)."""
+    w = int(cfg.get("num_workers", 0))
+    if w == 0:
+        return trial_bundle(cfg)
+    need = {"CPU": 1.0 + w * float(cfg.get("cpus_per_worker", 1))}
+    if cfg.get("use_gpu"):
+        need["GPU"] = float(w)
+    return need
+
+
+def max_concurrent(configs: list[dict], resources: dict) -> int:
+    """Trials that can run at once without a worker group waiting on drivers: total / largest need."""
+    worst = 1 << 30
+    for kind in ("CPU", "GPU"):
+        need = max((trial_need(c).get(kind, 0.0) for c in configs), default=0.0)
+        if need:
+            worst = min(worst, math.floor(resources.get(kind, 0.0) / need))
+    return max(1, worst)
+
+
+def local_cpus(spec: SweepSpec) -> int:
+    """Logical CPUs of the embedded local Ray: over-subscribed (2 x cores), and room for two of the largest trial."""
+    biggest = max(trial_need(c)["CPU"] for c in spec.trial_configs())
+    return int(max(2 * (os.cpu_count() or 1), 2 * biggest))
+
+
+# --- the Tuner ---------------------------------------------------------------------------------------------------
+def _trainable(spec: SweepSpec, worker_failures: int):
+    from ray import tune
+    from ray.tune.execution.placement_groups import PlacementGroupFactory
+
+    fn = make_trainable(spec.workload, spec.sweep_dir, worker_failures)
+    return tune.with_resources(fn, lambda config: PlacementGroupFactory([trial_bundle(config["trial"])]))
+
+
+def callbacks(spec: SweepSpec) -> list:
+    """The driver-side callbacks every bcrit sweep needs: MLflow tracking, the Parquet tables, summary lines."""
+    from orchestrator.tables import TablesCallback
+    from orchestrator.tracking import MLflowTracking
+
+    tracking = MLflowTracking(spec.mlflow_uri, spec.experiment, spec.name, spec.sweep_dir, spec.to_yaml())
+    return [tracking, TablesCallback(spec.sweep_dir), SummaryCallback()]
+
+
+def build_tuner(
+    spec: SweepSpec, *, configs: list[dict] | None = None, worker_failures: int = 3, trial_retries: int = 2
+):
+    """A ``Tuner`` for the spec (saves the resolved spec in the sweep dir, where ``restore_tuner`` reads it)."""
+    import ray
+    from ray import tune
+
+    configs = configs if configs is not None else check_spec(spec)
+    with open(os.path.join(spec.sweep_dir, SPEC_FILE), "w") as f:
+        f.write(spec.to_yaml())
+    if spec.search == "grid":
+        param_space, search_alg = {"trial": tune.grid_search(configs)}, None
+    else:
+        from orchestrator.search import PerBatchSizeOptuna
+
+        param_space, search_alg = {}, PerBatchSizeOptuna(spec)
+    return tune.Tuner(
+        _trainable(spec, worker_failures),
+        param_space=param_space,
+        tune_config=tune.TuneConfig(
+            search_alg=search_alg,
+            num_samples=spec.num_trials() if search_alg else 1,
+            max_concurrent_trials=max_concurrent(configs, ray.cluster_resources()),
+            trial_dirname_creator=lambda t: t.trial_id,
+        ),
+        run_config=tune.RunConfig(
+            name=TUNE_DIR,
+            storage_path=spec.sweep_dir,
+            callbacks=callbacks(spec),
+            failure_config=tune.FailureConfig(max_failures=trial_retries),
+            progress_reporter=progress_reporter(),
+            verbose=1,
+        ),
+    )
+
+
+def can_restore(sweep_dir: str) -> bool:
+    from ray.tune import Tuner
+
+    return Tuner.can_restore(os.path.join(os.path.abspath(sweep_dir), TUNE_DIR))
+
+
+def restore_spec(sweep_dir: str) -> SweepSpec:
+    """The spec an existing sweep dir was started with."""
+    import yaml
+
+    path = os.path.join(os.path.abspath(sweep_dir), SPEC_FILE)
+    if not os.path.exists(path):
+        raise UserError(f"{sweep_dir}: not a bcrit sweep directory (no {SPEC_FILE}); pass the spec YAML instead")
+    with open(path) as f:
+        return parse_spec(yaml.safe_load(f), sweep_dir=sweep_dir, source=path)
+
+
+def restore_tuner(spec: SweepSpec, worker_failures: int = 3):
+    """``Tuner.restore`` of the sweep: finished trials stay finished, unfinished ones resume from checkpoints."""
+    from ray.tune import Tuner
+
+    path = os.path.join(spec.sweep_dir, TUNE_DIR)
+    if not Tuner.can_restore(path):
+        raise UserError(f"{spec.sweep_dir}: no interrupted sweep to resume; run it without --resume")
+    return Tuner.restore(path, trainable=_trainable(spec, worker_failures), resume_unfinished=True)
+
+
+def run(tuner, spec: SweepSpec):
+    """Fit the tuner; on any interruption every MLflow run this driver opened is ended (KILLED), none RUNNING."""
+    from orchestrator.tracking import MLflowTracking
+
+    try:
+        return tuner.fit()
+    except BaseException:
+        for cb in _tuner_callbacks(tuner):
+            if isinstance(cb, MLflowTracking):
+                cb.close("KILLED")
+        raise
+
+
+def _tuner_callbacks(tuner) -> list:
+    internal = getattr(tuner, "_local_tuner", None)
+    rc = getattr(internal, "_run_config", None) if internal else None
+    return list(getattr(rc, "callbacks", None) or [])
+
+
+def local_resources(spec: SweepSpec) -> dict[str, float]:
+    """What the embedded local Ray of `start_ray` will hold (to validate before starting it)."""
+    import torch
+
+    return {"CPU": float(local_cpus(spec)), "GPU": float(torch.cuda.device_count())}
+
+
+def start_ray(spec: SweepSpec) -> None:
+    """``RAY_ADDRESS`` if set, else a local Ray sized for the spec (trainables.trial.ensure_ray)."""
+    from trainables.trial import ensure_ray
+
+    ensure_ray(num_cpus=local_cpus(spec))
+
+
+# --- output ------------------------------------------------------------------------------------------------------
+def progress_reporter():
+    from ray import tune
+
+    return tune.CLIReporter(
+        metric_columns={M.STEP: "step", M.EVAL_LOSS: "eval/loss", "status": "status", OBJECTIVE: "objective"},
+        parameter_columns={
+            "trial/batch_size": "B",
+            "trial/micro_batch_size": "micro",
+            "trial/grad_accum": "A",
+            "trial/num_workers": "W",
+            "trial/lr": "lr",
+            "trial/seed": "seed",
+        },
+        max_report_frequency=30,
+        print_intermediate_tables=True,
+    )
+
+
+def summary_line(trial_id: str, cfg: dict, result: dict) -> str:
+    status = result.get("status", "?")
+    split = f"{cfg['micro_batch_size']}x{cfg.get('grad_accum')}x{max(1, int(cfg['num_workers']))}"
+    what = f"{status} at step {result.get(M.STEP)}"
+    if status == M.STATUS_REACHED_TARGET:
+        what = f"reached eval/loss <= {cfg.get('target_loss')} in {result.get(M.STEP)} steps"
+    return (
+        f"[bcrit] {trial_id}  B={cfg['batch_size']:<5d} split {split:<9s} lr={cfg['lr']:.3g}  seed={cfg.get('seed', 0)}"
+        f"  {what}  ({result.get(M.EXAMPLES)} examples, train {result.get('train_seconds', 0.0):.1f}s,"
+        f" start-up {result.get('startup_seconds', 0.0):.1f}s)"
+    )
+
+
+def _callback_base():
+    from ray.tune import Callback
+
+    return Callback
+
+
+class SummaryCallback(_callback_base()):
+    """One line per finished trial: batch size, split, lr, status, steps to target."""
+
+    def on_trial_result(self, iteration, trials, trial, result, **info) -> None:
+        if result.get("status", M.STATUS_RUNNING) != M.STATUS_RUNNING:
+            print(summary_line(trial.trial_id, trial.config["trial"], result), flush=True)
+
+    def on_trial_error(self, iteration, trials, trial, **info) -> None:
+        print(f"[bcrit] {trial.trial_id}  {M.STATUS_FAILED}: {trial.error_file or 'see the Tune log'}", flush=True)
+
+
+def sweep(path: str, overrides: list[str] | None = None, *, resume: bool = False):
+    """Load, validate, run (or resume) a sweep; returns (spec, ResultGrid, wall seconds)."""
+    spec = restore_spec(path) if os.path.isdir(path) else load_spec(path, overrides)
+    start_ray(spec)
+    t0 = time.perf_counter()
+    tuner = restore_tuner(spec) if resume else build_tuner(spec)
+    results = run(tuner, spec)
+    return spec, results, time.perf_counter() - t0

@@ -1,0 +1,66 @@
+"""``bcrit sweep SPEC.yaml [--set key=value ...] [--resume]`` and ``bcrit sweep --resume SWEEP_DIR``."""
+
+from __future__ import annotations
+
+import os
+
+
+def register(sub) -> None:
+    p = sub.add_parser(
+        "sweep",
+        help="run a critical-batch-size sweep (Ray Tune; MLflow; Parquet tables)",
+        description="Run the sweep of a spec YAML (see examples/tiny.yaml), or continue an interrupted one.",
+    )
+    p.add_argument("spec", help="sweep spec YAML, or with --resume the sweep directory")
+    p.add_argument("--set", action="append", default=[], metavar="KEY=VALUE", help="override a spec key (dotted)")
+    p.add_argument("--resume", action="store_true", help="continue an interrupted sweep (Tuner.restore)")
+    p.set_defaults(func=run)
+
+
+def run(args) -> int:
+    from orchestrator.overrides import UserError
+    from orchestrator.spec import load_spec
+    from orchestrator.sweep import can_restore, restore_spec
+
+    if os.path.isdir(args.spec):
+        if not args.resume:
+            raise UserError(f"{args.spec} is a directory; pass a spec YAML, or --resume to continue that sweep")
+        if args.set:
+            raise UserError("--set cannot change a sweep being resumed; start a new sweep instead")
+        spec = restore_spec(args.spec)
+    else:
+        spec = load_spec(args.spec, args.set)
+        if args.resume:
+            spec = restore_spec(spec.sweep_dir)
+        elif can_restore(spec.sweep_dir):
+            raise UserError(
+                f"{spec.sweep_dir} already holds a sweep; add --resume to continue it, or set storage to a new "
+                "directory"
+            )
+    return _run(spec, args.resume)
+
+
+def _run(spec, resume: bool) -> int:
+    import time
+
+    from orchestrator.sweep import build_tuner, check_spec, local_resources, restore_tuner, run, start_ray
+
+    # validate before anything starts: against the local Ray we would start, or the cluster at RAY_ADDRESS
+    configs = check_spec(spec, None if os.environ.get("RAY_ADDRESS") else local_resources(spec))
+    start_ray(spec)
+    if os.environ.get("RAY_ADDRESS"):
+        configs = check_spec(spec)
+    print(
+        f"[bcrit] sweep {spec.name!r}: {spec.num_trials()} trials over batch sizes {list(spec.batch_sizes)} "
+        f"({spec.search} search), workload {spec.workload}"
+    )
+    print(f"[bcrit] sweep dir {spec.sweep_dir}\n[bcrit] MLflow {spec.mlflow_uri} (experiment {spec.experiment!r})")
+    t0 = time.perf_counter()
+    tuner = restore_tuner(spec) if resume else build_tuner(spec, configs=configs)
+    results = run(tuner, spec)
+    wall = time.perf_counter() - t0
+    errors = sum(1 for r in results if r.error is not None)
+    print(f"[bcrit] done: {len(results)} trials ({errors} failed) in {wall:.0f}s")
+    print(f"[bcrit] results: {spec.sweep_dir}/trials.parquet, {spec.sweep_dir}/metrics.parquet")
+    print(f"[bcrit] browse: mlflow ui --backend-store-uri {spec.mlflow_uri}")
+    return 0

@@ -1,0 +1,232 @@
+"""MLflow tracking of a sweep: a Ray Tune callback running in the driver, the ONLY MLflow writer (REFERENCE.md:
+one SQLite writer; ``MLflowLoggerCallback`` duplicates runs after restore and does not nest).
+
+- One parent run per sweep (found again through ``<sweep_dir>/mlflow_parent.json`` on resume): the resolved spec
+  as an artifact and flattened params, the environment (ray/torch/diffusers/mlflow versions, host), and at the
+  end a summary (trial counts per status, ``summary.json``).
+- Exactly one nested child run per trial (tags ``mlflow.parentRunId``, ``trial_id``, ``status``): params = the
+  flattened trial config, every row of every result logged as a metric with its ``step`` (``log_batch``), the trial
+  config as ``trial_config.json``. A retried or restored trial finds its child again by tag ``trial_id`` and
+  continues it; rows at or below the child's ``bcrit.watermark`` tag (set in the same ``log_batch`` as the rows)
+  are not logged again.
+- Every run ends terminal: FINISHED (trial ended itself), FAILED (trial error), KILLED (driver interrupted).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import platform
+import socket
+import time
+from importlib import metadata
+from typing import Any
+
+from ray.tune import Callback
+
+from analysis import metrics as M
+
+PARENT_FILE = "mlflow_parent.json"
+WATERMARK_TAG = "bcrit.watermark"
+MAX_BATCH = 1000  # MLflow's limit of metrics per log_batch call
+MAX_PARAMS = 100  # ... and of params
+
+
+def flatten(d: dict, prefix: str = "") -> dict[str, Any]:
+    """``{"a": {"b": 1}}`` -> ``{"a.b": 1}`` (lists kept as values)."""
+    out: dict[str, Any] = {}
+    for k, v in d.items():
+        key = f"{prefix}{k}"
+        if isinstance(v, dict):
+            out.update(flatten(v, key + "."))
+        else:
+            out[key] = v
+    return out
+
+
+def environment() -> dict[str, str]:
+    env = {"host": socket.gethostname(), "python": platform.python_version()}
+    for pkg in ("ray", "torch", "diffusers", "mlflow", "optuna", "pyarrow"):
+        try:
+            env[pkg] = metadata.version(pkg)
+        except metadata.PackageNotFoundError:
+            env[pkg] = "not installed"
+    return env
+
+
+class MLflowTracking(Callback):
+    """Parent run per sweep + one nested child run per trial (see module docstring)."""
+
+    def __init__(self, tracking_uri: str, experiment: str, sweep_name: str, sweep_dir: str, spec_yaml: str = ""):
+        self.tracking_uri = tracking_uri
+        self.experiment = experiment
+        self.sweep_name = sweep_name
+        self.sweep_dir = os.path.abspath(sweep_dir)
+        self.spec_yaml = spec_yaml
+        self._client = None
+        self.experiment_id: str | None = None
+        self.parent_id: str | None = None
+        self._children: dict[str, str] = {}  # trial_id -> run_id
+        self._marks: dict[str, int] = {}  # trial_id -> max step logged
+        self._status: dict[str, str] = {}  # trial_id -> last status seen
+
+    # --- parent -----------------------------------------------------------------------------------------------
+    @property
+    def client(self):
+        if self._client is None:
+            from mlflow.tracking import MlflowClient
+
+            self._client = MlflowClient(tracking_uri=self.tracking_uri)
+        return self._client
+
+    def setup(self, **info) -> None:
+        self.open_parent()
+
+    def open_parent(self) -> str:
+        """Create the parent run, or reopen the one this sweep dir recorded (resume)."""
+        if self.parent_id:
+            return self.parent_id
+        path = os.path.join(self.sweep_dir, PARENT_FILE)
+        if os.path.exists(path):
+            with open(path) as f:
+                saved = json.load(f)
+            if saved.get("tracking_uri") == self.tracking_uri:
+                self.experiment_id, self.parent_id = saved["experiment_id"], saved["run_id"]
+                self.client.update_run(self.parent_id, status="RUNNING")
+                self.client.set_tag(self.parent_id, "bcrit.resumed_at", time.strftime("%Y-%m-%dT%H:%M:%S"))
+                return self.parent_id
+        exp = self.client.get_experiment_by_name(self.experiment)
+        self.experiment_id = exp.experiment_id if exp else self.client.create_experiment(self.experiment)
+        run = self.client.create_run(
+            self.experiment_id,
+            run_name=self.sweep_name,
+            tags={"bcrit.role": "sweep", "bcrit.sweep_dir": self.sweep_dir, "bcrit.sweep": self.sweep_name},
+        )
+        self.parent_id = run.info.run_id
+        from mlflow.entities import Param
+
+        params = [Param(f"env.{k}", v) for k, v in environment().items()]
+        if self.spec_yaml:
+            import yaml
+
+            spec = flatten(yaml.safe_load(self.spec_yaml) or {}, "spec.")
+            params += [Param(k, str(v)[:6000]) for k, v in spec.items()]
+            self.client.log_text(self.parent_id, self.spec_yaml, "sweep_spec.yaml")
+        for i in range(0, len(params), MAX_PARAMS):
+            self.client.log_batch(self.parent_id, params=params[i : i + MAX_PARAMS])
+        os.makedirs(self.sweep_dir, exist_ok=True)
+        with open(path + ".tmp", "w") as f:
+            json.dump(
+                {"tracking_uri": self.tracking_uri, "experiment_id": self.experiment_id, "run_id": self.parent_id}, f
+            )
+        os.replace(path + ".tmp", path)
+        return self.parent_id
+
+    # --- children ---------------------------------------------------------------------------------------------
+    def child(self, trial_id: str, cfg: dict) -> str:
+        """The child run of a trial: cached, else found by tag ``trial_id`` under the parent, else created."""
+        if trial_id in self._children:
+            return self._children[trial_id]
+        parent = self.open_parent()
+        found = self.client.search_runs(
+            [self.experiment_id],
+            filter_string=f"tags.`mlflow.parentRunId` = '{parent}' and tags.trial_id = '{trial_id}'",
+            max_results=2,
+        )
+        if found:
+            run = found[0]
+            self._marks[trial_id] = int(run.data.tags.get(WATERMARK_TAG, -1))
+            self._status[trial_id] = run.data.tags.get("status", M.STATUS_RUNNING)
+            if run.info.status != "RUNNING" and self._status[trial_id] not in M.FINAL_STATUSES:
+                self.client.update_run(run.info.run_id, status="RUNNING")
+            self._children[trial_id] = run.info.run_id
+            return run.info.run_id
+        from mlflow.entities import Param
+
+        name = f"B{cfg['batch_size']}-{cfg['micro_batch_size']}x{cfg.get('grad_accum')}x{max(1, cfg['num_workers'])}"
+        run = self.client.create_run(
+            self.experiment_id,
+            run_name=f"{name}-lr{cfg['lr']:.3g}-s{cfg.get('seed', 0)}-{trial_id}",
+            tags={"mlflow.parentRunId": parent, "trial_id": trial_id, "status": M.STATUS_RUNNING},
+        )
+        run_id = run.info.run_id
+        params = [Param(k, str(v)[:6000]) for k, v in flatten(cfg).items()]
+        for i in range(0, len(params), MAX_PARAMS):
+            self.client.log_batch(run_id, params=params[i : i + MAX_PARAMS])
+        self.client.log_dict(run_id, cfg, "trial_config.json")
+        self._children[trial_id], self._marks[trial_id], self._status[trial_id] = run_id, -1, M.STATUS_RUNNING
+        return run_id
+
+    def log_rows(self, trial_id: str, rows: list, status: str | None = None) -> int:
+        """Log rows past the watermark, whole steps per ``log_batch`` (rows + watermark tag in one call)."""
+        from mlflow.entities import Metric, RunTag
+
+        run_id, mark = self._children[trial_id], self._marks.get(trial_id, -1)
+        new = sorted((r for r in rows if int(r[0]) > mark), key=lambda r: int(r[0]))
+        now = int(time.time() * 1000)
+        batch: list = []
+        written = 0
+        for i, (step, _examples, name, value, _wall) in enumerate(new):
+            batch.append(Metric(name, float(value), now, int(step)))
+            last_of_step = i + 1 == len(new) or int(new[i + 1][0]) != int(step)
+            if len(batch) >= MAX_BATCH or (last_of_step and i + 1 == len(new)):
+                done = int(step) if last_of_step else int(step) - 1
+                tags = [RunTag(WATERMARK_TAG, str(done))]
+                if status and i + 1 == len(new):
+                    tags.append(RunTag("status", status))
+                self.client.log_batch(run_id, metrics=batch, tags=tags)
+                written += len(batch)
+                self._marks[trial_id] = done
+                batch = []
+        if status and not new:
+            self.client.set_tag(run_id, "status", status)
+        return written
+
+    def end_child(self, trial_id: str, status: str, run_status: str) -> None:
+        run_id = self._children.get(trial_id)
+        if run_id is None:
+            return
+        self.client.set_tag(run_id, "status", status)
+        self.client.set_terminated(run_id, status=run_status)
+        self._status[trial_id] = status
+
+    # --- Tune callback hooks ----------------------------------------------------------------------------------
+    def on_trial_start(self, iteration, trials, trial, **info) -> None:
+        self.child(trial.trial_id, trial.config["trial"])
+
+    def on_trial_result(self, iteration, trials, trial, result, **info) -> None:
+        self.child(trial.trial_id, trial.config["trial"])
+        status = result.get("status", M.STATUS_RUNNING)
+        self.log_rows(trial.trial_id, result.get("rows") or [], status)
+        if status != M.STATUS_RUNNING:
+            self.end_child(trial.trial_id, status, "FINISHED")
+
+    def on_trial_complete(self, iteration, trials, trial, **info) -> None:
+        if self._status.get(trial.trial_id) not in M.FINAL_STATUSES:
+            last = (trial.last_result or {}).get("status", M.STATUS_FAILED)
+            final = last if last in M.FINAL_STATUSES else M.STATUS_FAILED
+            self.end_child(trial.trial_id, final, "FINISHED" if final != M.STATUS_FAILED else "FAILED")
+
+    def on_trial_error(self, iteration, trials, trial, **info) -> None:
+        self.child(trial.trial_id, trial.config["trial"])
+        self.end_child(trial.trial_id, M.STATUS_FAILED, "FAILED")
+
+    def on_experiment_end(self, trials, **info) -> None:
+        counts: dict[str, int] = {}
+        for t in trials:
+            s = self._status.get(t.trial_id) or (t.last_result or {}).get("status", "unknown")
+            counts[s] = counts.get(s, 0) + 1
+        self.close("FINISHED", {"trials": len(trials), "status_counts": counts})
+
+    def close(self, run_status: str = "KILLED", summary: dict | None = None) -> None:
+        """End every run this driver still holds open (children first), then the parent."""
+        if self.parent_id is None:
+            return
+        for tid, run_id in self._children.items():
+            if self._status.get(tid) not in M.FINAL_STATUSES:
+                self.client.set_terminated(run_id, status=run_status)
+        if summary is not None:
+            self.client.log_dict(self.parent_id, summary, "summary.json")
+            for k, v in summary.get("status_counts", {}).items():
+                self.client.log_metric(self.parent_id, f"trials/{k}", v)
+        self.client.set_terminated(self.parent_id, status=run_status)

@@ -1,0 +1,155 @@
+"""The Tune *function* trainable of a sweep: one call = one trial (Ray Train V2 pattern, REFERENCE.md).
+
+- ``num_workers >= 1``: build a ``TorchTrainer`` named after the Tune trial id (so a retried or restored trial
+  resumes from its latest Train checkpoint) and fit it; rank 0's reports reach Tune via `ObjectiveReportCallback`
+  (``TuneReportCallback`` plus the ``objective`` the searcher minimises). Worker failures: Train's FailureConfig.
+- ``num_workers == 0``: the loop runs in the trial actor itself with a `TuneSession` (Tune checkpoints; a
+  ``TorchTrainer`` in local mode cannot report to Tune). This is the fast path of tests and the quadratic workload.
+
+A trial always ends itself (target, budget, divergence), never by Tune: the placement-group leak of ray#54305.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import math
+import os
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any
+
+from analysis import metrics as M
+
+OBJECTIVE = "objective"  # what the searcher minimises (see `objective`)
+TRAIN_DIR = "train"  # Ray Train runs of the sweep live in <sweep_dir>/train/<trial_id>
+
+
+@dataclass(frozen=True)
+class Workload:
+    """What a sweep can train: its config class (``from_dict``), pre-launch check, per-worker function."""
+
+    name: str
+    config_cls: type
+    check: Callable[[Any, dict | None], None]
+    train_func: Callable[[dict], Any]  # Ray Train per-worker function taking {"trial": cfg_dict}
+    loop: Callable[[Any, Any], dict]  # train_loop(cfg, session) for the in-process path
+
+
+def get_workload(name: str) -> Workload:
+    if name == "quadratic":
+        from trainables import quadratic
+
+        q = quadratic
+        return Workload(name, q.QuadraticConfig, q.check_quadratic, q.train_func, q.train_loop)
+    from trainables.config import TrialConfig
+    from trainables.loop import train_loop
+    from trainables.trial import check_trial, train_func
+
+    return Workload("dit", TrialConfig, check_trial, train_func, train_loop)
+
+
+def objective(metrics: dict, target_loss: float | None, max_steps: int) -> float:
+    """Lower is better. With a target: steps to reach it when reached, else ``max_steps x (1 + loss/target)``
+    (a censored trial ranks behind every trial that reached it, closer ones first). Without: the eval loss.
+    A diverged trial gets ``4 x max_steps`` (or +inf-like 1e30 without a target)."""
+    loss = metrics.get(M.EVAL_LOSS, math.inf)
+    status = metrics.get("status")
+    if status == M.STATUS_DIVERGED or not math.isfinite(loss):
+        return 4.0 * max_steps if target_loss is not None else 1e30
+    if target_loss is None:
+        return float(loss)
+    if status == M.STATUS_REACHED_TARGET:
+        return float(metrics.get(M.STEP, 0))
+    return float(max_steps * (1.0 + max(loss, 0.0) / max(target_loss, 1e-12)))
+
+
+class TuneSession:
+    """Session of the in-process path: the loop reports straight to Tune, checkpoints are Tune checkpoints."""
+
+    rank, world_size = 0, 1
+
+    def __init__(self, use_gpu: bool, target_loss: float | None, max_steps: int):
+        import torch
+
+        self.device = torch.device("cuda" if use_gpu else "cpu")
+        self._target, self._max_steps = target_loss, max_steps
+
+    def report(self, metrics: dict, checkpoint_dir: str | None) -> None:
+        from ray import tune
+
+        metrics = {**metrics, OBJECTIVE: objective(metrics, self._target, self._max_steps)}
+        ckpt = tune.Checkpoint.from_directory(checkpoint_dir) if checkpoint_dir else None
+        tune.report(metrics, checkpoint=ckpt)
+
+    @contextlib.contextmanager
+    def restore(self):
+        from ray import tune
+
+        ckpt = tune.get_checkpoint()
+        if ckpt is None:
+            yield None
+        else:
+            with ckpt.as_directory() as d:
+                yield d
+
+
+def objective_report_callback(target_loss: float | None, max_steps: int):
+    """A ``TuneReportCallback`` that adds `OBJECTIVE` to rank 0's metrics (built lazily: it needs a Tune session)."""
+    from ray.tune.integration.ray_train import TuneReportCallback
+
+    class ObjectiveReportCallback(TuneReportCallback):
+        def after_report(self, run_context, metrics, checkpoint):
+            first = {**metrics[0], OBJECTIVE: objective(metrics[0], target_loss, max_steps)}
+            super().after_report(run_context, [first, *metrics[1:]], checkpoint)
+
+    return ObjectiveReportCallback()
+
+
+def make_trainable(workload: str, sweep_dir: str, worker_failures: int = 3) -> Callable[[dict], None]:
+    """The function Tune runs per trial. ``config["trial"]`` is the full trial-config dict."""
+    train_storage = os.path.join(os.path.abspath(sweep_dir), TRAIN_DIR)
+
+    def bcrit_trial(config: dict) -> None:
+        from ray import tune
+
+        w = get_workload(workload)
+        cfg = w.config_cls.from_dict(config["trial"])
+        target, budget = cfg.target_loss, cfg.max_steps
+        if cfg.num_workers == 0:
+            w.loop(cfg, TuneSession(cfg.use_gpu, target, budget))
+            return
+        trial_id = tune.get_context().get_trial_id()
+        cb = objective_report_callback(target, budget)
+        if workload == "dit":
+            from trainables.trial import build_trainer
+
+            trainer = build_trainer(
+                cfg, name=trial_id, storage_path=train_storage, callbacks=[cb], max_failures=worker_failures
+            )
+        else:
+            trainer = _generic_trainer(w, cfg, trial_id, train_storage, [cb], worker_failures)
+        trainer.fit()
+
+    return bcrit_trial
+
+
+def _generic_trainer(w: Workload, cfg, name: str, storage_path: str, callbacks: list, max_failures: int):
+    """A ``TorchTrainer`` for a non-DiT workload (same run naming and failure handling as the DiT trial)."""
+    from ray.train import CheckpointConfig, FailureConfig, RunConfig, ScalingConfig
+    from ray.train.torch import TorchConfig, TorchTrainer
+
+    return TorchTrainer(
+        w.train_func,
+        train_loop_config={"trial": cfg.to_dict()},
+        scaling_config=ScalingConfig(
+            num_workers=cfg.num_workers, use_gpu=cfg.use_gpu, resources_per_worker={"CPU": cfg.cpus_per_worker}
+        ),
+        run_config=RunConfig(
+            name=name,
+            storage_path=storage_path,
+            failure_config=FailureConfig(max_failures=max_failures),
+            checkpoint_config=CheckpointConfig(num_to_keep=2),
+            callbacks=callbacks,
+        ),
+        torch_config=TorchConfig(backend="nccl" if cfg.use_gpu else "gloo"),
+    )
