@@ -81,9 +81,10 @@ class Runs:
             empty = np.zeros(0, np.int64)
             return Series(empty, empty, np.zeros(0))
         mask = mcode == names.index(metric)
-        t = trial[mask]
-        s = self.metrics.column("step").to_numpy()[mask]
-        v = self.metrics.column("value").to_numpy()[mask]
+        t, s = trial, self.metrics.column("step").to_numpy()
+        v = self.metrics.column("value").to_numpy()
+        if len(names) > 1:  # a table holding one metric needs no selection (and no copies)
+            t, s, v = t[mask], s[mask], v[mask]
         key = t * (int(s.max()) + 1) + s
         if not (np.diff(key) >= 0).all():  # sorted is the recommended layout: skip the sort then
             order = np.argsort(key, kind="stable")

@@ -44,10 +44,53 @@ def steps_to_target(series: Series, n_trials: int, targets: np.ndarray | list[fl
     step.
     """
     targets = np.atleast_1d(np.asarray(targets, dtype=np.float64))
+    if len(series.trial) == 0:
+        return np.full((len(targets), n_trials), np.inf)
+    starts = np.flatnonzero(_first_rows(series.trial))
+    longest = int(np.diff(np.append(starts, len(series.trial))).max())
+    if len(starts) * longest <= 2 * len(series.trial) + 4096:  # trials of similar length: a dense grid
+        return _dense(series, n_trials, targets, starts, longest)
+    return _sparse(series, n_trials, targets)
+
+
+def _dense(series: Series, n_trials: int, targets: np.ndarray, starts: np.ndarray, width: int) -> np.ndarray:
+    """One running minimum per trial on a padded (trials, evaluations) grid, then one pass per target."""
+    t, s, v = series.trial, series.step.astype(np.float64), series.value
+    lengths = np.diff(np.append(starts, len(t)))
+    if (lengths == width).all():  # every trial has the same number of evaluations: a reshape, no scatter
+        vals, steps = v.reshape(len(starts), width), s.reshape(len(starts), width)
+    else:
+        row = np.repeat(np.arange(len(starts)), lengths)
+        col = np.arange(len(t)) - np.repeat(starts, lengths)
+        vals = np.full((len(starts), width), np.nan)  # (trials present, evaluations); padding is NaN
+        vals[row, col] = v
+        steps = np.zeros((len(starts), width))
+        steps[row, col] = s
+    runmin = np.fmin.accumulate(np.where(np.isnan(vals), np.inf, vals), axis=1)  # NaN never reaches
+    out = np.full((len(targets), n_trials), np.inf)
+    r = np.arange(len(starts))
+    for j, y in enumerate(targets):
+        k = (runmin > y).sum(axis=1)  # index of the first evaluation at or below y; width if none
+        hit = k < width
+        rr, kk = r[hit], k[hit]
+        step = steps[rr, kk]
+        inner = kk > 0
+        v0, v1 = vals[rr[inner], kk[inner] - 1], vals[rr[inner], kk[inner]]
+        s0 = steps[rr[inner], kk[inner] - 1]
+        with np.errstate(invalid="ignore"):
+            frac = (v0 - y) / (v0 - v1)  # v0 > y >= v1, so 0 <= frac < 1; NaN v0 -> no interpolation
+        step_in = step[inner]
+        ok = np.isfinite(frac)
+        step_in[ok] = s0[ok] + frac[ok] * (step_in[ok] - s0[ok])
+        step[inner] = step_in
+        out[j, t[starts[rr]]] = step
+    return out
+
+
+def _sparse(series: Series, n_trials: int, targets: np.ndarray) -> np.ndarray:
+    """Per target, the first row at or below it in each trial (for trials of very unequal lengths)."""
     out = np.full((len(targets), n_trials), np.inf)
     t, s, v = series.trial, series.step.astype(np.float64), series.value
-    if len(t) == 0:
-        return out
     starts = _first_rows(t)
     for j, y in enumerate(targets):
         idx = np.flatnonzero(v <= y)  # NaN compares False: a NaN evaluation never counts as reaching
@@ -60,7 +103,8 @@ def steps_to_target(series: Series, n_trials: int, targets: np.ndarray | list[fl
         interp = ~starts[first]
         prev = first[interp] - 1
         v0, v1 = v[prev], v[first[interp]]
-        frac = (v0 - y) / (v0 - v1)  # v0 > y >= v1, so 0 <= frac < 1
+        with np.errstate(invalid="ignore"):
+            frac = (v0 - y) / (v0 - v1)  # v0 > y >= v1, so 0 <= frac < 1
         ok = np.isfinite(frac)
         step_i = step[interp]
         step_i[ok] = s[prev][ok] + frac[ok] * (step_i[ok] - s[prev][ok])

@@ -84,3 +84,20 @@ def test_usable_and_counts_and_final_losses():
     first, low = final_losses(s, 4)
     np.testing.assert_array_equal(first, [2.0, np.nan, 0.9, np.nan])
     np.testing.assert_array_equal(low, [2.0, np.nan, 0.5, np.nan])
+
+
+def test_dense_and_sparse_paths_agree():
+    from analysis.steps import _dense, _sparse
+
+    rng = np.random.default_rng(0)
+    n, rows = 50, []
+    for i in range(n):
+        k = int(rng.integers(1, 30))
+        vals = np.cumsum(rng.normal(-0.05, 0.1, k)) + 1.0
+        vals[rng.random(k) < 0.1] = np.nan
+        steps = np.cumsum(rng.integers(1, 5, k))
+        rows += [(i, st, va) for st, va in zip(steps, vals, strict=True)]
+    s = _series(rows)
+    targets = np.array([1.2, 1.0, 0.8, 0.5, -3.0])
+    starts = np.flatnonzero(np.r_[True, s.trial[1:] != s.trial[:-1]])
+    np.testing.assert_array_equal(_dense(s, n + 2, targets, starts, 30), _sparse(s, n + 2, targets))
