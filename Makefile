@@ -18,7 +18,7 @@ $(STAMP): pyproject.toml
 install: $(STAMP)
 
 demo: $(STAMP)
-	$(PY) -m examples.demo
+	$(BCRIT) train examples/trial.yaml --storage runs/demo
 
 # Default suite: everything but @pytest.mark.slow. pytest's exit 5 (no tests collected) is a failure here.
 test: $(STAMP)

@@ -76,3 +76,14 @@ METRIC_DOCS: dict[str, str] = {
     GNS_BIN_TRACE: "per-bin unbiased `tr(Sigma_k)`",
     GNS_BIN_B_SIMPLE: "per-bin `B_simple` (EMAs of numerator and denominator)",
 }
+
+
+def markdown_table() -> str:
+    """The README's metric table (``python -m analysis.metrics``)."""
+    lines = ["| name | meaning |", "| --- | --- |"]
+    lines += [f"| `{name}` | {doc} |" for name, doc in METRIC_DOCS.items()]
+    return "\n".join(lines)
+
+
+if __name__ == "__main__":
+    print(markdown_table())

@@ -1,0 +1,18 @@
+from pathlib import Path
+
+from analysis import metrics as M
+
+
+def test_every_metric_constant_is_documented():
+    names = {v for k, v in vars(M).items() if k.isupper() and isinstance(v, str) and "/" in v}
+    assert names <= set(M.METRIC_DOCS), names - set(M.METRIC_DOCS)
+
+
+def test_readme_metric_table_is_current():
+    readme = (Path(__file__).parents[2] / "README.md").read_text()
+    assert M.markdown_table() in readme, "README metric table is stale: paste `python -m analysis.metrics`"
+
+
+def test_per_bin_names():
+    assert M.per_bin(M.EVAL_LOSS_BIN, 3) == "eval/loss/bin3"
+    assert M.per_bin(M.GNS_BIN_B_SIMPLE, 0) == "gns/bin0/b_simple"
