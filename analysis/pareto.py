@@ -162,9 +162,7 @@ def auto_targets(batch_size: np.ndarray, ok: np.ndarray, first: np.ndarray, lowe
     hi = float(np.median(starts))
     lo = float(best_b[-1]) if best_b[-1] < hi else float(best_b[MIN_BATCH_SIZES - 1])
     if not lo < hi:
-        raise TooFewBatchSizesError(
-            f"no target below the starting loss {hi:g} is reached by >= 3 batch sizes"
-        )
+        raise TooFewBatchSizesError(f"no target below the starting loss {hi:g} is reached by >= 3 batch sizes")
     lo = lo + 1e-3 * (hi - lo)  # strictly inside, so the best trials cross it between evaluations
     q = np.linspace(0.0, 0.5, n)
     if lo > 0:
