@@ -98,10 +98,8 @@ def _latents(root: str, eval_size: int) -> Dataset:
         _check_npy(feats[i], LATENT_SHAPE, np.float32)
         _check_npy(labs[i], (1,), np.int64)
     n_train = len(feats) - eval_size
-    labels = None
 
     def load(split, idx):
-        nonlocal labels
         off = 0 if split == "train" else n_train
         x = np.stack([np.load(feats[off + i])[0] for i in idx])  # (n, 4, 32, 32)
         y = np.array([int(np.load(labs[off + i])[0]) for i in idx], dtype=np.int64)
