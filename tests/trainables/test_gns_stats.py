@@ -122,7 +122,13 @@ def _worker(rank: int, world: int, port: int, out_dir: str) -> None:
         dist.destroy_process_group()
 
 
-def _spawn(world: int, out_dir: Path, timeout_s: float = 60.0) -> list[dict]:
+def _spawn(world: int, out_dir: Path, timeout_s: float = 90.0) -> list[dict]:
+    """Run ``_worker`` on ``world`` fresh processes.
+
+    "spawn", not "fork": a forked child inherits the parent's OpenMP/MKL thread-pool state, and
+    touching it (``torch.set_num_threads``) hung intermittently here. Each child re-imports torch
+    (a few seconds), the price of a reliable test.
+    """
     ctx = mp.start_processes(
         _worker, args=(world, _free_port(), str(out_dir)), nprocs=world, join=False, start_method="spawn"
     )
