@@ -206,6 +206,19 @@ def test_seed_equal_weight_subbatches_is_biased(population: np.ndarray) -> None:
         from_subbatch_grads(np.zeros((4, P)), np.array([32, 32, 32, 4]))
 
 
+def test_seed_dropping_negative_g2_draws_is_biased(population: np.ndarray) -> None:
+    """Mistake 3: single-draw |G|^2 estimates below zero silently dropped. Small batches make them common."""
+    rng = np.random.default_rng(23)
+    g2_true, _ = _truth(population)
+    g2_small, g2_big = _draw_two_batch(rng, population, 2, 2, 20_000)  # b = 2, B = 4: very noisy
+    est = g2_unbiased(g2_small, g2_big, 2, 4)
+    assert np.mean(est < 0) > 0.2  # negative draws are frequent, not a corner case
+    kept_mean, kept_se = mean_with_se(est)
+    dropped_mean, dropped_se = mean_with_se(est[est >= 0])
+    assert abs(kept_mean - g2_true) < 3 * kept_se
+    assert abs(dropped_mean - g2_true) > 10 * dropped_se
+
+
 # --------------------------------------------------------------------------------------------------------
 # from_subbatch_grads, standard errors
 # --------------------------------------------------------------------------------------------------------
