@@ -193,7 +193,7 @@ def train_loop(cfg: TrialConfig, session: Session) -> dict:
         record(M.TRAIN_LOSS, s.loss)
         record(M.LR, lr)
         record(M.GRAD_NORM, s.g2_big**0.5)
-        if s.g2_small is not None:
+        if s.g2_small is not None and s.finite:  # a non-finite step ends the trial as diverged below
             record(M.GNS_G2_SMALL, s.g2_small)
             record(M.GNS_G2_BIG, s.g2_big)
             record(M.GNS_B_SMALL, s.b_small)

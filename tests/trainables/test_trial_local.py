@@ -103,3 +103,10 @@ def test_global_gns_with_accumulation_reports_statistics():
     b = {r[3] for r in rows if r[2] == M.GNS_B_SMALL}
     assert b == {4.0}
     assert all(np.isfinite(r[3]) for r in rows)
+
+
+def test_non_finite_loss_with_gns_on_ends_as_diverged():
+    cfg = TrialConfig(**{**TINY, "micro_batch_size": 8, "lr": 1e30, "max_steps": 40, "divergence_factor": 1e300})
+    s = run_local(cfg)
+    assert s.reports[-1]["status"] == M.STATUS_DIVERGED
+    assert not np.isfinite(losses(s)[-1][1])
