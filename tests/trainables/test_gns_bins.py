@@ -1,0 +1,181 @@
+"""Per-bin GNS (``trainables.gns_bins``) against float64 ground truth (McCandlish et al. 2018, App. A.1).
+
+Ground truth: a toy epsilon-model ``pred = c[y] + v * x_t`` (parameters ``c`` per class incl. the null class,
+``v`` per pixel) on a 24-example dataset. Its per-example gradient is a polynomial of degree <= 2 in the
+Gaussian noise, so the bin-restricted population mean ``G_k`` and ``E|g|^2`` are exact finite sums over
+(example, timestep in bin k, label dropped or not) of closed-form Gaussian moments; ``tr(Sigma_k) = E|g|^2 - |G_k|^2``.
+The mean of many seeded ``BinGNS`` measurements must match them within 2%, with a Monte-Carlo standard error
+small enough that the check is several sigma.
+"""
+
+from __future__ import annotations
+
+import contextlib
+from types import SimpleNamespace
+
+import numpy as np
+import pytest
+import torch
+from torch import nn
+
+from analysis import metrics as M
+from analysis.gns import from_subbatch_grads
+from trainables.config import TrialConfig
+from trainables.diffusion import make_scheduler, per_example_loss
+from trainables.gns_bins import BinGNS, draw_examples, sub_batch_sq_norms
+
+CLASSES, PIXELS, EXAMPLES = 12, 64, 24
+CPU = torch.device("cpu")
+
+
+class FakeData:
+    """24 1x8x8 'images' with labels; the same ``get``/``info`` interface as ``trainables.data.Dataset``."""
+
+    def __init__(self) -> None:
+        gen = torch.Generator().manual_seed(5)
+        self.x = torch.randn(EXAMPLES, 1, 8, 8, generator=gen)  # (24, 1, 8, 8) float32
+        self.y = torch.arange(EXAMPLES) % CLASSES
+        self.info = SimpleNamespace(train_size=EXAMPLES, num_classes=CLASSES)
+
+    def get(self, indices, split: str = "train"):
+        idx = torch.as_tensor(np.asarray(indices), dtype=torch.long)
+        return self.x[idx], self.y[idx]
+
+
+class Toy(nn.Module):
+    """``pred = c[y] + v * x_t`` in float64: gradients are exact polynomials of the noise."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        gen = torch.Generator().manual_seed(7)
+        self.c = nn.Parameter(torch.randn(CLASSES + 1, PIXELS, generator=gen, dtype=torch.float64))
+        self.v = nn.Parameter(0.1 + 0.1 * torch.rand(PIXELS, generator=gen, dtype=torch.float64))
+
+    def forward(self, xt, timestep, class_labels):
+        flat = xt.flatten(1).double()  # (n, D)
+        pred = self.c[class_labels] + self.v * flat  # (n, D)
+        return SimpleNamespace(sample=pred.reshape(xt.shape))
+
+
+def exact_bin_truth(model: Toy, data: FakeData, scheduler, lo: int, hi: int, p_drop: float) -> tuple[float, float]:
+    """Exact ``(|G_k|^2, tr Sigma_k)`` over the population restricted to timesteps ``lo..hi``."""
+    c = model.c.detach().numpy()  # (C+1, D)
+    v = model.v.detach().numpy()  # (D,)
+    x0 = data.x.flatten(1).double().numpy()  # (N, D)
+    ac = scheduler.alphas_cumprod.float()[lo : hi + 1]  # the float32 values add_noise uses
+    a = ac.sqrt().double().numpy()[:, None, None]  # (T, 1, 1)
+    s = (1 - ac).sqrt().double().numpy()[:, None, None]
+    D = PIXELS
+    G = np.zeros((CLASSES + 1, D)), np.zeros(D)  # E g over the population: (c part, v part)
+    e_sq = 0.0  # E |g|^2
+    for dropped, w_drop in ((True, p_drop), (False, 1.0 - p_drop)):
+        labels = np.full(EXAMPLES, CLASSES) if dropped else data.y.numpy()
+        alpha = c[labels][None] + v * a * x0[None]  # (T, N, D): r = alpha + beta * eps
+        beta = v * s - 1.0  # (T, 1, D)
+        beta = np.broadcast_to(beta, alpha.shape)
+        pa = a * x0[None]  # x_t = pa + s * eps
+        s_b = np.broadcast_to(s, alpha.shape)
+        w = w_drop / (alpha.shape[0] * EXAMPLES)  # weight of one (t, example) member
+        k = 2.0 / D
+        g_c = k * alpha  # E over eps of dL/dc[label]
+        g_v = k * (alpha * pa + beta * s_b)  # E over eps of dL/dv
+        np.add.at(G[0], labels, w * g_c.sum(axis=0))
+        G[1][:] += w * g_v.sum(axis=(0, 1))
+        a0, a1, a2 = alpha * pa, alpha * s_b + beta * pa, beta * s_b  # r * x_t = a0 + a1 eps + a2 eps^2
+        e_sq += w * (k * k * (alpha**2 + beta**2)).sum()
+        e_sq += w * (k * k * (a0**2 + a1**2 + 3 * a2**2 + 2 * a0 * a2)).sum()
+    g2 = float((G[0] ** 2).sum() + (G[1] ** 2).sum())
+    return g2, e_sq - g2
+
+
+def _bin_gns(n: int, bins: int = 4, rank: int = 0, world: int = 1, **kw) -> BinGNS:
+    cfg = TrialConfig(timestep_bins=bins, gns_every=1, gns_bin_examples=n, class_dropout=0.3, **kw)
+    return BinGNS(cfg, Toy(), FakeData(), make_scheduler(), rank, world, CPU, contextlib.nullcontext)
+
+
+def test_per_bin_estimates_unbiased_against_exact_population() -> None:
+    n, reps = 32, 1500  # Monte-Carlo SE ~0.5% of the truth: the 2% check is ~4 sigma
+    gns = _bin_gns(n, bins=2)
+    rows = np.stack([gns.local_stats(step).numpy() for step in range(reps)])  # (R, K, 4)
+    small, big, b, B = rows[..., 0], rows[..., 1], rows[..., 2], rows[..., 3]
+    assert np.all(b == n // 2) and np.all(B == n)
+    g2_draws = (B * big - b * small) / (B - b)
+    trace_draws = (small - big) / (1 / b - 1 / B)
+    truths = []
+    for k, (lo, hi) in enumerate(gns.bins):
+        g2_true, tr_true = exact_bin_truth(gns.model, gns.data, gns.scheduler, lo, hi, 0.3)
+        truths.append((g2_true, tr_true))
+        for est, true in ((g2_draws[:, k], g2_true), (trace_draws[:, k], tr_true)):
+            mean, se = est.mean(), est.std(ddof=1) / np.sqrt(reps)
+            assert se < 0.006 * abs(true), f"bin {k}: Monte-Carlo SE {se:.3g} too large for a 2% check"
+            assert mean == pytest.approx(true, rel=0.02), f"bin {k}: mean {mean:.5g} vs exact {true:.5g}"
+        # the raw statistics have the expectations the estimators rely on: E|G_b|^2 = |G|^2 + tr/b
+        assert small[:, k].mean() == pytest.approx(g2_true + tr_true / (n // 2), rel=0.02)
+        assert big[:, k].mean() == pytest.approx(g2_true + tr_true / n, rel=0.02)
+    # the bins really differ: restricting the timesteps matters (the test would catch an unrestricted draw)
+    b_simple = [tr / g2 for g2, tr in truths]
+    assert max(b_simple) > 1.5 * min(b_simple)
+
+
+def test_sub_batch_norms_equal_from_subbatch_grads() -> None:
+    """The streaming group statistics equal ``analysis.gns.from_subbatch_grads`` on explicit group gradients."""
+    model, data, sched = Toy(), FakeData(), make_scheduler()
+    params = list(model.parameters())
+    batch = draw_examples(data, 123, 12, 0, 999, 0.3)
+    small, big = sub_batch_sq_norms(model, params, sched, batch, 4, CPU)
+    rows = []
+    for i in range(3):
+        sl = slice(4 * i, 4 * i + 4)
+        loss = per_example_loss(model, sched, *(t[sl] for t in batch)).mean()
+        rows.append(torch.cat([g.reshape(-1) for g in torch.autograd.grad(loss, params)]).numpy())
+    ref_small, ref_big, b, B = from_subbatch_grads(np.stack(rows), [4, 4, 4])
+    assert (b, B) == (4, 12)
+    assert small == pytest.approx(ref_small, rel=1e-12) and big == pytest.approx(ref_big, rel=1e-12)
+
+
+def test_draws_restricted_to_bin_and_seeded() -> None:
+    data = FakeData()
+    x, y, t, noise = draw_examples(data, 42, 400, 250, 499, 0.3)
+    assert int(t.min()) >= 250 and int(t.max()) <= 499 and len(set(t.tolist())) > 150
+    dropped = float((y == CLASSES).float().mean())
+    assert 0.2 < dropped < 0.4  # label drop at class_dropout=0.3
+    again = draw_examples(data, 42, 400, 250, 499, 0.3)
+    assert all(torch.equal(a, b) for a, b in zip((x, y, t, noise), again, strict=True))
+    other = draw_examples(data, 43, 400, 250, 499, 0.3)
+    assert not torch.equal(t, other[2])
+
+
+def test_round_robin_over_ranks_equals_one_rank() -> None:
+    one = _bin_gns(8, bins=5).local_stats(11)
+    parts = [_bin_gns(8, bins=5, rank=r, world=3).local_stats(11) for r in range(3)]
+    for r, part in enumerate(parts):
+        owned = part[:, 3] > 0
+        assert owned.tolist() == [k % 3 == r for k in range(5)]
+    assert torch.equal(sum(parts), one)  # zeros elsewhere: the all_reduce sum is exactly the W=1 table
+
+
+def test_measure_names_leaves_grads_and_global_rng_alone() -> None:
+    gns = _bin_gns(8, bins=3)
+    before = torch.get_rng_state()
+    out = gns.measure(1)
+    assert torch.equal(torch.get_rng_state(), before)
+    assert all(p.grad is None for p in gns.model.parameters())
+    names = [M.GNS_BIN_G2_SMALL, M.GNS_BIN_G2_BIG, M.GNS_BIN_B_SMALL, M.GNS_BIN_B_BIG]
+    names += [M.GNS_BIN_G2, M.GNS_BIN_TRACE, M.GNS_BIN_B_SIMPLE]
+    assert set(out) == {M.per_bin(t, k) for t in names for k in range(3)}
+    k0 = {t: out[M.per_bin(t, 0)] for t in names}
+    # the first EMA update returns the first ratio exactly
+    assert k0[M.GNS_BIN_B_SIMPLE] == pytest.approx(k0[M.GNS_BIN_TRACE] / k0[M.GNS_BIN_G2], rel=1e-12)
+
+
+def test_state_dict_round_trip() -> None:
+    a = _bin_gns(8, bins=3, gns_ema_beta=0.5)
+    for step in (1, 2, 3):
+        a.measure(step)
+    b = _bin_gns(8, bins=3, gns_ema_beta=0.5)
+    b.load_state_dict(a.state_dict())
+    assert a.measure(4) == b.measure(4)
+    c = _bin_gns(8, bins=3, gns_ema_beta=0.5)  # without the restored state the smoothed value differs
+    assert c.measure(6)[M.per_bin(M.GNS_BIN_B_SIMPLE, 0)] != b.measure(6)[M.per_bin(M.GNS_BIN_B_SIMPLE, 0)]
+    with pytest.raises(ValueError):
+        _bin_gns(8, bins=4).load_state_dict(a.state_dict())

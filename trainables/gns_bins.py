@@ -1,0 +1,181 @@
+"""Per-timestep-bin gradient noise scale, measured inside the trial by a bin-restricted measurement pass.
+
+McCandlish et al. 2018 ("An Empirical Model of Large-Batch Training", arXiv 1812.06162, App. A.1): with
+``G_b`` the mean gradient of ``b`` iid examples, ``E|G_b|^2 = |G|^2 + tr(Sigma)/b``; two batch sizes give
+unbiased ``|G|^2`` and ``tr(Sigma)`` (``analysis.gns``). Per timestep bin ``k`` (the multitask view of seed
+004) ``G_k``, ``Sigma_k`` are the gradient and per-example covariance of the training loss restricted to
+``t in bin k``.
+
+Method, every ``gns_every`` steps, for each bin ``k`` (bins round-robin over the ranks):
+1. draw ``n = cfg.bin_examples`` iid examples from the training distribution restricted to the bin: indices
+   uniform with replacement over the training set, ``t`` uniform in the bin, standard normal noise, label
+   drop with ``cfg.class_dropout``; all from one private generator keyed by ``(seed, STREAM_GNS, step, k)``;
+2. split them into two halves; gradients of each half's mean loss by ``torch.autograd.grad`` on the
+   *unwrapped* model's parameters (never ``.backward()``: nothing reaches ``.grad`` or the optimizer; never
+   the DDP wrapper: no collective inside);
+3. ``|G_b|^2`` = mean of the two halves' squared norms (``b = n/2``), ``|G_B|^2`` = squared norm of their
+   mean (``B = n``); one ``all_reduce`` of a ``(K, 4)`` float64 tensor shares every bin's row.
+No global RNG is touched, so training with the measurement on and off is bit-identical.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Callable, Mapping, Sequence
+from contextlib import AbstractContextManager
+from typing import Any
+
+import torch
+
+from analysis import metrics as M
+from analysis.bins import timestep_bins
+from analysis.gns import GNSEma, g2_unbiased, trace_unbiased
+from trainables.diffusion import NUM_TIMESTEPS, per_example_loss
+from trainables.gns_stats import sq_norm
+from trainables.randomness import STREAM_GNS, mix
+
+__all__ = ["BinGNS", "draw_examples", "measurement_key", "sub_batch_sq_norms"]
+
+Batch = tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]  # x0, labels, timesteps, noise
+
+
+def measurement_key(seed: int, step: int, k: int) -> int:
+    """Seed of the private generator of bin ``k``'s measurement at ``step`` (disjoint from training streams)."""
+    return mix(seed, STREAM_GNS, step, k)
+
+
+def draw_examples(data, key: int, n: int, lo: int, hi: int, class_dropout: float) -> Batch:
+    """``n`` iid draws from the training distribution restricted to timesteps ``lo..hi`` (inclusive).
+
+    Indices uniform with replacement over the training set, ``t`` uniform in ``lo..hi``, standard normal
+    noise, label dropped to the null class with probability ``class_dropout``. Only a private
+    ``torch.Generator`` seeded with ``key`` is used (no global RNG). Returns CPU tensors
+    ``x0 (n, C, H, W)``, ``labels (n,)``, ``timesteps (n,)``, ``noise (n, C, H, W)``.
+    """
+    g = torch.Generator().manual_seed(key)
+    idx = torch.randint(0, data.info.train_size, (n,), generator=g)  # (n,) with replacement
+    x, y = data.get(idx.numpy())  # (n, C, H, W), (n,)
+    t = torch.randint(lo, hi + 1, (n,), generator=g)  # (n,)
+    u = torch.rand(n, generator=g)  # (n,)
+    noise = torch.randn(x.shape, generator=g, dtype=x.dtype)  # (n, C, H, W)
+    y = torch.where(u < class_dropout, data.info.num_classes, y)  # label drop -> null class
+    return x, y, t, noise
+
+
+def sub_batch_sq_norms(
+    model: torch.nn.Module,
+    params: Sequence[torch.nn.Parameter],
+    scheduler,
+    batch: Batch,
+    b: int,
+    device: torch.device,
+    autocast: Callable[[], AbstractContextManager] | None = None,
+) -> tuple[float, float]:
+    """``(|G_b|^2, |G_B|^2)`` of a batch of ``B = m b`` iid examples cut into ``m`` consecutive groups of ``b``.
+
+    Each group's gradient is that of its *mean* loss, by ``torch.autograd.grad`` (``.grad`` is untouched);
+    ``|G_b|^2`` is the mean of the ``m`` squared norms, ``|G_B|^2`` the squared norm of the groups' mean
+    gradient (= the gradient of the whole batch's mean loss). Streaming: only the running sum of group
+    gradients is kept, so ``m`` can be large. Same numbers as ``analysis.gns.from_subbatch_grads`` on the
+    stacked group gradients (McCandlish et al. 2018, App. A.1). Squared norms accumulate in float64.
+    """
+    x, y, t, noise = batch
+    n = len(t)
+    if b < 1 or n % b or n // b < 2:
+        raise ValueError(f"need a batch of m >= 2 groups of b examples, got {n} examples and b={b}")
+    m = n // b
+    sq_sum = torch.zeros((), dtype=torch.float64, device=device)
+    total: list[torch.Tensor] | None = None
+    for i in range(m):
+        sl = slice(i * b, (i + 1) * b)
+        with autocast() if autocast is not None else torch.autocast(device.type, enabled=False):
+            losses = per_example_loss(
+                model, scheduler, x[sl].to(device), y[sl].to(device), t[sl].to(device), noise[sl].to(device)
+            )  # (b,)
+        grads = torch.autograd.grad(losses.mean(), params, allow_unused=True)
+        grads = [torch.zeros_like(p) if g is None else g for p, g in zip(params, grads, strict=True)]
+        sq_sum += sq_norm(grads)
+        if total is None:
+            total = grads
+        else:
+            torch._foreach_add_(total, grads)
+    g2_small = sq_sum / m
+    g2_big = sq_norm(total) / (m * m)
+    return float(g2_small.item()), float(g2_big.item())
+
+
+class BinGNS:
+    """Per-bin ``|G_b|^2, |G_B|^2, b, B``, unbiased ``|G_k|^2``, ``tr(Sigma_k)`` and smoothed ``B_simple,k``.
+
+    One ``GNSEma`` per bin smooths numerator and denominator separately (McCandlish et al. 2018, App. A.1).
+    Bin ``k`` is measured by rank ``k mod W``; works for any ``W`` and ``A`` (``A`` plays no part).
+    """
+
+    def __init__(
+        self,
+        cfg,
+        model: torch.nn.Module,
+        data,
+        scheduler,
+        rank: int,
+        world: int,
+        device: torch.device,
+        autocast: Callable[[], AbstractContextManager],
+    ) -> None:
+        self.cfg, self.model, self.data, self.scheduler = cfg, model, data, scheduler
+        self.rank, self.world, self.device, self.autocast = rank, world, torch.device(device), autocast
+        self.bins = timestep_bins(cfg.timestep_bins, NUM_TIMESTEPS)
+        self.n = cfg.bin_examples  # examples per bin per measurement: two halves of n/2
+        if self.n < 2 or self.n % 2:
+            raise ValueError(f"per-bin GNS needs an even number >= 2 of examples per bin, got {self.n}")
+        self.params = [p for p in model.parameters() if p.requires_grad]
+        self.emas = [GNSEma(beta=cfg.gns_ema_beta) for _ in self.bins]
+
+    @property
+    def my_bins(self) -> range:
+        """Bins this rank measures (round-robin)."""
+        return range(self.rank, len(self.bins), self.world)
+
+    def local_stats(self, step: int) -> torch.Tensor:
+        """``(K, 4)`` float64 rows ``[|G_b|^2, |G_B|^2, b, B]`` for this rank's bins, zeros elsewhere."""
+        stats = torch.zeros(len(self.bins), 4, dtype=torch.float64)
+        for k in self.my_bins:
+            lo, hi = self.bins[k]
+            batch = draw_examples(
+                self.data, measurement_key(self.cfg.seed, step, k), self.n, lo, hi, self.cfg.class_dropout
+            )
+            small, big = sub_batch_sq_norms(
+                self.model, self.params, self.scheduler, batch, self.n // 2, self.device, self.autocast
+            )
+            stats[k] = torch.tensor([small, big, self.n // 2, self.n], dtype=torch.float64)
+        return stats
+
+    def measure(self, step: int) -> dict[str, float]:
+        """Measure every bin at ``step`` (collective when ``W > 1``: every rank must call it); metric -> value."""
+        stats = self.local_stats(step).to(self.device)
+        if self.world > 1:
+            torch.distributed.all_reduce(stats)  # each row is non-zero on exactly one rank
+        out: dict[str, float] = {}
+        for k, (g2_small, g2_big, b, B) in enumerate(stats.cpu().tolist()):
+            out[M.per_bin(M.GNS_BIN_G2_SMALL, k)] = g2_small
+            out[M.per_bin(M.GNS_BIN_G2_BIG, k)] = g2_big
+            out[M.per_bin(M.GNS_BIN_B_SMALL, k)] = b
+            out[M.per_bin(M.GNS_BIN_B_BIG, k)] = B
+            out[M.per_bin(M.GNS_BIN_G2, k)] = float(g2_unbiased(g2_small, g2_big, b, B))
+            out[M.per_bin(M.GNS_BIN_TRACE, k)] = float(trace_unbiased(g2_small, g2_big, b, B))
+            finite = math.isfinite(g2_small) and math.isfinite(g2_big)
+            # a non-finite measurement (diverging weights) is logged raw but kept out of the smoothing
+            b_simple = self.emas[k].update(g2_small, g2_big, b, B) if finite else math.nan
+            out[M.per_bin(M.GNS_BIN_B_SIMPLE, k)] = b_simple
+        return out
+
+    def state_dict(self) -> dict[str, Any]:
+        """Plain-python state (the per-bin EMAs) for checkpoints."""
+        return {"num_bins": len(self.bins), "emas": [e.state_dict() for e in self.emas]}
+
+    def load_state_dict(self, state: Mapping[str, Any]) -> None:
+        """Restore from ``state_dict()``; raises ValueError when the bin count differs."""
+        if int(state.get("num_bins", -1)) != len(self.bins) or len(state.get("emas", ())) != len(self.bins):
+            raise ValueError(f"per-bin GNS state has {state.get('num_bins')} bins, this trial {len(self.bins)}")
+        for ema, s in zip(self.emas, state["emas"], strict=True):
+            ema.load_state_dict(s)
