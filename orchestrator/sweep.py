@@ -4,7 +4,7 @@
     check_spec(spec)                                 # every trial config + resources, storage, tracking
     tuner = build_tuner(spec)                        # Tuner: trainable, resources, search, callbacks
     results = run(tuner, spec)                       # fit; every MLflow run ends terminal
-    results = run(restore_tuner(spec.sweep_dir), spec)   # continue an interrupted sweep
+    results = run(restore_tuner(restore_spec(dir)), spec)  # continue an interrupted sweep
 
 Resources (Ray Train V2): a trial with workers takes one CPU for its Tune driver; its workers get their own
 placement group from Train, so the trial's own request must not include them (they would be reserved twice).
@@ -147,9 +147,15 @@ def callbacks(spec: SweepSpec) -> list:
 
 
 def build_tuner(
-    spec: SweepSpec, *, configs: list[dict] | None = None, worker_failures: int = 3, trial_retries: int = 2
+    spec: SweepSpec,
+    *,
+    configs: list[dict] | None = None,
+    worker_failures: int = 3,
+    trial_retries: int = 2,
+    extra_callbacks: list | tuple = (),
 ):
-    """A ``Tuner`` for the spec (saves the resolved spec in the sweep dir, where ``restore_tuner`` reads it)."""
+    """A ``Tuner`` for the spec (saves the resolved spec in the sweep dir, where ``restore_tuner`` reads it).
+    ``extra_callbacks``: your own Tune callbacks, after bcrit's (tracking, tables, summary lines)."""
     import ray
     from ray import tune
 
@@ -170,11 +176,12 @@ def build_tuner(
             num_samples=spec.num_trials() if search_alg else 1,
             max_concurrent_trials=max_concurrent(configs, ray.cluster_resources()),
             trial_dirname_creator=lambda t: t.trial_id,
+            reuse_actors=True,  # in-process trials skip the actor start and torch import
         ),
         run_config=tune.RunConfig(
             name=TUNE_DIR,
             storage_path=spec.sweep_dir,
-            callbacks=callbacks(spec),
+            callbacks=[*callbacks(spec), *extra_callbacks],
             failure_config=tune.FailureConfig(max_failures=trial_retries),
             progress_reporter=progress_reporter(),
             verbose=1,

@@ -1,0 +1,104 @@
+"""Sweep-spec validation: every bad input is one UserError line, exit code 2 through the CLI, nothing launched."""
+
+from __future__ import annotations
+
+import os
+
+import pytest
+
+from orchestrator.cli import main
+from orchestrator.overrides import UserError
+from orchestrator.spec import load_spec, parse_spec
+from orchestrator.sweep import check_spec
+from tests.orchestrator.conftest import quadratic_spec, write_spec
+
+ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+
+
+def dit_spec(tmp_path, **sections) -> dict:
+    spec = quadratic_spec(tmp_path, workload="dit", **sections)
+    spec["fixed"] = {"preset": "tiny", "dataset": "digits", "eval_every": 5}
+    spec["nuisance"] = {"search": "grid", "lr": [1e-3]}
+    return {**spec, **sections}
+
+
+def test_tiny_example_expands_to_its_trials(tmp_path, no_ray_address):
+    spec = load_spec(os.path.join(ROOT, "examples", "tiny.yaml"), [f"storage={tmp_path / 's'}"])
+    configs = check_spec(spec, {"CPU": 6.0, "GPU": 0.0})
+    assert spec.num_trials() == len(configs) == 12
+    b64 = {(c["micro_batch_size"], c["grad_accum"], c["num_workers"]) for c in configs if c["batch_size"] == 64}
+    assert b64 == {(64, 1, 0), (32, 2, 0), (32, 1, 2)}
+    assert {c["batch_size"] for c in configs} == {16, 32, 64, 128}
+    assert spec.mlflow_uri == f"sqlite:///{tmp_path / 's' / 'mlflow.db'}"
+
+
+def test_compact_split_derives_micro_batch(tmp_path):
+    spec = parse_spec(quadratic_spec(tmp_path, scientific={"batch_sizes": [64], "splits": [{"grad_accum": 4}]}))
+    (cfg,) = {(c["micro_batch_size"], c["grad_accum"]) for c in spec.trial_configs()}
+    assert cfg == (16, 4)
+
+
+BAD = [
+    ("unknown top key", lambda t: quadratic_spec(t, bogus=1), "unknown key bogus"),
+    (
+        "unknown nested key",
+        lambda t: quadratic_spec(t, stopping={"max_step": 3}),
+        "unknown key stopping.max_step",
+    ),
+    (
+        "unknown split key",
+        lambda t: quadratic_spec(t, scientific={"batch_sizes": [16], "splits": [{"workers": 2}]}),
+        "splits[0].workers",
+    ),
+    (
+        "not divisible",
+        lambda t: quadratic_spec(
+            t,
+            scientific={
+                "batch_sizes": [24],
+                "splits": [{"grad_accum": 1, "num_workers": 0}],
+                "per_batch_size": {24: [{"grad_accum": 5}]},
+            },
+        ),
+        "not divisible",
+    ),
+    ("fixed owns scientific key", lambda t: quadratic_spec(t, fixed={"lr": 0.1}), "fixed.lr is set by nuisance.lr"),
+    ("unknown trial key", lambda t: quadratic_spec(t, fixed={"dimm": 3}), "unknown quadratic config key"),
+    ("optuna without range", lambda t: quadratic_spec(t, nuisance={"search": "optuna", "lr": [0.1]}), "nuisance.lr"),
+    ("bad search", lambda t: quadratic_spec(t, nuisance={"search": "random", "lr": [0.1]}), "nuisance.search"),
+    ("GPUs on a CPU cluster", lambda t: dit_spec(t, scientific={"batch_sizes": [16], "use_gpu": True}), "GPU"),
+    (
+        "missing dataset",
+        lambda t: {**dit_spec(t), "fixed": {"preset": "tiny", "dataset": "/nonexistent/latents"}},
+        "dataset",
+    ),
+    (
+        "unreachable tracking URI",
+        lambda t: quadratic_spec(t, tracking={"mlflow_uri": "http://127.0.0.1:9"}),
+        "unreachable",
+    ),
+    ("unwritable storage", lambda t: quadratic_spec(t, storage="/proc/bcrit-sweep"), "not writable"),
+]
+
+
+@pytest.mark.parametrize("case,make,message", BAD, ids=[b[0] for b in BAD])
+def test_bad_spec_exits_2_and_launches_nothing(tmp_path, capsys, no_ray_address, case, make, message):
+    import ray
+
+    spec = make(tmp_path)
+    was_running = ray.is_initialized()
+    assert main(["sweep", write_spec(tmp_path, spec)]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and err[0].startswith("bcrit sweep: error:") and message in err[0], err
+    assert ray.is_initialized() == was_running  # no Ray started for a bad spec
+    assert not os.path.exists(os.path.join(str(spec.get("storage", "")), "tune"))
+
+
+def test_set_override_and_resume_of_nothing(tmp_path, capsys, no_ray_address):
+    path = write_spec(tmp_path, quadratic_spec(tmp_path))
+    with pytest.raises(UserError, match="nuisance.lr"):
+        load_spec(path, ["nuisance.lr={low: 1, high: 2}"])
+    assert main(["sweep", path, "--resume"]) == 2
+    assert "not a bcrit sweep directory" in capsys.readouterr().err
+    assert main(["sweep", str(tmp_path), "--resume"]) == 2
+    assert "not a bcrit sweep directory" in capsys.readouterr().err
