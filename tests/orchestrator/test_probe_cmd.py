@@ -1,0 +1,110 @@
+"""``bcrit probe``: table, exact JSON schema, seeding, EMA weights, and one-line exit-2 errors for bad input."""
+
+from __future__ import annotations
+
+import json
+import math
+import os
+
+import pytest
+import torch
+
+from orchestrator.cli import main
+from trainables.config import TrialConfig
+from trainables.trial import run_local
+
+ROW_KEYS = {"bin", "timesteps", "g2", "g2_se", "trace", "trace_se", "b_simple", "b_simple_se"}
+FAST = ["--bins", "2", "--b", "2", "--B", "4", "--reps", "2"]
+
+
+@pytest.fixture(scope="module")
+def ckpt(tmp_path_factory) -> str:
+    """A 2-step tiny trial with EMA weights, checkpointed at the end."""
+    root = tmp_path_factory.mktemp("ckpt")
+    cfg = TrialConfig(preset="tiny", batch_size=8, micro_batch_size=8, max_steps=2, eval_every=2, eval_repeats=1)
+    s = run_local(cfg.replace(ema_decay=0.9, timestep_bins=4), checkpoint_root=str(root))
+    return s.checkpoints[-1]
+
+
+def _run(argv: list[str], capsys) -> tuple[int, str, str]:
+    code = main(argv)
+    out, err = capsys.readouterr()
+    return code, out, err
+
+
+def test_probe_table_and_json_schema(ckpt, tmp_path, capsys) -> None:
+    path = tmp_path / "p.json"
+    code, out, err = _run(["probe", ckpt, *FAST, "--json", str(path)], capsys)
+    assert code == 0, err
+    assert "step 2" in out and "training weights" in out and "per-example gradients 24" in out
+    assert sum(line.split()[0] in {"0", "1", "all"} for line in out.splitlines() if line.strip()) == 3
+    doc = json.loads(path.read_text())
+    assert set(doc) == {"checkpoint", "step", "bins", "global", "per_example_gradients", "seconds"}
+    assert doc["checkpoint"] == ckpt and doc["step"] == 2
+    assert doc["per_example_gradients"] == 3 * 2 * 4  # (2 bins + global) x reps x B: each example once
+    assert isinstance(doc["seconds"], float) and doc["seconds"] > 0
+    assert [row["bin"] for row in doc["bins"]] == [0, 1]
+    assert [row["timesteps"] for row in doc["bins"]] == [[0, 499], [500, 999]]
+    for row in doc["bins"]:
+        assert set(row) == ROW_KEYS
+        assert all(isinstance(row[k], float) and math.isfinite(row[k]) for k in ROW_KEYS - {"bin", "timesteps"})
+        assert row["trace_se"] > 0 and row["g2_se"] > 0
+    assert set(doc["global"]) == ROW_KEYS - {"bin"} and doc["global"]["timesteps"] == [0, 999]
+
+
+def test_probe_is_seeded_and_ema_differs(ckpt, tmp_path, capsys) -> None:
+    docs = {}
+    for name, extra in {"a": [], "b": [], "seed1": ["--seed", "1"], "ema": ["--ema"]}.items():
+        path = tmp_path / f"{name}.json"
+        code, _, err = _run(["probe", ckpt, *FAST, *extra, "--json", str(path)], capsys)
+        assert code == 0, err
+        doc = json.loads(path.read_text())
+        docs[name] = {"bins": doc["bins"], "global": doc["global"]}
+    assert docs["a"] == docs["b"]  # same seed -> same numbers
+    assert docs["a"] != docs["seed1"]
+    assert docs["a"] != docs["ema"]  # EMA weights are other weights
+
+
+def test_probe_does_not_touch_global_rng(ckpt, capsys) -> None:
+    before = torch.get_rng_state()
+    assert _run(["probe", ckpt, *FAST], capsys)[0] == 0
+    assert torch.equal(torch.get_rng_state(), before)
+
+
+@pytest.fixture(scope="module")
+def bad_checkpoints(ckpt, tmp_path_factory) -> dict[str, str]:
+    root = tmp_path_factory.mktemp("bad")
+    no_ema_root = root / "no_ema"
+    cfg = TrialConfig(preset="tiny", batch_size=8, micro_batch_size=8, max_steps=1, eval_every=1, eval_repeats=1)
+    no_ema = run_local(cfg, checkpoint_root=str(no_ema_root)).checkpoints[-1]
+    state = torch.load(os.path.join(ckpt, "state.pt"), weights_only=False)
+    state["config"]["dataset"] = str(root / "no-such-latents")
+    unknown = root / "unknown_dataset"
+    unknown.mkdir()
+    torch.save(state, unknown / "state.pt")
+    return {"no_ema": no_ema, "unknown": str(unknown), "empty": str(root)}
+
+
+@pytest.mark.parametrize(
+    "argv, needle",
+    [
+        (["{empty}"], "not a bcrit trial checkpoint"),
+        (["{missing}"], "not a bcrit trial checkpoint"),
+        (["{ckpt}", "--b", "8", "--B", "8"], "b < B"),
+        (["{ckpt}", "--b", "16", "--B", "8"], "b < B"),
+        (["{ckpt}", "--b", "3", "--B", "8"], "multiple of b"),
+        (["{ckpt}", "--reps", "1"], "--reps"),
+        (["{ckpt}", "--bins", "0"], "--bins"),
+        (["{ckpt}", "--b", "0"], "--b"),
+        (["{unknown}"], "dataset"),
+        (["{no_ema}", "--ema"], "no EMA"),
+        (["{ckpt}", "--json", "/no/such/dir/p.json"], "--json"),
+    ],
+)
+def test_bad_input_one_line_exit_2(argv, needle, ckpt, bad_checkpoints, tmp_path, capsys) -> None:
+    names = {**bad_checkpoints, "ckpt": ckpt, "missing": str(tmp_path / "nope")}
+    code, out, err = _run(["probe", *(a.format(**names) for a in argv)], capsys)
+    assert code == 2
+    lines = err.strip().splitlines()
+    assert len(lines) == 1 and lines[0].startswith("bcrit probe: error: ") and needle in lines[0], err
+    assert out == ""

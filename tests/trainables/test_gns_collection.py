@@ -1,0 +1,210 @@
+"""Global GNS collection inside the trial (McCandlish et al. 2018, App. A.1), checked against explicit gradients.
+
+``TrainStep`` (float32, as trained) reports ``|G_b|^2`` and ``|G_B|^2``; the reference recomputes every micro-batch
+gradient explicitly with the model cast to float64, from the same split-invariant draws, and forms the small and
+big batches by hand: ``W >= 2`` -> small = each rank's accumulated gradient, big = their mean; ``W = 1, A >= 2`` ->
+small = each micro-batch gradient, big = their mean; ``W = A = 1`` -> unavailable. W=2 runs on a spawned gloo group.
+Also: GNS on vs off (global and per bin) leaves the training losses bit-identical.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import copy
+import json
+import socket
+import time
+from pathlib import Path
+
+import pytest
+import torch
+import torch.distributed as dist
+import torch.multiprocessing as mp
+
+from analysis import metrics as M
+from trainables.config import TrialConfig
+from trainables.data import load_dataset
+from trainables.diffusion import NUM_TIMESTEPS, make_scheduler, per_example_loss
+from trainables.gns_bins import BinGNS
+from trainables.gns_stats import LocalGradNormHook
+from trainables.loop import GNS_UNAVAILABLE
+from trainables.presets import build_dit
+from trainables.randomness import STREAM_EXAMPLE, example_draws, global_batch_indices, local_slice
+from trainables.step import TrainStep
+from trainables.trial import run_local
+
+MICRO, STEP = 4, 3
+CPU = torch.device("cpu")
+
+
+def _cfg(world: int, accum: int, **kw) -> TrialConfig:
+    return TrialConfig(
+        preset="tiny",
+        batch_size=MICRO * accum * world,
+        micro_batch_size=MICRO,
+        num_workers=world if world > 1 else 0,
+        timestep_bins=4,
+        **kw,
+    )
+
+
+def _explicit_local_grads(cfg: TrialConfig, ref, data, sched, rank: int, world: int) -> list[torch.Tensor]:
+    """Flat float64 gradient of each of this rank's micro-batch mean losses, recomputed by hand."""
+    idx = global_batch_indices(cfg.seed, STEP, cfg.batch_size, data.info.train_size)
+    params = list(ref.parameters())
+    out = []
+    for m in range(cfg.accum):
+        sl = local_slice(cfg.batch_size, world, rank, cfg.accum, MICRO, m)
+        x, y = data.get(idx[sl])
+        t, u, noise = example_draws(
+            cfg.seed, STREAM_EXAMPLE, STEP, range(sl.start, sl.stop), x.shape[1:], NUM_TIMESTEPS
+        )
+        y = torch.where(u < cfg.class_dropout, data.info.num_classes, y)
+        loss = per_example_loss(ref, sched, x.double(), y, t, noise.double()).mean()
+        out.append(torch.cat([g.reshape(-1) for g in torch.autograd.grad(loss, params)]))
+    return out
+
+
+def _collect(rank: int, world: int, out_dir: str) -> None:
+    """Per accumulation A: the collected norms and the explicit float64 reference; and a W-rank BinGNS pass."""
+    data, sched = load_dataset("digits", 297), make_scheduler()
+    results = {}
+    for accum in (1, 2):
+        cfg = _cfg(world, accum)
+        torch.manual_seed(0)
+        model = build_dit("tiny", sample_size=8, in_channels=1, num_classes=10).train()
+        ref = copy.deepcopy(model).double()
+        ddp, hook = model, None
+        if world > 1:
+            ddp = torch.nn.parallel.DistributedDataParallel(model)
+            hook = LocalGradNormHook().register(ddp)
+        stats = TrainStep(cfg, model, ddp, data, sched, rank, world, CPU, contextlib.nullcontext, hook)(STEP)
+        micro = _explicit_local_grads(cfg, ref, data, sched, rank, world)
+        local = torch.stack(micro).mean(0)  # this rank's accumulated gradient (mean loss over its examples)
+        gathered = [torch.empty_like(local) for _ in range(world)]
+        if world > 1:
+            dist.all_gather(gathered, local)
+        else:
+            gathered = [local]
+        big = torch.stack(gathered).mean(0)
+        if world > 1:
+            ref_small, ref_b = float(torch.stack([g @ g for g in gathered]).mean()), MICRO * accum
+        elif accum > 1:
+            ref_small, ref_b = float(torch.stack([g @ g for g in micro]).mean()), MICRO
+        else:
+            ref_small, ref_b = None, None
+        results[accum] = {
+            "g2_small": stats.g2_small,
+            "b_small": stats.b_small,
+            "g2_big": stats.g2_big,
+            "b_big": stats.b_big,
+            "ref_small": ref_small,
+            "ref_b": ref_b,
+            "ref_big": float(big @ big),
+            "ref_B": cfg.batch_size,
+        }
+    torch.manual_seed(0)
+    model = build_dit("tiny", sample_size=8, in_channels=1, num_classes=10).train()
+    cfg = _cfg(world, 1, gns_every=1, gns_bin_examples=4)
+    bins = BinGNS(cfg, model, data, sched, rank, world, CPU, contextlib.nullcontext).measure(7)
+    Path(out_dir, f"rank{rank}.json").write_text(json.dumps({"steps": results, "bins": bins}))
+
+
+def _worker(rank: int, world: int, port: int, out_dir: str) -> None:
+    torch.set_num_threads(1)
+    dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{port}", rank=rank, world_size=world)
+    try:
+        _collect(rank, world, out_dir)
+    finally:
+        dist.destroy_process_group()
+
+
+def _free_port() -> int:
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+def _run(world: int, out_dir: Path, timeout_s: float = 120.0) -> list[dict]:
+    if world == 1:
+        _collect(0, 1, str(out_dir))
+        return [json.loads(Path(out_dir, "rank0.json").read_text())]
+    import torch._dynamo  # noqa: F401  DDP imports it lazily (seconds): pay it once, before forking
+
+    method = "fork" if "fork" in mp.get_all_start_methods() else "spawn"
+    ctx = mp.start_processes(
+        _worker, args=(world, _free_port(), str(out_dir)), nprocs=world, join=False, start_method=method
+    )
+    deadline = time.monotonic() + timeout_s
+    while not ctx.join(timeout=1.0):
+        if time.monotonic() > deadline:
+            for p in ctx.processes:
+                p.kill()
+            pytest.fail(f"DDP workers did not finish within {timeout_s} s")
+    return [json.loads(Path(out_dir, f"rank{r}.json").read_text()) for r in range(world)]
+
+
+@pytest.fixture(scope="module")
+def one_rank(tmp_path_factory) -> list[dict]:
+    return _run(1, tmp_path_factory.mktemp("w1"))
+
+
+@pytest.fixture(scope="module")
+def two_ranks(tmp_path_factory) -> list[dict]:
+    return _run(2, tmp_path_factory.mktemp("w2"))
+
+
+@pytest.mark.parametrize("world", [1, 2])
+@pytest.mark.parametrize("accum", [1, 2])
+def test_collected_norms_equal_explicit_float64(world: int, accum: int, request) -> None:
+    one_rank = request.getfixturevalue("one_rank")
+    ranks = one_rank if world == 1 else request.getfixturevalue("two_ranks")
+    for r in ranks:
+        s = r["steps"][str(accum)]
+        assert s["b_big"] == s["ref_B"] == MICRO * accum * world
+        assert s["g2_big"] == pytest.approx(s["ref_big"], rel=1e-6)
+        if world == accum == 1:
+            assert s["g2_small"] is None and s["b_small"] is None  # no second batch size in the step
+        else:
+            assert s["b_small"] == s["ref_b"]
+            assert s["g2_small"] == pytest.approx(s["ref_small"], rel=1e-6)
+            assert s["g2_small"] > s["g2_big"]  # smaller batches are noisier (a sanity check on which is which)
+    if world == 2:  # both ranks report the same global numbers, and the W=2 BinGNS pass equals the W=1 pass
+        assert ranks[0]["steps"] == ranks[1]["steps"]
+        assert ranks[0]["bins"] == ranks[1]["bins"]
+        for name, value in one_rank[0]["bins"].items():
+            assert ranks[0]["bins"][name] == pytest.approx(value, rel=1e-6), name
+
+
+TINY = dict(preset="tiny", eval_every=3, eval_repeats=1, max_steps=6, timestep_bins=4)
+
+
+def _losses(session, name: str = M.TRAIN_LOSS) -> list[tuple[int, float]]:
+    return [(r[0], r[3]) for rep in session.reports for r in rep["rows"] if r[2] == name]
+
+
+def test_w1_a1_says_global_gns_unavailable(capsys) -> None:
+    s = run_local(TrialConfig(**{**TINY, "max_steps": 2}, batch_size=8, micro_batch_size=8, gns=True, gns_every=0))
+    assert s.summary["gns_global"] == GNS_UNAVAILABLE
+    assert GNS_UNAVAILABLE in capsys.readouterr().out
+    assert not [r for rep in s.reports for r in rep["rows"] if r[2].startswith("gns/")]
+
+
+def test_global_gns_on_off_identical_losses() -> None:
+    base = dict(TINY, batch_size=16, micro_batch_size=8, gns_every=0)  # W=1, A=2: micro-batch gradients kept apart
+    on = run_local(TrialConfig(**base, gns=True))
+    off = run_local(TrialConfig(**base, gns=False))
+    assert _losses(on) == _losses(off) and len(_losses(on)) == 6
+    assert _losses(on, M.EVAL_LOSS) == _losses(off, M.EVAL_LOSS)
+    assert len(_losses(on, M.GNS_B_SIMPLE)) == 6 and not _losses(off, M.GNS_B_SIMPLE)
+
+
+def test_per_bin_gns_on_off_identical_losses() -> None:
+    base = dict(TINY, batch_size=8, micro_batch_size=8, gns=False)
+    on = run_local(TrialConfig(**base, gns_every=2, gns_bin_examples=4))
+    off = run_local(TrialConfig(**base, gns_every=0))
+    assert _losses(on) == _losses(off) and len(_losses(on)) == 6
+    assert _losses(on, M.EVAL_LOSS) == _losses(off, M.EVAL_LOSS)
+    for k in range(4):
+        assert [s for s, _ in _losses(on, M.per_bin(M.GNS_BIN_B_SIMPLE, k))] == [2, 4, 6]
+        assert not _losses(off, M.per_bin(M.GNS_BIN_B_SIMPLE, k))
