@@ -17,8 +17,13 @@ $(STAMP): pyproject.toml
 
 install: $(STAMP)
 
+# The tiny sweep end to end (continued, not restarted, if runs/tiny already holds it), then the analysis.
 demo: $(STAMP)
-	$(BCRIT) train examples/trial.yaml --storage runs/demo
+	@if [ -d runs/tiny/tune ]; then $(BCRIT) sweep runs/tiny --resume; else $(BCRIT) sweep examples/tiny.yaml; fi
+	$(BCRIT) analyze runs/tiny --out runs/tiny/analysis
+	@echo "sweep dir:  runs/tiny  (trials.parquet, metrics.parquet, analysis/)"
+	@echo "MLflow:     sqlite:///$(CURDIR)/runs/tiny/mlflow.db"
+	@echo "browse:     $(VENV)/bin/mlflow ui --backend-store-uri sqlite:///$(CURDIR)/runs/tiny/mlflow.db"
 
 # Default suite: everything but @pytest.mark.slow. pytest's exit 5 (no tests collected) is a failure here.
 test: $(STAMP)
