@@ -49,8 +49,8 @@ class TrialConfig:
     # --- gradient noise scale -----------------------------------------------------------------------------
     gns: bool = True  # global GNS every step (needs num_workers * grad_accum >= 2)
     gns_ema_beta: float = 0.95  # smoothing of the live B_simple (numerator and denominator separately)
-    gns_every: int = 0  # per-bin GNS measurement cadence in steps; 0 = off
-    gns_bin_examples: int = 0  # examples per bin per measurement (split in two halves); 0 = micro_batch_size
+    gns_every: int = 300  # per-bin GNS cadence in steps (0 = off); one pass ~13 steps of B=32 (K=10): ~4.3%
+    gns_bin_examples: int = 32  # examples per bin per measurement (split in two halves); 0 = micro_batch_size
     # --- reporting and checkpoints ------------------------------------------------------------------------
     report_every: int = 0  # steps between reports to Ray; 0 = eval_every
     checkpoint_every: int = 0  # steps between checkpoints (a multiple of report_every); 0 = only at the end
