@@ -165,9 +165,10 @@ def build_tuner(
     if spec.search == "grid":
         param_space, search_alg = {"trial": tune.grid_search(configs)}, None
     else:
-        from orchestrator.search import PerBatchSizeOptuna
-
-        param_space, search_alg = {}, PerBatchSizeOptuna(spec)
+        raise UserError(
+            "nuisance.search: optuna is validated but its per-batch-size Tune searcher is not built yet; "
+            "use search: grid with a list of values"
+        )
     return tune.Tuner(
         _trainable(spec, worker_failures),
         param_space=param_space,
