@@ -64,6 +64,7 @@ def check_consistent(sweep_dir: str, n_trials: int) -> dict[str, list[int]]:
 
 def test_driver_killed_mid_sweep_then_resume(tmp_path, ray_local, no_ray_address):
     spec = slow_spec(tmp_path)
+    spec["scientific"]["batch_sizes"] = [16]  # 2 trials (2 lrs)
     path = write_spec(tmp_path, spec)
     env = {**os.environ, "TUNE_GLOBAL_CHECKPOINT_S": "0.5", "PYTHONPATH": ROOT}
     proc = subprocess.Popen(
@@ -76,16 +77,16 @@ def test_driver_killed_mid_sweep_then_resume(tmp_path, ray_local, no_ray_address
     )
     parts = tmp_path / "sweep" / "parts"
     deadline = time.monotonic() + 240
-    while time.monotonic() < deadline and len(list(parts.glob("*/m-*.parquet"))) < 6:
+    while time.monotonic() < deadline and len(list(parts.glob("*/m-*.parquet"))) < 4:
         time.sleep(0.2)
     assert proc.poll() is None, "the sweep ended before it could be killed; make trials slower"
     os.killpg(proc.pid, signal.SIGKILL)  # the driver and every process it started, mid-sweep
     proc.wait(30)
     written_before = len(list(parts.glob("*/m-*.parquet")))
-    assert written_before >= 6
+    assert written_before >= 4
 
     assert main(["sweep", str(tmp_path / "sweep"), "--resume"]) == 0
-    check_consistent(str(tmp_path / "sweep"), 4)
+    check_consistent(str(tmp_path / "sweep"), 2)
 
 
 class KillWorkerOnce(Callback):
@@ -143,7 +144,7 @@ def test_two_worker_trials_span_nodes(tmp_path, no_ray_address):
     # 3 nodes of 1 CPU; a 2-worker trial holds 3 one-CPU bundles (Tune driver + 2 Train workers), so its two
     # workers run on two different nodes: DDP (gloo) across nodes.
     spec = slow_spec(tmp_path, step_seconds=0.0)
-    spec["scientific"] = {"batch_sizes": [32, 64], "splits": [{"grad_accum": 1, "num_workers": 2}]}
+    spec["scientific"] = {"batch_sizes": [32], "splits": [{"grad_accum": 1, "num_workers": 2}]}
     spec["nuisance"] = {"search": "grid", "lr": [0.5]}
     spec["stopping"]["max_steps"] = 20
     env = {**os.environ, "PYTHONPATH": ROOT}
@@ -157,5 +158,5 @@ def test_two_worker_trials_span_nodes(tmp_path, no_ray_address):
     )
     assert out.returncode == 0, out.stderr[-3000:]
     summary = json.loads(out.stdout.strip().splitlines()[-1])
-    assert summary == {"nodes": 3, "cpus": [1.0, 1.0, 1.0], "errors": [], "n": 2}
-    check_consistent(str(tmp_path / "sweep"), 2)
+    assert summary == {"nodes": 3, "cpus": [1.0, 1.0, 1.0], "errors": [], "n": 1}
+    check_consistent(str(tmp_path / "sweep"), 1)
