@@ -173,8 +173,11 @@ class BinGNS:
         """Plain-python state (the per-bin EMAs) for checkpoints."""
         return {"num_bins": len(self.bins), "emas": [e.state_dict() for e in self.emas]}
 
-    def load_state_dict(self, state: Mapping[str, Any]) -> None:
-        """Restore from ``state_dict()``; raises ValueError when the bin count differs."""
+    def load_state_dict(self, state: Mapping[str, Any] | None) -> None:
+        """Restore from ``state_dict()``; ``None`` (a checkpoint written with per-bin GNS off) starts fresh EMAs.
+        Raises ValueError when the bin count differs."""
+        if state is None:
+            return
         if int(state.get("num_bins", -1)) != len(self.bins) or len(state.get("emas", ())) != len(self.bins):
             raise ValueError(f"per-bin GNS state has {state.get('num_bins')} bins, this trial {len(self.bins)}")
         for ema, s in zip(self.emas, state["emas"], strict=True):

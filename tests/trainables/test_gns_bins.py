@@ -179,3 +179,6 @@ def test_state_dict_round_trip() -> None:
     assert c.measure(6)[M.per_bin(M.GNS_BIN_B_SIMPLE, 0)] != b.measure(6)[M.per_bin(M.GNS_BIN_B_SIMPLE, 0)]
     with pytest.raises(ValueError):
         _bin_gns(8, bins=4).load_state_dict(a.state_dict())
+    d = _bin_gns(8, bins=3, gns_ema_beta=0.5)
+    d.load_state_dict(None)  # a checkpoint written with per-bin GNS off: fresh EMAs
+    assert d.state_dict() == _bin_gns(8, bins=3, gns_ema_beta=0.5).state_dict()
