@@ -6,6 +6,7 @@ numpy arrays sorted by (trial, step), which is what the vectorised steps-to-targ
 
 from __future__ import annotations
 
+import json
 from dataclasses import dataclass, field
 from functools import cached_property
 from pathlib import Path
@@ -35,6 +36,11 @@ class Series:
     trial: np.ndarray  # (n,) int64
     step: np.ndarray  # (n,) int64
     value: np.ndarray  # (n,) float64
+
+
+# Written by the orchestrator into every sweep directory: {"tracking_uri", "experiment_id", "run_id"} of the
+# sweep's MLflow parent run, so `bcrit analyze SWEEP_DIR` logs its results there too.
+SWEEP_PARENT_FILE = "mlflow_parent.json"
 
 
 @dataclass
@@ -111,7 +117,22 @@ def load_sweep_dir(path: str | Path) -> Runs:
     trials, metrics = tables
     validate_trials(trials)
     validate_metrics(metrics, trial_ids=trials.column("trial_id"))
-    return Runs(trials, metrics, source=str(root))
+    parent = _sweep_parent(root)
+    return Runs(
+        trials, metrics, source=str(root), tracking_uri=parent.get("tracking_uri"), parent_run_id=parent.get("run_id")
+    )
+
+
+def _sweep_parent(root: Path) -> dict:
+    """The sweep's MLflow parent run as recorded by the orchestrator (``{}`` for a directory without one)."""
+    file = root / SWEEP_PARENT_FILE
+    if not file.is_file():
+        return {}
+    try:
+        saved = json.loads(file.read_text())
+    except (OSError, ValueError):
+        raise RunsTableError(f"{file}: not valid JSON; delete it to analyse the directory without MLflow") from None
+    return saved if isinstance(saved, dict) else {}
 
 
 def write_sweep_dir(runs: Runs, path: str | Path) -> None:

@@ -25,8 +25,9 @@ from typing import Any
 from ray.tune import Callback
 
 from analysis import metrics as M
+from analysis.loaders import SWEEP_PARENT_FILE
 
-PARENT_FILE = "mlflow_parent.json"
+PARENT_FILE = SWEEP_PARENT_FILE  # read back by analysis.loaders.load_sweep_dir
 WATERMARK_TAG = "bcrit.watermark"
 MAX_BATCH = 1000  # MLflow's limit of metrics per log_batch call
 MAX_PARAMS = 100  # ... and of params

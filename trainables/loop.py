@@ -106,6 +106,11 @@ def train_loop(cfg: TrialConfig, session: Session) -> dict:
                 bin_gns.load_state_dict(state["bin_gns"])
             step, first_eval, train_seconds = state["step"], state["first_eval"], state["train_seconds"]
             last = state["last"]
+            # a finished trial re-run (e.g. by Tune after a driver crash) trains no further; a larger max_steps
+            # extends a trial whose budget was spent
+            status = state.get("status", M.STATUS_RUNNING)
+            if status == M.STATUS_BUDGET_SPENT and step < cfg.max_steps:
+                status = M.STATUS_RUNNING
     if rank == 0 and cfg.gns and not global_gns_available(world, cfg.accum):
         print(f"bcrit: {GNS_UNAVAILABLE}", flush=True)
     startup_seconds = time.perf_counter() - t_start
@@ -133,8 +138,9 @@ def train_loop(cfg: TrialConfig, session: Session) -> dict:
             return M.STATUS_REACHED_TARGET
         return M.STATUS_RUNNING
 
-    def report(final: bool) -> None:
-        save = final or (cfg.checkpoint_every and step % cfg.checkpoint_every == 0)
+    def report(final: bool, save: bool | None = None) -> None:
+        if save is None:
+            save = final or (cfg.checkpoint_every and step % cfg.checkpoint_every == 0)
         metrics = {
             M.STEP: step,
             M.MICRO_STEP: step * cfg.accum,
@@ -164,6 +170,7 @@ def train_loop(cfg: TrialConfig, session: Session) -> dict:
                     "first_eval": first_eval,
                     "train_seconds": train_seconds,
                     "last": dict(last),
+                    "status": status,
                     "config": cfg.to_dict(),
                     "dataset_info": vars(info),
                 }
@@ -171,6 +178,8 @@ def train_loop(cfg: TrialConfig, session: Session) -> dict:
             session.report(metrics, d)
 
     # 3. train until a stop rule fires
+    if status != M.STATUS_RUNNING:  # resumed from a final checkpoint: say so once, train nothing
+        report(final=True, save=False)
     if step == 0 and first_eval is None:
         status = evaluate()
         report(final=status != M.STATUS_RUNNING)

@@ -110,3 +110,11 @@ def test_non_finite_loss_with_gns_on_ends_as_diverged():
     s = run_local(cfg)
     assert s.reports[-1]["status"] == M.STATUS_DIVERGED
     assert not np.isfinite(losses(s)[-1][1])
+
+
+def test_resuming_a_finished_trial_trains_nothing(tmp_path):
+    cfg = TrialConfig(**{**TINY, "max_steps": 4})
+    done = run_local(cfg, checkpoint_root=str(tmp_path))
+    again = run_local(cfg.replace(max_steps=8), resume_from=done.checkpoints[-1])
+    assert again.summary[M.STEP] == 4 and again.summary["status"] == M.STATUS_BUDGET_SPENT
+    assert len(again.reports) == 1 and again.reports[0]["rows"] == []
