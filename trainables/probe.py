@@ -49,9 +49,7 @@ class ProbeRow:
     def to_json(self) -> dict:
         d = asdict(self)
         d["timesteps"] = list(self.timesteps)
-        if self.bin is None:
-            del d["bin"]
-        return d
+        return d  # the global row has the same fields, with "bin": null
 
 
 def _check_args(bins: int | None, b: int, B: int, reps: int) -> None:

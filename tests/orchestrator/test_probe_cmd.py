@@ -49,7 +49,8 @@ def test_probe_table_and_json_schema(ckpt, tmp_path, capsys) -> None:
         assert set(row) == ROW_KEYS
         assert all(isinstance(row[k], float) and math.isfinite(row[k]) for k in ROW_KEYS - {"bin", "timesteps"})
         assert row["trace_se"] > 0 and row["g2_se"] > 0
-    assert set(doc["global"]) == ROW_KEYS - {"bin"} and doc["global"]["timesteps"] == [0, 999]
+    assert set(doc["global"]) == ROW_KEYS and doc["global"]["timesteps"] == [0, 999]
+    assert doc["global"]["bin"] is None
 
 
 def test_probe_is_seeded_and_ema_differs(ckpt, tmp_path, capsys) -> None:
