@@ -115,6 +115,18 @@ def test_non_finite_loss_with_gns_on_ends_as_diverged():
 def test_resuming_a_finished_trial_trains_nothing(tmp_path):
     cfg = TrialConfig(**{**TINY, "max_steps": 4})
     done = run_local(cfg, checkpoint_root=str(tmp_path))
-    again = run_local(cfg.replace(max_steps=8), resume_from=done.checkpoints[-1])
+    again = run_local(cfg, resume_from=done.checkpoints[-1])
     assert again.summary[M.STEP] == 4 and again.summary["status"] == M.STATUS_BUDGET_SPENT
     assert len(again.reports) == 1 and again.reports[0]["rows"] == []
+    extended = run_local(cfg.replace(max_steps=6), resume_from=done.checkpoints[-1])  # a larger budget continues
+    assert extended.summary[M.STEP] == 6
+    diverged = run_local(
+        TrialConfig(**{**TINY, "lr": 10.0, "max_steps": 60, "divergence_factor": 1.5}),
+        checkpoint_root=str(tmp_path / "div"),
+    )
+    assert diverged.summary["status"] == M.STATUS_DIVERGED
+    rerun = run_local(
+        TrialConfig(**{**TINY, "lr": 10.0, "max_steps": 60, "divergence_factor": 1.5}),
+        resume_from=diverged.checkpoints[-1],
+    )
+    assert rerun.summary["status"] == M.STATUS_DIVERGED and rerun.reports[0]["rows"] == []
