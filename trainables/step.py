@@ -5,8 +5,9 @@ Global GNS (McCandlish et al. 2018, App. A.1) needs the squared norm of a "small
 both of mean losses, at the same parameters:
 - ``W >= 2``: small = each rank's accumulated local gradient (``b = micro * A``), read in a DDP communication
   hook just before the all-reduce; big = the all-reduced gradient (``B = b * W``).
-- ``W = 1, A >= 2``: small = each micro-batch's gradient (``b = micro``), kept apart in an accumulator instead of
-  ``.grad``; big = their mean (``B = micro * A``).
+- ``W = 1, A >= 2``: small = the first micro-batch's gradient (``b = micro``), which is what ``.grad`` holds after
+  the first micro-step (one extra norm per step; no copy, no extra memory); big = the accumulated gradient
+  (``B = micro * A``). Both are unbiased (App. A.1 holds for any two batch sizes of iid examples).
 - ``W = A = 1``: no second batch size exists in the step, so online global GNS is unavailable.
 Norms are taken in float32 gradients accumulated in float64, after unscaling (bf16 needs no scaler), before clipping.
 """
@@ -44,7 +45,7 @@ class TrainStep:
         self.rank, self.world, self.device, self.autocast = rank, world_size, device, autocast
         self.hook = hook  # LocalGradNormHook on the DDP model (W >= 2 with GNS on)
         self.params = [p for p in model.parameters() if p.requires_grad]
-        self.split_micro = cfg.gns and world_size == 1 and cfg.accum >= 2
+        self.first_micro = cfg.gns and world_size == 1 and cfg.accum >= 2
 
     def _micro_batch(self, step: int, idx, m: int):
         cfg = self.cfg
@@ -62,7 +63,6 @@ class TrainStep:
         idx = global_batch_indices(cfg.seed, step, cfg.batch_size, self.data.info.train_size)
         loss_sum = torch.zeros((), dtype=torch.float64, device=self.device)
         micro_g2 = torch.zeros((), dtype=torch.float64, device=self.device)
-        acc = None  # W=1 with GNS: the running sum of micro-batch gradients, kept out of .grad
         for m in range(A):
             x, y, t, noise = self._micro_batch(step, idx, m)
             last = m == A - 1
@@ -72,18 +72,8 @@ class TrainStep:
                     losses = per_example_loss(self.ddp, self.scheduler, x, y, t, noise)  # (micro,)
                 (losses.mean() / A).backward()  # mean over the effective batch after DDP's average over W
             loss_sum += losses.detach().double().sum()
-            if self.split_micro:
-                grads = [p.grad for p in self.params]
-                micro_g2 += sq_norm(grads) * A**2  # gradient of this micro-batch's *mean* loss
-                if acc is None:
-                    acc = grads
-                else:
-                    torch._foreach_add_(acc, grads)
-                for p in self.params:
-                    p.grad = None
-        if acc is not None:
-            for p, g in zip(self.params, acc, strict=True):
-                p.grad = g
+            if self.first_micro and m == 0:
+                micro_g2 = sq_norm([p.grad for p in self.params]) * A**2  # gradient of its *mean* loss (loss / A)
         g2_big = sq_norm([p.grad for p in self.params])
         local_g2 = torch.tensor(self.hook.pop() if self.hook else 0.0, dtype=torch.float64, device=self.device)
         stats = torch.stack([loss_sum, local_g2])
@@ -97,6 +87,6 @@ class TrainStep:
         elif self.world > 1:
             g2_small, b_small = stats[1].item() / self.world, micro * A
         else:
-            g2_small, b_small = micro_g2.item() / A, micro
+            g2_small, b_small = micro_g2.item(), micro
         finite = bool(torch.isfinite(torch.tensor([loss, g2_big_f])).all())
         return StepStats(loss, g2_big_f, g2_small, b_small, cfg.batch_size, finite)

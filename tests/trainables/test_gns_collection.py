@@ -3,7 +3,7 @@
 ``TrainStep`` (float32, as trained) reports ``|G_b|^2`` and ``|G_B|^2``; the reference recomputes every micro-batch
 gradient explicitly with the model cast to float64, from the same split-invariant draws, and forms the small and
 big batches by hand: ``W >= 2`` -> small = each rank's accumulated gradient, big = their mean; ``W = 1, A >= 2`` ->
-small = each micro-batch gradient, big = their mean; ``W = A = 1`` -> unavailable. W=2 runs on a spawned gloo group.
+small = the first micro-batch gradient, big = the accumulated one; ``W = A = 1`` -> unavailable. W=2: spawned gloo.
 Also: GNS on vs off (global and per bin) leaves the training losses bit-identical.
 """
 
@@ -90,7 +90,7 @@ def _collect(rank: int, world: int, out_dir: str) -> None:
         if world > 1:
             ref_small, ref_b = float(torch.stack([g @ g for g in gathered]).mean()), MICRO * accum
         elif accum > 1:
-            ref_small, ref_b = float(torch.stack([g @ g for g in micro]).mean()), MICRO
+            ref_small, ref_b = float(micro[0] @ micro[0]), MICRO  # the first micro-batch's gradient
         else:
             ref_small, ref_b = None, None
         results[accum] = {
