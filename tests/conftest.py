@@ -16,3 +16,15 @@ def ray_local():
         ray.init(num_cpus=6, include_dashboard=False, log_to_driver=False)
     yield ray
     ray.shutdown()
+
+
+def pytest_collection_modifyitems(config, items):
+    """Tests marked `gpu` need CUDA: skipped (and said so) on CPU-only machines such as CI."""
+    import torch
+
+    if torch.cuda.is_available():
+        return
+    skip = pytest.mark.skip(reason="needs a CUDA device")
+    for item in items:
+        if "gpu" in item.keywords:
+            item.add_marker(skip)
