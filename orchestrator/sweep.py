@@ -163,18 +163,18 @@ def build_tuner(
     with open(os.path.join(spec.sweep_dir, SPEC_FILE), "w") as f:
         f.write(spec.to_yaml())
     if spec.search == "grid":
-        param_space, search_alg = {"trial": tune.grid_search(configs)}, None
-    else:
-        raise UserError(
-            "nuisance.search: optuna is validated but its per-batch-size Tune searcher is not built yet; "
-            "use search: grid with a list of values"
-        )
+        param_space, search_alg, num_samples = {"trial": tune.grid_search(configs)}, None, 1
+    else:  # one TPE study per (batch size, split, seed) group; its quota of trials each (orchestrator.search)
+        from orchestrator.search import GroupedOptunaSearch
+
+        search_alg = GroupedOptunaSearch.from_spec(spec)
+        param_space, num_samples = {}, search_alg.total_trials
     return tune.Tuner(
         _trainable(spec, worker_failures),
         param_space=param_space,
         tune_config=tune.TuneConfig(
             search_alg=search_alg,
-            num_samples=spec.num_trials() if search_alg else 1,
+            num_samples=num_samples,
             max_concurrent_trials=max_concurrent(configs, ray.cluster_resources()),
             trial_dirname_creator=lambda t: t.trial_id,
             reuse_actors=True,  # in-process trials skip the actor start and torch import
