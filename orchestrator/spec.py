@@ -120,9 +120,8 @@ class SweepSpec:
         return [dict(zip(self.nuisance, vals, strict=True)) for vals in itertools.product(*ends)]
 
     def num_trials(self) -> int:
-        if self.search == "grid":
-            return len(self.groups()) * len(self.grid_points())
-        return len(self.batch_sizes) * self.trials_per_batch_size
+        per_group = len(self.grid_points()) if self.search == "grid" else self.trials_per_batch_size
+        return len(self.groups()) * per_group  # optuna: one study per group (batch size x split x seed)
 
     def to_yaml(self) -> str:
         import yaml

@@ -180,3 +180,12 @@ def test_example_specs(tmp_path, name, groups, trials):
     s = GroupedOptunaSearch.from_spec(spec)
     assert spec.search == "optuna" and isinstance(spec.nuisance["lr"], tuple)
     assert len(spec.groups()) == groups and s.total_trials == trials
+
+
+def test_num_trials_counts_every_optuna_group():
+    from pathlib import Path
+
+    from orchestrator.spec import load_spec
+
+    spec = load_spec(str(Path(__file__).parents[2] / "examples" / "dit-s2-imagenet.yaml"), [])
+    assert spec.num_trials() == len(spec.groups()) * spec.trials_per_batch_size
