@@ -88,22 +88,24 @@ class TrialConfig:
 
     @classmethod
     def from_dict(cls, data: dict[str, Any]) -> TrialConfig:
-        names = {f.name for f in fields(cls)}
-        unknown = sorted(set(data) - names)
-        if unknown:
-            raise ConfigError(f"unknown config key(s) {unknown}; valid keys: {sorted(names - {'extra'})}")
-        return cls(**{k: _coerce(k, v) for k, v in data.items()})
+        return config_from_dict(cls, data)
 
     def replace(self, **changes: Any) -> TrialConfig:
         return TrialConfig.from_dict({**self.to_dict(), **changes})
 
 
-_TYPES = {f.name: f.type for f in fields(TrialConfig)}
+def config_from_dict(cls, data: dict[str, Any], what: str = "config"):
+    """Build a frozen config dataclass from YAML / ``--set`` data: unknown keys rejected, values coerced to the
+    fields' types, each mistake one `ConfigError` line."""
+    types = {f.name: str(f.type) for f in fields(cls)}
+    unknown = sorted(set(data) - set(types))
+    if unknown:
+        raise ConfigError(f"unknown {what} key(s) {unknown}; valid keys: {sorted(set(types) - {'extra'})}")
+    return cls(**{k: _coerce(k, types[k], v) for k, v in data.items()})
 
 
-def _coerce(key: str, value: Any) -> Any:
+def _coerce(key: str, kind: str, value: Any) -> Any:
     """Coerce YAML / ``--set`` values to the field's type, with a clear error."""
-    kind = str(_TYPES[key])
     if value is None or key == "extra":
         return value
     try:

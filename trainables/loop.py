@@ -30,6 +30,7 @@ from trainables.evaluation import HeldOutEval
 from trainables.gns_stats import LocalGradNormHook
 from trainables.presets import build_dit
 from trainables.step import TrainStep, global_gns_available
+from trainables.stopping import status_after_step
 
 GNS_UNAVAILABLE = "unavailable: global GNS needs num_workers x grad_accum >= 2 (this trial has 1 x 1)"
 
@@ -213,12 +214,10 @@ def train_loop(cfg: TrialConfig, session: Session) -> dict:
             record(M.GNS_B_SIMPLE, gns_ema.update(s.g2_small, s.g2_big, s.b_small, s.b_big))
         for name, value in bin_values.items():
             record(name, value)
-        if not s.finite:
+        if s.finite:
+            status = status_after_step(step, cfg.eval_every, cfg.max_steps, evaluate)
+        else:
             status = M.STATUS_DIVERGED
-        elif step % cfg.eval_every == 0 or step >= cfg.max_steps:
-            status = evaluate()
-        if status == M.STATUS_RUNNING and step >= cfg.max_steps:
-            status = M.STATUS_BUDGET_SPENT
         final = status != M.STATUS_RUNNING
         if final or step % cfg.report_interval == 0:
             report(final)

@@ -15,13 +15,14 @@ import math
 import os
 import tempfile
 import time
-from dataclasses import asdict, dataclass, field, fields
+from dataclasses import asdict, dataclass, field
 from typing import Any
 
 import numpy as np
 
 from analysis import metrics as M
-from trainables.config import ConfigError
+from trainables.config import ConfigError, config_from_dict
+from trainables.stopping import status_after_step
 
 STATE_FILE = "quadratic_state.json"
 
@@ -86,11 +87,7 @@ class QuadraticConfig:
 
     @classmethod
     def from_dict(cls, data: dict[str, Any]) -> QuadraticConfig:
-        names = {f.name for f in fields(cls)}
-        unknown = sorted(set(data) - names)
-        if unknown:
-            raise ConfigError(f"unknown quadratic config key(s) {unknown}; valid keys: {sorted(names - {'extra'})}")
-        return cls(**data)
+        return config_from_dict(cls, data, "quadratic config")
 
 
 def check_quadratic(cfg: QuadraticConfig, resources: dict | None = None) -> None:
@@ -178,10 +175,7 @@ def train_loop(cfg: QuadraticConfig, session) -> dict:
         if cfg.step_seconds:
             time.sleep(cfg.step_seconds)
         train_seconds += time.perf_counter() - t0
-        if step % cfg.eval_every == 0 or step >= cfg.max_steps:
-            status = evaluate()
-        if status == M.STATUS_RUNNING and step >= cfg.max_steps:
-            status = M.STATUS_BUDGET_SPENT
+        status = status_after_step(step, cfg.eval_every, cfg.max_steps, evaluate)
         final = status != M.STATUS_RUNNING
         if final or step % cfg.report_interval == 0:
             report(final)
