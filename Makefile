@@ -19,7 +19,7 @@ install: $(STAMP)
 
 # The tiny sweep end to end (continued, not restarted, if runs/tiny already holds it), then the analysis.
 demo: $(STAMP)
-	@if [ -d runs/tiny/tune ]; then $(BCRIT) sweep runs/tiny --resume; else $(BCRIT) sweep examples/tiny.yaml; fi
+	@if [ -d runs/tiny/tune ]; then $(BCRIT) sweep examples/tiny.yaml --resume; else $(BCRIT) sweep examples/tiny.yaml; fi
 	$(BCRIT) analyze runs/tiny --out runs/tiny/analysis
 	@echo "sweep dir:  runs/tiny  (trials.parquet, metrics.parquet, analysis/)"
 	@echo "MLflow:     sqlite:///$(CURDIR)/runs/tiny/mlflow.db"

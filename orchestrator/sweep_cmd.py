@@ -31,7 +31,13 @@ def run(args) -> int:
     else:
         spec = load_spec(args.spec, args.set)
         if args.resume:
-            spec = restore_spec(spec.sweep_dir)
+            saved = restore_spec(spec.sweep_dir)
+            if saved.to_yaml() != spec.to_yaml():
+                raise UserError(
+                    f"{args.spec} differs from the spec {spec.sweep_dir} was started with; resume it with "
+                    f"`bcrit sweep {spec.sweep_dir} --resume`, or start the new spec in another storage directory"
+                )
+            spec = saved
         elif can_restore(spec.sweep_dir):
             raise UserError(
                 f"{spec.sweep_dir} already holds a sweep; add --resume to continue it, or set storage to a new "

@@ -25,10 +25,10 @@ def dit_spec(tmp_path, **sections) -> dict:
 def test_tiny_example_expands_to_its_trials(tmp_path, no_ray_address):
     spec = load_spec(os.path.join(ROOT, "examples", "tiny.yaml"), [f"storage={tmp_path / 's'}"])
     configs = check_spec(spec, {"CPU": 6.0, "GPU": 0.0})
-    assert spec.num_trials() == len(configs) == 12
+    assert spec.num_trials() == len(configs) == 16  # 6 batch sizes x 2 lrs, plus two more splits of B=64 x 2 lrs
     b64 = {(c["micro_batch_size"], c["grad_accum"], c["num_workers"]) for c in configs if c["batch_size"] == 64}
     assert b64 == {(64, 1, 0), (32, 2, 0), (32, 1, 2)}
-    assert {c["batch_size"] for c in configs} == {16, 32, 64, 128}
+    assert {c["batch_size"] for c in configs} == {4, 8, 16, 32, 64, 128}
     assert spec.mlflow_uri == f"sqlite:///{tmp_path / 's' / 'mlflow.db'}"
 
 
@@ -102,3 +102,17 @@ def test_set_override_and_resume_of_nothing(tmp_path, capsys, no_ray_address):
     assert "not a bcrit sweep directory" in capsys.readouterr().err
     assert main(["sweep", str(tmp_path), "--resume"]) == 2
     assert "not a bcrit sweep directory" in capsys.readouterr().err
+
+
+def test_resume_with_a_changed_spec_is_refused(tmp_path, capsys, no_ray_address):
+    from orchestrator.sweep import SPEC_FILE
+
+    path = write_spec(tmp_path, quadratic_spec(tmp_path))
+    spec = load_spec(path, [])
+    os.makedirs(spec.sweep_dir, exist_ok=True)
+    with open(os.path.join(spec.sweep_dir, SPEC_FILE), "w") as f:
+        f.write(spec.to_yaml())  # as the sweep recorded it when it started
+    changed = write_spec(tmp_path, {**quadratic_spec(tmp_path), "stopping": {"max_steps": 7}}, "changed.yaml")
+    assert main(["sweep", changed, "--resume"]) == 2
+    err = capsys.readouterr().err.strip()
+    assert "differs from the spec" in err and "\n" not in err
