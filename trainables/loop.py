@@ -12,7 +12,6 @@ diverged -- so the trainer returns normally (REFERENCE.md: the placement-group l
 from __future__ import annotations
 
 import contextlib
-import math
 import os
 import tempfile
 import time
@@ -30,7 +29,7 @@ from trainables.evaluation import HeldOutEval
 from trainables.gns_stats import LocalGradNormHook
 from trainables.presets import build_dit
 from trainables.step import TrainStep, global_gns_available
-from trainables.stopping import status_after_step
+from trainables.stopping import eval_status, status_after_step
 
 GNS_UNAVAILABLE = "unavailable: global GNS needs num_workers x grad_accum >= 2 (this trial has 1 x 1)"
 
@@ -133,11 +132,7 @@ def train_loop(cfg: TrialConfig, session: Session) -> dict:
         for k, v in enumerate(per_bin):
             record(M.per_bin(M.EVAL_LOSS_BIN, k), v)
         first_eval = loss if first_eval is None else first_eval
-        if not math.isfinite(loss) or loss > cfg.divergence_factor * first_eval:
-            return M.STATUS_DIVERGED
-        if cfg.target_loss is not None and loss <= cfg.target_loss:
-            return M.STATUS_REACHED_TARGET
-        return M.STATUS_RUNNING
+        return eval_status(loss, first_eval, cfg.divergence_factor, cfg.target_loss)
 
     def report(final: bool, save: bool | None = None) -> None:
         if save is None:

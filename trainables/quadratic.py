@@ -22,7 +22,7 @@ import numpy as np
 
 from analysis import metrics as M
 from trainables.config import ConfigError, config_from_dict
-from trainables.stopping import status_after_step
+from trainables.stopping import eval_status, status_after_step
 
 STATE_FILE = "quadratic_state.json"
 
@@ -126,11 +126,7 @@ def train_loop(cfg: QuadraticConfig, session) -> dict:
         rows.append([step, step * cfg.batch_size, M.EVAL_LOSS, loss, train_seconds])
         last[M.EVAL_LOSS] = loss
         first_eval = loss if first_eval is None else first_eval
-        if not math.isfinite(loss) or loss > cfg.divergence_factor * first_eval:
-            return M.STATUS_DIVERGED
-        if cfg.target_loss is not None and loss <= cfg.target_loss:
-            return M.STATUS_REACHED_TARGET
-        return M.STATUS_RUNNING
+        return eval_status(loss, first_eval, cfg.divergence_factor, cfg.target_loss)
 
     def report(final: bool) -> None:
         metrics = {

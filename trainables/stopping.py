@@ -3,6 +3,7 @@ Tune stops trials), so ``trainer.fit()`` returns normally."""
 
 from __future__ import annotations
 
+import math
 from collections.abc import Callable
 
 from analysis import metrics as M
@@ -15,3 +16,13 @@ def status_after_step(step: int, eval_every: int, max_steps: int, evaluate: Call
     if status == M.STATUS_RUNNING and step >= max_steps:
         status = M.STATUS_BUDGET_SPENT
     return status
+
+
+def eval_status(loss: float, first_eval: float, divergence_factor: float, target_loss: float | None) -> str:
+    """Verdict of one held-out evaluation: diverged (non-finite, or above ``divergence_factor`` x the first
+    evaluation), reached the target (``loss <= target_loss``), or still running."""
+    if not math.isfinite(loss) or loss > divergence_factor * first_eval:
+        return M.STATUS_DIVERGED
+    if target_loss is not None and loss <= target_loss:
+        return M.STATUS_REACHED_TARGET
+    return M.STATUS_RUNNING
