@@ -12,14 +12,12 @@ from __future__ import annotations
 import contextlib
 import copy
 import json
-import socket
-import time
 from pathlib import Path
 
 import pytest
 import torch
 import torch.distributed as dist
-import torch.multiprocessing as mp
+from ddp_group import run_group
 
 from analysis import metrics as M
 from trainables.config import TrialConfig
@@ -119,29 +117,11 @@ def _worker(rank: int, world: int, port: int, out_dir: str) -> None:
         dist.destroy_process_group()
 
 
-def _free_port() -> int:
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
-
-
 def _run(world: int, out_dir: Path, timeout_s: float = 120.0) -> list[dict]:
     if world == 1:
         _collect(0, 1, str(out_dir))
         return [json.loads(Path(out_dir, "rank0.json").read_text())]
-    import torch._dynamo  # noqa: F401  DDP imports it lazily (seconds): pay it once, before forking
-
-    method = "fork" if "fork" in mp.get_all_start_methods() else "spawn"
-    ctx = mp.start_processes(
-        _worker, args=(world, _free_port(), str(out_dir)), nprocs=world, join=False, start_method=method
-    )
-    deadline = time.monotonic() + timeout_s
-    while not ctx.join(timeout=1.0):
-        if time.monotonic() > deadline:
-            for p in ctx.processes:
-                p.kill()
-            pytest.fail(f"DDP workers did not finish within {timeout_s} s")
-    return [json.loads(Path(out_dir, f"rank{r}.json").read_text()) for r in range(world)]
+    return run_group(_worker, world, out_dir, timeout_s)
 
 
 @pytest.fixture(scope="module")

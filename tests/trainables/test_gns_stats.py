@@ -8,15 +8,13 @@ gradient DDP leaves in ``.grad`` must still be the mean of the local ones.
 from __future__ import annotations
 
 import json
-import socket
-import time
 from pathlib import Path
 
 import numpy as np
 import pytest
 import torch
 import torch.distributed as dist
-import torch.multiprocessing as mp
+from ddp_group import free_port, run_group
 from torch import nn
 from torch.nn.parallel import DistributedDataParallel
 
@@ -55,12 +53,6 @@ def test_sq_norm_large_float32_tensor() -> None:
 # --------------------------------------------------------------------------------------------------------
 
 MICRO = 4  # examples per micro-batch
-
-
-def _free_port() -> int:
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
 
 
 def _model() -> nn.Module:
@@ -122,32 +114,13 @@ def _worker(rank: int, world: int, port: int, out_dir: str) -> None:
         dist.destroy_process_group()
 
 
-def _spawn(world: int, out_dir: Path, timeout_s: float = 90.0) -> list[dict]:
-    """Run ``_worker`` on ``world`` fresh processes.
-
-    "spawn", not "fork": a forked child inherits the parent's OpenMP/MKL thread-pool state, and
-    touching it (``torch.set_num_threads``) hung intermittently here. Each child re-imports torch
-    (a few seconds), the price of a reliable test.
-    """
-    ctx = mp.start_processes(
-        _worker, args=(world, _free_port(), str(out_dir)), nprocs=world, join=False, start_method="spawn"
-    )
-    deadline = time.monotonic() + timeout_s
-    while not ctx.join(timeout=1.0):
-        if time.monotonic() > deadline:
-            for p in ctx.processes:
-                p.kill()
-            pytest.fail(f"DDP workers did not finish within {timeout_s} s")
-    return [json.loads(Path(out_dir, f"rank{r}.json").read_text()) for r in range(world)]
-
-
 @pytest.mark.parametrize("world", [1, 2])
 def test_local_grad_norm_hook_matches_explicit_gradients(world: int, tmp_path: Path) -> None:
     if world == 1:  # a one-process group runs in this process (saves a ~3 s spawn)
-        _worker(0, 1, _free_port(), str(tmp_path))
+        _worker(0, 1, free_port(), str(tmp_path))
         ranks = [json.loads(Path(tmp_path, "rank0.json").read_text())]
     else:
-        ranks = _spawn(world, tmp_path)
+        ranks = run_group(_worker, world, tmp_path, timeout_s=90.0)
     for r in ranks:
         assert r["pop2"] is False  # pop() resets: a second pop without a backward raises
         for step in r["steps"]:
