@@ -120,36 +120,16 @@ def make_trainable(workload: str, sweep_dir: str, worker_failures: int = 3) -> C
             return
         trial_id = tune.get_context().get_trial_id()
         cb = objective_report_callback(target, budget)
-        if workload == "dit":
-            from trainables.trial import build_trainer
+        from trainables.trial import build_trainer
 
-            trainer = build_trainer(
-                cfg, name=trial_id, storage_path=train_storage, callbacks=[cb], max_failures=worker_failures
-            )
-        else:
-            trainer = _generic_trainer(w, cfg, trial_id, train_storage, [cb], worker_failures)
+        trainer = build_trainer(
+            cfg,
+            name=trial_id,
+            storage_path=train_storage,
+            callbacks=[cb],
+            max_failures=worker_failures,
+            train_loop=w.train_func,
+        )
         trainer.fit()
 
     return bcrit_trial
-
-
-def _generic_trainer(w: Workload, cfg, name: str, storage_path: str, callbacks: list, max_failures: int):
-    """A ``TorchTrainer`` for a non-DiT workload (same run naming and failure handling as the DiT trial)."""
-    from ray.train import CheckpointConfig, FailureConfig, RunConfig, ScalingConfig
-    from ray.train.torch import TorchConfig, TorchTrainer
-
-    return TorchTrainer(
-        w.train_func,
-        train_loop_config={"trial": cfg.to_dict()},
-        scaling_config=ScalingConfig(
-            num_workers=cfg.num_workers, use_gpu=cfg.use_gpu, resources_per_worker={"CPU": cfg.cpus_per_worker}
-        ),
-        run_config=RunConfig(
-            name=name,
-            storage_path=storage_path,
-            failure_config=FailureConfig(max_failures=max_failures),
-            checkpoint_config=CheckpointConfig(num_to_keep=2),
-            callbacks=callbacks,
-        ),
-        torch_config=TorchConfig(backend="nccl" if cfg.use_gpu else "gloo"),
-    )

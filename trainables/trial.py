@@ -121,9 +121,13 @@ def train_func(config: dict) -> dict:
     return train_loop(TrialConfig.from_dict(config["trial"]), RaySession())
 
 
-def build_trainer(cfg: TrialConfig, *, name: str, storage_path: str, callbacks=(), max_failures: int = 0):
+def build_trainer(
+    cfg: TrialConfig, *, name: str, storage_path: str, callbacks=(), max_failures: int = 0, train_loop=None
+):
     """A ``TorchTrainer`` for the trial. A run of the same ``name`` in ``storage_path`` resumes from its
-    latest checkpoint (Ray Train V2), which is how a retried or restored Tune trial continues."""
+    latest checkpoint (Ray Train V2), which is how a retried or restored Tune trial continues. ``train_loop``:
+    the per-worker function taking ``{"trial": cfg.to_dict()}`` (default: the DiT trial's `train_func`; another
+    workload, e.g. ``trainables.quadratic.train_func``, with a config of the same resource fields)."""
     from ray.train import CheckpointConfig, FailureConfig, RunConfig, ScalingConfig
     from ray.train.torch import TorchConfig, TorchTrainer
 
@@ -140,7 +144,7 @@ def build_trainer(cfg: TrialConfig, *, name: str, storage_path: str, callbacks=(
         callbacks=list(callbacks),
     )
     return TorchTrainer(
-        train_func,
+        train_loop or train_func,
         train_loop_config={"trial": cfg.to_dict()},
         scaling_config=scaling,
         run_config=run,
