@@ -163,11 +163,10 @@ def ensure_ray(num_cpus: int | None = None) -> None:
     if os.environ.get("RAY_ADDRESS"):
         ray.init(address=os.environ["RAY_ADDRESS"], log_to_driver=True)
     else:
-        ray.init(
-            num_cpus=num_cpus or max(4, (os.cpu_count() or 1) * 2),
-            include_dashboard=False,
-            log_to_driver=True,
-        )
+        # address="local": start our own Ray even when another is running on this machine (a plain ray.init
+        # would connect to it and then refuse num_cpus). The dashboard (127.0.0.1) serves the state API that
+        # Ray Train's placement-group cleaner polls.
+        ray.init(address="local", num_cpus=num_cpus or max(4, (os.cpu_count() or 1) * 2), log_to_driver=True)
 
 
 def run_trial(cfg: TrialConfig, *, name: str, storage_path: str | None = None, max_failures: int = 0) -> dict:
