@@ -3,8 +3,10 @@
 The empirical trade-off ``(S/S_min - 1)(E/E_min - 1) = 1`` with ``E = B·S`` is ``S(B) = S_min + E_min/B``;
 the critical batch size is ``B_crit = E_min / S_min``. Steps-to-target scatter is multiplicative, so the fit
 minimises ``Σ (log S_i - log(S_min + E_min/B_i))²`` over ``(log S_min, log E_min)``: both stay positive.
-The confidence interval is a percentile bootstrap over trials: resample trials with replacement within each
-batch size, re-take the best per batch size, refit (Shallue et al. 2018 tune ~100 trials per batch size).
+The confidence interval is a percentile bootstrap of what varies between repeats of the sweep: with several seeds
+per (batch size, nuisance setting), resample seeds within each setting, re-average, re-take the best setting per
+batch size (censoring-aware) and refit; with one seed per setting, resample the settings (trials) within each
+batch size: that interval does not contain seed-to-seed noise, and the result says so (``ci_resamples``).
 """
 
 from __future__ import annotations
@@ -12,6 +14,9 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 import numpy as np
+
+from analysis.flags import CI_SEEDS, CI_TRIALS
+from analysis.steps import Settings, aggregate_seeds
 
 MIN_BATCH_SIZES = 3
 
@@ -107,20 +112,70 @@ def fit_pareto_batched(
     return s_min, e_min
 
 
-def bootstrap_best(
-    steps: np.ndarray, batch_size: np.ndarray, ok: np.ndarray, n_boot: int, rng: np.random.Generator
-) -> tuple[np.ndarray, np.ndarray]:
-    """Resample usable trials within each batch size; return (batch sizes, best steps of shape (T, R, n_b)).
+def ci_resamples(st: Settings) -> str:
+    """What the interval resamples: seeds when the typical setting has several seeds, else trials."""
+    return CI_SEEDS if len(st.members) and np.median(st.n_seeds) >= 2 else CI_TRIALS
 
-    ``steps``: (T, n_trials) for T targets; the same resampled trials serve every target (a paired bootstrap).
+
+def _best_of(val: np.ndarray, low: np.ndarray) -> np.ndarray:
+    """Censoring-aware minimum over the last axis: the least known value, ``nan`` where an unknown setting's
+    lower bound lies below it (censored), ``inf`` where nothing is known."""
+    m = val.min(axis=-1)
+    open_lb = np.where(np.isfinite(val), np.inf, low).min(axis=-1)
+    return np.where(np.isfinite(m) & (open_lb < m), np.nan, m)
+
+
+def bootstrap_best(
+    steps: np.ndarray,
+    last: np.ndarray,
+    st: Settings,
+    n_boot: int,
+    rng: np.random.Generator,
+    resample: str = CI_SEEDS,
+) -> tuple[np.ndarray, np.ndarray]:
+    """Bootstrap replicates of the best steps per batch size: ``(batch sizes, (T, R, n_b))``.
+
+    ``steps``: (T, n_trials) for T targets; ``last``: each trial's last evaluated step. ``resample="seeds"``:
+    within every setting draw its seeds with replacement, re-average them (:func:`analysis.steps.aggregate_seeds`)
+    and re-take the best setting per batch size. The log-steps of a setting whose seeds all reached are drawn as
+    adjusted residuals ``mean + sqrt(k/(k-1))·(x - mean)`` (Davison & Hinkley 1997, eq. 3.8): the plain bootstrap
+    of a mean of ``k`` seeds has ``(k-1)/k`` of its variance, 2/3 with three seeds, and its interval undercovers.
+    ``"trials"``: draw settings with replacement within each batch
+    size. The same draws serve every target (a paired bootstrap). A replicate's batch size is ``nan`` where it is
+    censored (an unknown setting's lower bound lies below the best known) and ``inf`` where nothing reached.
     """
-    bs = np.unique(batch_size[ok])
-    out = np.empty((steps.shape[0], n_boot, len(bs)))
+    bs = np.unique(st.batch_size)
+    n_t = steps.shape[0]
+    out = np.empty((n_t, n_boot, len(bs)))
+    if resample == CI_TRIALS:
+        vals = [aggregate_seeds(steps[t], last, st) for t in range(n_t)]
+        for i, b in enumerate(bs):
+            idx = np.flatnonzero(st.batch_size == b)
+            pick = idx[rng.integers(0, len(idx), size=(n_boot, len(idx)))]  # (R, k)
+            for t in range(n_t):
+                out[t, :, i] = _best_of(vals[t][0][pick], vals[t][1][pick])
+        return bs, out
+    n_seeds = st.n_seeds
+    val = np.empty((n_t, n_boot, len(n_seeds)))
+    low = np.empty_like(val)
+    for k in np.unique(n_seeds):
+        which = np.flatnonzero(n_seeds == k)
+        members = np.stack([st.members[w] for w in which])  # (n_k, k)
+        pick = (np.arange(len(which))[None, :, None], rng.integers(0, k, size=(n_boot, len(which), k)))
+        inflate = np.sqrt(k / (k - 1)) if k > 1 else 1.0
+        for t in range(n_t):
+            s = steps[t][members]  # (n_k, k)
+            reached = np.isfinite(s)
+            with np.errstate(divide="ignore", invalid="ignore"):
+                x = np.log(np.where(reached, s, np.maximum(last[members], 0.0)))
+                known = reached.all(axis=1)
+                xbar = x.mean(axis=1, keepdims=True)
+                x = np.where(known[:, None], xbar + inflate * (x - xbar), x)  # adjusted residuals
+            low[t][:, which] = np.exp(x[pick].mean(axis=-1))
+            val[t][:, which] = np.where(reached[pick].all(axis=-1), low[t][:, which], np.inf)
     for i, b in enumerate(bs):
-        rows = np.flatnonzero(ok & (batch_size == b))
-        pick = rows[rng.integers(0, len(rows), size=(n_boot, len(rows)))]  # (R, n_rows)
-        for t in range(steps.shape[0]):
-            out[t, :, i] = steps[t][pick].min(axis=1)
+        idx = np.flatnonzero(st.batch_size == b)
+        out[:, :, i] = _best_of(val[:, :, idx], low[:, :, idx])
     return bs, out
 
 
@@ -133,13 +188,24 @@ def percentile_ci(samples: np.ndarray, level: float) -> tuple[float, float]:
     return (float(lo), float(hi))
 
 
-def check_enough(target: float, metric: str, batch_sizes: np.ndarray, best: np.ndarray) -> None:
-    """Raise :class:`TooFewBatchSizesError` naming the batch sizes that miss ``target``."""
+def check_enough(
+    target: float, metric: str, batch_sizes: np.ndarray, best: np.ndarray, censored: np.ndarray | None = None
+) -> None:
+    """Raise :class:`TooFewBatchSizesError` naming the batch sizes that miss ``target`` (and the censored ones:
+    a setting stopped before reaching it, so their minimum is unknown)."""
     reached = np.isfinite(best)
     if reached.sum() < MIN_BATCH_SIZES:
+        cens = np.zeros(len(best), bool) if censored is None else np.asarray(censored, bool)
+        more = (
+            f"; {batch_sizes[cens].tolist()} are censored (trials stopped before reaching it: lower the sweep's "
+            "stopping.target_loss or raise max_steps)"
+            if cens.any()
+            else ""
+        )
         raise TooFewBatchSizesError(
             f"target {target:g} on {metric}: only batch sizes {batch_sizes[reached].tolist()} reach it, "
-            f"{batch_sizes[~reached].tolist()} do not (need >= {MIN_BATCH_SIZES}); pick a higher target"
+            f"{batch_sizes[~reached & ~cens].tolist()} do not{more} (need >= {MIN_BATCH_SIZES}); "
+            "pick a higher target"
         )
 
 

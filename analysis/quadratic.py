@@ -199,3 +199,82 @@ def simulate(
             if t < steps:
                 theta -= lr_b * (h * theta + sd * rng.standard_normal(theta.shape))
     return eval_steps, np.where(np.isfinite(out), out, np.inf)
+
+
+def simulate_sweep(
+    h: np.ndarray,
+    c: np.ndarray,
+    theta0: np.ndarray,
+    batch_sizes,
+    lrs,
+    seeds: int = 1,
+    max_steps: int = 2000,
+    target_loss: float | None = None,
+    eval_every: int = 1,
+    divergence_factor: float = 10.0,
+    seed: int = 0,
+):
+    """A grid sweep of the NQM trial without Ray: every (batch size, lr, seed) runs plain SGD with the stop rules
+    of ``trainables.stopping`` (diverged above ``divergence_factor`` x the first evaluation, reached at
+    ``target_loss``, budget ``max_steps``), evaluated every ``eval_every`` steps; returns :class:`Runs`.
+
+    The same statistics as ``workload: quadratic`` trials (one shared generator instead of one per trial)."""
+    from analysis import metrics as m
+    from analysis.loaders import runs_from_tables
+    from analysis.schema import metrics_table, trials_table
+
+    h, c, theta0 = _arrays(h, c, theta0)
+    grid = [(int(b), float(lr), s) for b in batch_sizes for lr in lrs for s in range(seeds)]
+    b = np.array([g[0] for g in grid], dtype=np.float64)
+    lr = np.array([g[1] for g in grid])[:, None]
+    sd = np.sqrt(c[None, :] / b[:, None])
+    theta = np.tile(theta0, (len(grid), 1))
+    rng = np.random.default_rng(seed)
+    status = np.full(len(grid), m.STATUS_RUNNING, dtype=object)
+    rows: list[tuple[np.ndarray, int, np.ndarray]] = []
+    first = None
+    active = np.arange(len(grid))
+    for step in range(max_steps + 1):
+        if step % eval_every == 0 or step == max_steps:
+            with np.errstate(over="ignore", invalid="ignore"):
+                loss = 0.5 * (h * theta[active] ** 2).sum(axis=1)
+            loss = np.where(np.isfinite(loss), loss, np.inf)
+            first = loss.copy() if first is None else first
+            rows.append((active, step, loss))
+            bad = ~(loss <= divergence_factor * first[active])
+            done = np.zeros(len(active), dtype=bool)
+            status[active[bad]] = m.STATUS_DIVERGED
+            done |= bad
+            if target_loss is not None:
+                hit = ~bad & (loss <= target_loss)
+                status[active[hit]] = m.STATUS_REACHED_TARGET
+                done |= hit
+            if step == max_steps:
+                status[active[~done]] = m.STATUS_BUDGET_SPENT
+                break
+            active = active[~done]
+            if len(active) == 0:
+                break
+        with np.errstate(over="ignore", invalid="ignore"):
+            theta[active] -= lr[active] * (h * theta[active] + sd[active] * rng.standard_normal((len(active), len(h))))
+    ids = [f"nqm_b{g[0]}_lr{g[1]:g}_s{g[2]}" for g in grid]
+    ones = np.ones(len(grid), np.int64)
+    trials = trials_table(
+        {
+            "trial_id": ids, "batch_size": b.astype(np.int64), "micro_batch_size": b.astype(np.int64),
+            "grad_accum": ones, "num_workers": ones, "lr": lr[:, 0], "seed": np.array([g[2] for g in grid]),
+            "status": list(status),
+        }
+    )  # fmt: skip
+    t = np.concatenate([a for a, _, _ in rows])
+    st = np.concatenate([np.full(len(a), s) for a, s, _ in rows])
+    v = np.concatenate([x for _, _, x in rows])
+    order = np.lexsort((st, t))
+    t, st, v = t[order], st[order], v[order]
+    metrics = metrics_table(
+        {
+            "trial_id": np.asarray(ids, dtype=object)[t], "step": st.astype(np.int64),
+            "examples": (st * b[t]).astype(np.int64), "metric": [m.EVAL_LOSS] * len(t), "value": v,
+        }
+    )  # fmt: skip
+    return runs_from_tables(trials, metrics, source="nqm-simulated")

@@ -15,11 +15,23 @@ from pathlib import Path
 
 import numpy as np
 
+from analysis import flags as fl
 from analysis import gns_view, pareto
 from analysis import metrics as m
 from analysis.bins import timestep_bins
 from analysis.loaders import Runs
-from analysis.steps import best_per_batch, excluded_counts, final_losses, steps_to_target, usable
+from analysis.steps import (
+    aggregate_seeds,
+    best_per_batch,
+    crossing_jitter,
+    excluded_counts,
+    final_losses,
+    refine_lr,
+    settings_of,
+    steps_to_target,
+    trial_extent,
+    usable,
+)
 
 JSON_FILE = "bcrit.json"
 REPORT_FILE = "report.md"
@@ -36,10 +48,12 @@ def analyze_metric(
     strict: bool = True,
     notes: list[str] | None = None,
 ) -> list[dict]:
-    """Per target: ``{"target", "b_crit", "b_crit_ci", "s_min", "e_min", "points", "censored"}``.
+    """Per target: ``{"target", "b_crit", "b_crit_ci", "s_min", "e_min", "flags", "ci_resamples",
+    "b_crit_refined", "points", "censored", "censored_batch_sizes", "unreached_batch_sizes"}``.
 
-    ``strict``: a target reached by fewer than 3 batch sizes raises :class:`pareto.TooFewBatchSizesError`;
-    otherwise it is skipped with a line in ``notes``.
+    ``flags`` (names from :mod:`analysis.flags`; empty = trustworthy) say why a number should not be taken at
+    face value. ``strict``: a target with fewer than 3 known batch sizes raises
+    :class:`pareto.TooFewBatchSizesError`; otherwise it is skipped with a line in ``notes``.
     """
     series = runs.series(metric)
     n = len(runs.trial_ids)
@@ -50,25 +64,41 @@ def analyze_metric(
         targets = list(pareto.auto_targets(bs, ok, *final_losses(series, n), n=n_targets))
     steps = steps_to_target(series, n, targets)  # (T, n)
     steps[:, ~ok] = np.nan
+    last, spacing = trial_extent(series, n)
+    st = settings_of(runs, ok)
+    resample = pareto.ci_resamples(st)
     rng = np.random.default_rng(seed)
-    boot_bs, boot = pareto.bootstrap_best(steps, bs, ok, bootstrap, rng) if bootstrap > 0 else (None, None)
+    boot = None
+    if bootstrap > 0 and len(st.members):
+        boot = pareto.bootstrap_best(steps, last, st, bootstrap, rng, resample)[1]
+    ctx = _Context(runs, series, st, last, spacing)
     out = []
     for j, y in enumerate(targets):
-        best = best_per_batch(steps[j], bs, ok)
+        val, low = aggregate_seeds(steps[j], last, st)
+        best = best_per_batch(val, low, st)
         try:
-            pareto.check_enough(float(y), metric, best.batch_sizes, best.steps)
+            pareto.check_enough(float(y), metric, best.batch_sizes, best.steps, best.censored)
         except pareto.TooFewBatchSizesError as e:
             if strict:
                 raise
             (notes if notes is not None else []).append(str(e))
             continue
         fit = pareto.fit_pareto(best.batch_sizes, best.steps)
+        fitted = np.isfinite(best.steps)
         ci = (float("nan"), float("nan"))
         if boot is not None:
-            p0 = np.log([fit.s_min, fit.e_min])
-            s_min, e_min = pareto.fit_pareto_batched(boot_bs, boot[j], p0)
+            reps = np.where(fitted[None, :], boot[j], np.nan)  # the batch sizes of the point estimate only
+            s_min, e_min = pareto.fit_pareto_batched(best.batch_sizes, reps, np.log([fit.s_min, fit.e_min]))
             ci = pareto.percentile_ci(e_min / s_min, level)
-        reached = np.isfinite(best.steps)
+        ref_steps, ref_lr = refine_lr(val, st, best)
+        refined = pareto.fit_pareto(best.batch_sizes[fitted], ref_steps[fitted]).b_crit
+        points = [ctx.point(int(i), best, steps[j], ref_steps[i], ref_lr[i]) for i in np.flatnonzero(fitted)]
+        flags = {f for p in points for f in p["flags"]}
+        if not best.batch_sizes[fitted].min() <= fit.b_crit <= best.batch_sizes[fitted].max():
+            flags.add(fl.EXTRAPOLATED)
+        censored_b = [ctx.censored_reason(int(i), best, steps[j]) for i in np.flatnonzero(best.censored)]
+        if censored_b:
+            flags.add(fl.CENSORED_BATCH_SIZES)
         out.append(
             {
                 "target": float(y),
@@ -76,14 +106,79 @@ def analyze_metric(
                 "b_crit_ci": [_num(ci[0]), _num(ci[1])],
                 "s_min": fit.s_min,
                 "e_min": fit.e_min,
-                "points": [
-                    {"batch_size": int(b), "steps": float(s), "trial_id": runs.trial_ids[r]}
-                    for b, s, r in zip(best.batch_sizes[reached], best.steps[reached], best.trial[reached], strict=True)
-                ],
+                "flags": [f for f in fl.FLAGS if f in flags],
+                "ci_resamples": resample,
+                "b_crit_refined": refined,
+                "points": points,
                 "censored": [runs.trial_ids[r] for r in np.flatnonzero(ok & np.isinf(steps[j]))],
+                "censored_batch_sizes": censored_b,
+                "unreached_batch_sizes": [int(b) for b, k in zip(best.batch_sizes, best.setting, strict=True) if k < 0],
             }
         )
     return out
+
+
+class _Context:
+    """What the per-point checks of :func:`analyze_metric` need: the runs, the series, the settings."""
+
+    def __init__(self, runs: Runs, series, st, last: np.ndarray, spacing: np.ndarray):
+        self.runs, self.series, self.st, self.last, self.spacing = runs, series, st, last, spacing
+        n = len(runs.trial_ids)
+        self.rows = np.zeros((n, 2), dtype=np.int64)
+        if len(series.trial):
+            starts = np.flatnonzero(np.r_[True, series.trial[1:] != series.trial[:-1]])
+            ends = np.append(starts[1:], len(series.trial))
+            self.rows[series.trial[starts]] = np.stack([starts, ends], axis=1)
+        lr = runs.trials.column("lr").to_numpy()
+        self.lr_range = {int(b): (lr[runs.batch_size == b].min(), lr[runs.batch_size == b].max()) for b in
+                         np.unique(runs.batch_size)}  # fmt: skip
+
+    def point(self, i: int, best, steps: np.ndarray, ref_steps: float, ref_lr: float) -> dict:
+        """One fitted point: the best setting of batch size ``best.batch_sizes[i]`` and its flags."""
+        k = int(best.setting[i])
+        members = self.st.members[k]
+        b, value = int(best.batch_sizes[i]), float(best.steps[i])
+        rep = members[int(np.argmin(np.abs(np.log(steps[members] / value))))]  # the seed closest to the mean
+        flags = []
+        lo, hi = self.lr_range[b]
+        lr = float(self.st.lr[k])
+        if lr <= lo * (1 + 1e-9) or lr >= hi * (1 - 1e-9):
+            flags.append(fl.LR_AT_EDGE)
+        if value < fl.COARSE_MIN_INTERVALS * np.nanmedian(self.spacing[members]):
+            flags.append(fl.COARSE_STEPS)
+        jitter = [crossing_jitter(self.series, self.rows[r], steps[r]) for r in members]
+        if fl.NEAR_FLOOR_Z * np.nanmedian(jitter) > fl.NEAR_FLOOR_FRAC:
+            flags.append(fl.NEAR_FLOOR)
+        return {
+            "batch_size": b,
+            "steps": value,
+            "trial_id": self.runs.trial_ids[rep],
+            "trial_ids": [self.runs.trial_ids[r] for r in members],
+            "lr": lr,
+            "seeds": len(members),
+            "steps_refined": float(ref_steps),
+            "lr_refined": float(ref_lr),
+            "flags": flags,
+        }
+
+    def censored_reason(self, i: int, best, steps: np.ndarray) -> dict:
+        """Why batch size ``best.batch_sizes[i]`` is censored: the setting that might have been faster."""
+        k = int(best.blocker[i])
+        members = self.st.members[k]
+        short = [r for r in members if not np.isfinite(steps[r])]
+        status = sorted({str(self.runs.status[r]) for r in short})
+        far = ", ".join(f"{self.last[r]:g}" for r in short)
+        reason = (
+            f"lr={self.st.lr[k]:g}: {len(short)} of {len(members)} seed(s) stopped at step {far} "
+            f"({', '.join(status)}) without reaching the target, below the best known {best.candidate[i]:.4g} "
+            f"steps (lr={self.st.lr[best.setting[i]]:g})"
+        )
+        return {"batch_size": int(best.batch_sizes[i]), "steps_at_most": float(best.candidate[i]), "reason": reason}
+
+
+def headline(targets: list[dict]) -> list[dict]:
+    """The targets whose B_crit is trustworthy (no flags): the only ones a summary should quote."""
+    return [t for t in targets if not t.get("flags")]
 
 
 def _num(x: float) -> float | None:

@@ -3,7 +3,9 @@
 ``trials.parquet`` (one row per trial)
     ``trial_id`` string, ``batch_size`` int64 (effective, ``micro x accum x workers``), ``micro_batch_size``,
     ``grad_accum``, ``num_workers`` int64, ``lr`` float64, ``seed`` int64, ``status`` string, one of
-    :data:`analysis.metrics.FINAL_STATUSES` or ``"running"``. Further hyper-parameter columns are allowed.
+    :data:`analysis.metrics.FINAL_STATUSES` or ``"running"``. Further hyper-parameter columns are allowed; the
+    optional :data:`NUISANCE_COLUMNS` (with ``lr`` and the split) identify a trial's nuisance setting, ``seed``
+    its repeat.
 ``metrics.parquet`` (long format, one row per reported value)
     ``trial_id`` string, ``step`` int64 (optimizer steps), ``examples`` int64, ``metric`` string (names from
     :mod:`analysis.metrics`), ``value`` float64; optional ``wall_time`` float64 (seconds since trial start).
@@ -40,6 +42,11 @@ TRIALS_SCHEMA = pa.schema(
         ("status", pa.string()),
     ]
 )
+# the nuisance hyper-parameters (besides the split columns): trials of one batch size that agree on these and on
+# micro_batch_size / grad_accum / num_workers are repeats (seeds) of one nuisance setting; the optional ones are
+# used when present
+NUISANCE_COLUMNS = ("lr", "warmup_steps", "beta2", "weight_decay")
+SPLIT_COLUMNS = ("micro_batch_size", "grad_accum", "num_workers")
 METRICS_SCHEMA = pa.schema(
     [
         ("trial_id", pa.string()),

@@ -2,9 +2,20 @@
 
 For a target loss, a trial's steps-to-target is the first step at which its (low-noise) eval metric is at
 or below the target, linearly interpolated between the two evaluations that bracket the crossing. A trial
-that never reaches the target is *censored* (``inf``); diverged and failed trials are *excluded* (``nan``)
-and counted. Per batch size, the nuisance hyper-parameters are tuned by taking the fewest steps over that
-batch size's trials."""
+that never reaches the target is *censored* (``inf``) at its last evaluated step; diverged and failed trials
+are *excluded* (``nan``) and counted.
+
+Per batch size the nuisance hyper-parameters are tuned in two stages (:func:`best_per_batch`):
+
+1. the seeds of each *setting* (batch size, split and :data:`analysis.schema.NUISANCE_COLUMNS`) are averaged:
+   the geometric mean of their steps (the fit's noise is multiplicative, so this is the mean in the space the
+   fit works in, the median of a symmetric log-scatter, and not biased low like the minimum over seeds, which
+   is best-of-k). A setting with a seed that has not reached the target is known only as a lower bound: the
+   geometric mean with that seed's last evaluated step in place of its (unknown, larger) steps;
+2. the best setting is the one with the fewest (averaged) steps, and that minimum is *known* only if every
+   other setting's lower bound is at least as large. Otherwise the batch size is *censored* for that target: a
+   setting that stopped early (global target, budget, still running) might have been faster.
+"""
 
 from __future__ import annotations
 
@@ -113,26 +124,177 @@ def _sparse(series: Series, n_trials: int, targets: np.ndarray) -> np.ndarray:
     return out
 
 
+def trial_extent(series: Series, n_trials: int) -> tuple[np.ndarray, np.ndarray]:
+    """Per trial: the last evaluated step (``-1`` without rows; how far a censored trial is known to have
+    run) and the mean evaluation interval in steps (``nan`` with fewer than two rows)."""
+    last = np.full(n_trials, -1.0)
+    spacing = np.full(n_trials, np.nan)
+    if len(series.trial) == 0:
+        return last, spacing
+    starts = np.flatnonzero(_first_rows(series.trial))
+    ends = np.append(starts[1:], len(series.trial)) - 1
+    rows = series.trial[starts]
+    s0, s1 = series.step[starts].astype(np.float64), series.step[ends].astype(np.float64)
+    count = ends - starts + 1
+    last[rows] = s1
+    with np.errstate(invalid="ignore", divide="ignore"):
+        spacing[rows] = np.where(count > 1, (s1 - s0) / np.maximum(count - 1, 1), np.nan)
+    return last, spacing
+
+
+@dataclass(frozen=True)
+class Settings:
+    """Usable trials grouped into nuisance settings; the trials of one setting are its seeds (repeats)."""
+
+    of_trial: np.ndarray  # (n_trials,) setting index of each trial, -1 where not usable
+    batch_size: np.ndarray  # (n_settings,) int64
+    lr: np.ndarray  # (n_settings,) float64
+    members: list[np.ndarray]  # per setting, its trial rows (ascending)
+    lr_only: np.ndarray  # (n_batch_sizes,) bool: at that batch size the settings differ in lr only
+
+    @property
+    def n_seeds(self) -> np.ndarray:
+        return np.array([len(x) for x in self.members], dtype=np.int64)
+
+
+def _column_codes(col) -> np.ndarray:
+    """Integer codes of a trials column's values (exact: floats compare by their shortest repr)."""
+    import pyarrow as pa
+    import pyarrow.compute as pc
+
+    vals = pc.cast(col, pa.string()).to_pylist()
+    return np.unique(np.asarray([str(v) for v in vals], dtype=object), return_inverse=True)[1].ravel()
+
+
+def settings_of(runs: Runs, ok: np.ndarray) -> Settings:
+    """Group the usable trials (``ok``) by (batch size, split, nuisance columns present); ``seed`` varies within.
+
+    Settings come sorted by (batch size, lr), so the settings of one batch size are contiguous and in lr order.
+    """
+    from analysis.schema import NUISANCE_COLUMNS, SPLIT_COLUMNS
+
+    others = [*SPLIT_COLUMNS, *[c for c in NUISANCE_COLUMNS[1:] if c in runs.trials.column_names]]
+    rows = np.flatnonzero(ok)
+    of_trial = np.full(len(ok), -1, dtype=np.int64)
+    lr = runs.trials.column("lr").to_numpy().astype(np.float64)
+    other = np.stack([_column_codes(runs.trials.column(c)) for c in others], axis=1).astype(np.float64)
+    key = np.concatenate([runs.batch_size[rows, None].astype(np.float64), lr[rows, None], other[rows]], axis=1)
+    if len(rows) == 0:
+        z = np.zeros(0)
+        return Settings(of_trial, z.astype(np.int64), z, [], np.zeros(0, bool))
+    uniq, inv = np.unique(key, axis=0, return_inverse=True)
+    inv = inv.ravel()
+    of_trial[rows] = inv
+    order = np.argsort(inv, kind="stable")
+    bounds = np.flatnonzero(np.r_[True, np.diff(inv[order]) != 0, True])
+    members = [rows[order[a:b]] for a, b in zip(bounds[:-1], bounds[1:], strict=True)]
+    bs = uniq[:, 0].astype(np.int64)
+    lr_only = np.array([len(np.unique(uniq[bs == b, 2:], axis=0)) == 1 for b in np.unique(bs)])
+    return Settings(of_trial, bs, uniq[:, 1], members, lr_only)
+
+
+def aggregate_seeds(steps: np.ndarray, last: np.ndarray, st: Settings) -> tuple[np.ndarray, np.ndarray]:
+    """Per setting, ``(value, lower bound)`` of the seeds' geometric-mean steps for one target.
+
+    ``value`` is ``inf`` unless every seed reached the target; ``lower bound`` puts each unreached seed's last
+    evaluated step in place of its steps (equal to ``value`` when every seed reached)."""
+    if not st.members:
+        return np.zeros(0), np.zeros(0)
+    order = np.concatenate(st.members)
+    starts = np.r_[0, np.cumsum(st.n_seeds)[:-1]]
+    s = steps[order]
+    reached = np.isfinite(s)
+    with np.errstate(divide="ignore"):
+        logs = np.log(np.where(reached, s, np.maximum(last[order], 0.0)))
+    lower = np.exp(np.add.reduceat(logs, starts) / st.n_seeds)
+    n_reached = np.add.reduceat(reached.astype(np.int64), starts)
+    return np.where(n_reached == st.n_seeds, lower, np.inf), lower
+
+
 @dataclass(frozen=True)
 class BestPerBatch:
-    """Per batch size (ascending): fewest steps over usable trials and the trial that achieved it."""
+    """Per batch size (ascending): the best setting's steps, and whether that minimum is known."""
 
     batch_sizes: np.ndarray  # (n_b,) int64
-    steps: np.ndarray  # (n_b,) float64, inf where no usable trial reached the target
-    trial: np.ndarray  # (n_b,) int64 row in Runs.trials, -1 where none reached
+    steps: np.ndarray  # (n_b,) float64: the best setting's steps; inf where no setting reached or censored
+    setting: np.ndarray  # (n_b,) int64 best known setting, -1 where no setting reached the target
+    censored: np.ndarray  # (n_b,) bool: a setting that stopped below the best known steps might be faster
+    blocker: np.ndarray  # (n_b,) int64 the censored setting with the lowest lower bound, -1 if none
+    candidate: np.ndarray  # (n_b,) float64 the best known steps (finite also where censored)
 
 
-def best_per_batch(steps: np.ndarray, batch_size: np.ndarray, ok: np.ndarray) -> BestPerBatch:
-    """Tune the nuisance hyper-parameters: per batch size, the minimum steps over usable trials (``ok``)."""
-    bs = np.unique(batch_size[ok])
+def best_per_batch(value: np.ndarray, lower: np.ndarray, st: Settings) -> BestPerBatch:
+    """Tune the nuisance setting per batch size, censoring-aware (module docstring, stage 2)."""
+    bs = np.unique(st.batch_size)
     best = np.full(len(bs), np.inf)
+    cand = np.full(len(bs), np.inf)
     arg = np.full(len(bs), -1, dtype=np.int64)
+    cens = np.zeros(len(bs), dtype=bool)
+    block = np.full(len(bs), -1, dtype=np.int64)
     for i, b in enumerate(bs):
-        rows = np.flatnonzero(ok & (batch_size == b))
-        k = int(np.argmin(steps[rows]))
-        if np.isfinite(steps[rows[k]]):
-            best[i], arg[i] = steps[rows[k]], rows[k]
-    return BestPerBatch(bs, best, arg)
+        idx = np.flatnonzero(st.batch_size == b)
+        v = value[idx]
+        k = int(np.argmin(v))
+        if not np.isfinite(v[k]):
+            continue
+        arg[i], cand[i] = idx[k], v[k]
+        open_lb = np.where(np.isfinite(v), np.inf, lower[idx])  # settings known only as a lower bound
+        j = int(np.argmin(open_lb))
+        if open_lb[j] < v[k]:
+            cens[i], block[i] = True, idx[j]
+        else:
+            best[i] = v[k]
+    return BestPerBatch(bs, best, arg, cens, block, cand)
+
+
+def refine_lr(value: np.ndarray, st: Settings, best: BestPerBatch) -> tuple[np.ndarray, np.ndarray]:
+    """Per batch size, the minimum of a parabola in ``(log lr, log steps)`` through the best setting and its two
+    neighbours in lr: ``(steps, lr)``; the plain minimum (and its lr) where that is not possible (lr at the edge,
+    a neighbour unknown, settings that differ in more than lr, no convex vertex between the neighbours)."""
+    steps = best.steps.copy()
+    lr = np.where(best.setting >= 0, st.lr[np.maximum(best.setting, 0)], np.nan)
+    for i, b in enumerate(best.batch_sizes):
+        if not np.isfinite(steps[i]) or not st.lr_only[i]:
+            continue
+        idx = np.flatnonzero(st.batch_size == b)  # in lr order
+        k = int(np.flatnonzero(idx == best.setting[i])[0])
+        if k == 0 or k == len(idx) - 1 or not np.isfinite(value[idx[[k - 1, k + 1]]]).all():
+            continue
+        x = np.log(st.lr[idx[k - 1 : k + 2]])
+        y = np.log(value[idx[k - 1 : k + 2]])
+        a, c1, c0 = np.polyfit(x, y, 2)
+        if a <= 0:
+            continue
+        xv = -c1 / (2 * a)
+        if x[0] <= xv <= x[2]:
+            steps[i], lr[i] = float(np.exp(c0 - c1**2 / (4 * a))), float(np.exp(xv))
+    return steps, lr
+
+
+def crossing_jitter(series: Series, rows: np.ndarray, t_cross: float, width: float = 0.25, min_pts: int = 6):
+    """How much the loss fluctuates around a trial's crossing, relative to its descent: ``scatter / (|slope| ·
+    t_cross)``, from a quadratic fit of the evaluations within ``t_cross·(1 ± width)`` (at least ``min_pts``,
+    the nearest ones). ``inf`` where the fitted curve does not descend at the crossing; ``nan`` with too few
+    rows. ``rows``: the trial's row range ``[a, b)`` in the series."""
+    a, b = rows
+    s = series.step[a:b].astype(np.float64)
+    v = series.value[a:b]
+    fin = np.isfinite(v)
+    s, v = s[fin], v[fin]
+    if len(s) < min_pts or not t_cross > 0:
+        return float("nan")
+    near = np.abs(s - t_cross) <= width * t_cross
+    if near.sum() < min_pts:
+        near = np.zeros(len(s), dtype=bool)
+        near[np.argsort(np.abs(s - t_cross), kind="stable")[:min_pts]] = True
+    x = (s[near] - t_cross) / t_cross
+    coef, res, *_ = np.polyfit(x, v[near], 2, full=True)
+    resid = v[near] - np.polyval(coef, x)
+    scatter = float(np.sqrt((resid**2).sum() / max(near.sum() - 3, 1)))
+    slope = float(coef[1])  # d v / d (s / t_cross) at the crossing
+    if slope >= 0:
+        return float("inf")
+    return scatter / -slope
 
 
 def final_losses(series: Series, n_trials: int) -> tuple[np.ndarray, np.ndarray]:

@@ -5,6 +5,13 @@ Every trial follows ``L(s) = floor + (L0 - floor) / (1 + s/tau)**alpha`` with ``
 (lognormal). The steps to reach a target ``y`` are ``u(y)·tau`` with ``u(y) =
 ((L0-floor)/(y-floor))**(1/alpha) - 1``, so the true ``B_crit = E_min/S_min`` at every target and
 ``S_min(y) = u(y)·S_min``.
+
+Realistic-sweep options (all off by default): the best learning rate off the grid and drifting with ``B``
+(``lr_opt``, ``lr_drift``: the penalty's minimum sits at ``log2 f = lr_opt + lr_drift·log2(B/256)``), noisier small
+batches (``sigma_power``), additive evaluation noise (``eval_noise``: single runs fluctuate around their curve), trials
+stopped at a global target on ``eval/loss`` (``stop_at``: every metric's series ends at that evaluation, as a sweep's
+``stopping.target_loss`` does), and per-bin curves with their own ``E_min`` and best learning rate (``bin_e_min``,
+``bin_lr_opt``; the true per-bin ``B_crit`` is ``bin_e_min[k] / s_min``).
 """
 
 from __future__ import annotations
@@ -38,22 +45,49 @@ def synth_runs(
     budget_u: float = 9.0,
     bins: int = 0,
     gns: bool = False,
+    lr_opt: float = 0.0,
+    lr_drift: float = 0.0,
+    sigma_power: float = 0.0,
+    eval_noise: float = 0.0,
+    stop_at: float | None = None,
+    bin_e_min: tuple[float, ...] | None = None,
+    bin_lr_opt: tuple[float, ...] | None = None,
 ) -> Runs:
     """A sweep: batch sizes × learning-rate factors × seeds; ``lr = diverge_factor·opt`` trials diverge."""
     grid = np.array([(b, f, s) for b in batch_sizes for f in lr_factors for s in range(seeds)], dtype=np.float64)
     b, f, seed = grid.T
     n = len(grid)
-    penalty = 1.0 + 0.3 * np.log2(f) ** 2
-    tau = (s_min + e_min / b) * penalty * rng.lognormal(0.0, sigma, n)  # (n,)
+    opt = lr_opt + lr_drift * np.log2(b / 256)
+    noise = rng.lognormal(0.0, sigma * (256 / b) ** sigma_power, n)
+    tau = (s_min + e_min / b) * (1.0 + 0.3 * (np.log2(f) - opt) ** 2) * noise  # (n,)
     budget = budget_u * (s_min + e_min / b)  # (n,) steps: the same budget for every lr at a batch size
     every = np.maximum(1, np.round(budget / n_evals)).astype(np.int64)
     step = every[:, None] * np.arange(n_evals + 1)[None, :]  # (n, E+1), starts at step 0
-    loss = FLOOR + (L0 - FLOOR) / (1.0 + step / tau[:, None]) ** ALPHA
+
+    def curve(tau: np.ndarray) -> np.ndarray:
+        out = FLOOR + (L0 - FLOOR) / (1.0 + step / tau[:, None]) ** ALPHA
+        return out + (rng.normal(0.0, eval_noise, out.shape) if eval_noise else 0.0)
+
+    loss = curve(tau)
+    curves = [loss]
+    for k in range(bins):
+        e_k = e_min if bin_e_min is None else bin_e_min[k]
+        opt_k = opt if bin_lr_opt is None else bin_lr_opt[k] + lr_drift * np.log2(b / 256)
+        curves.append(curve((s_min + e_k / b) * (1.0 + 0.3 * (np.log2(f) - opt_k) ** 2) * noise))
     diverged = f >= diverge_factor
-    loss[diverged, n_evals // 3 :] = np.nan  # blew up: later evaluations are NaN
+    for c in curves:
+        c[diverged, n_evals // 3 :] = np.nan  # blew up: later evaluations are NaN
     ids = [f"t{i:04d}" for i in range(n)]
     status = np.where(diverged, m.STATUS_DIVERGED, m.STATUS_BUDGET_SPENT).astype(object)
     status[(loss[:, -1] < 0.2) & ~diverged] = m.STATUS_REACHED_TARGET
+    keep = np.ones(step.shape, dtype=bool)  # evaluations the trial made before it stopped
+    if stop_at is not None:
+        hit = loss <= stop_at
+        stopped = hit.any(axis=1) & ~diverged
+        first = np.where(stopped, hit.argmax(axis=1), n_evals)
+        keep = np.arange(n_evals + 1)[None, :] <= first[:, None]
+        status = np.where(diverged, m.STATUS_DIVERGED, m.STATUS_BUDGET_SPENT).astype(object)
+        status[stopped] = m.STATUS_REACHED_TARGET
     trials = trials_table(
         {
             "trial_id": ids,
@@ -68,13 +102,14 @@ def synth_runs(
     )
     names = [m.EVAL_LOSS] + [m.per_bin(m.EVAL_LOSS_BIN, k) for k in range(bins)]
     cols: dict[str, list] = {k: [] for k in METRICS_SCHEMA.names}
+    tid = np.repeat(ids, n_evals + 1).reshape(step.shape)
     for j, name in enumerate(names):
         scale = 1.0 + 0.5 * j  # bins: the same shape on another loss scale
-        cols["trial_id"].append(np.repeat(ids, n_evals + 1))
-        cols["step"].append(step.ravel())
-        cols["examples"].append((step * b[:, None].astype(np.int64)).ravel())
-        cols["metric"].append(np.full(step.size, name))
-        cols["value"].append((loss * scale).ravel())
+        cols["trial_id"].append(tid[keep])
+        cols["step"].append(step[keep])
+        cols["examples"].append((step * b[:, None].astype(np.int64))[keep])
+        cols["metric"].append(np.full(int(keep.sum()), name))
+        cols["value"].append((curves[j] * scale)[keep])
     if gns:  # |G|^2 falls with the loss, tr(Sigma) stays: B_simple = tr/|G|^2 grows over training
         for k in [None, *range(bins)]:
             g2 = 10.0 * (loss - FLOOR) * (1.0 + 0.5 * (k or 0))
@@ -83,10 +118,10 @@ def synth_runs(
             noise = rng.normal(0.0, 0.05, (2, *g2.shape))
             vals = [g2 + trace / (bb / 4) * (1 + noise[0]), g2 + trace / bb * (1 + noise[1]), bb / 4, bb]
             for name, val in zip(gns_names(k), vals, strict=True):
-                cols["trial_id"].append(np.repeat(ids, n_evals + 1))
-                cols["step"].append(step.ravel())
-                cols["examples"].append((step * b[:, None].astype(np.int64)).ravel())
-                cols["metric"].append(np.full(step.size, name))
-                cols["value"].append(np.nan_to_num(val, nan=1e9).ravel())
+                cols["trial_id"].append(tid[keep])
+                cols["step"].append(step[keep])
+                cols["examples"].append((step * b[:, None].astype(np.int64))[keep])
+                cols["metric"].append(np.full(int(keep.sum()), name))
+                cols["value"].append(np.nan_to_num(val, nan=1e9)[keep])
     metrics = pa.table({k: np.concatenate(v) for k, v in cols.items()}, schema=METRICS_SCHEMA)
     return runs_from_tables(trials, metrics, source="synthetic")
