@@ -125,3 +125,44 @@ def synth_runs(
                 cols["value"].append(np.nan_to_num(val, nan=1e9)[keep])
     metrics = pa.table({k: np.concatenate(v) for k, v in cols.items()}, schema=METRICS_SCHEMA)
     return runs_from_tables(trials, metrics, source="synthetic")
+
+
+# A sweep shaped like a real one for the coverage figure: 3 seeds per setting, 10% seed-to-seed scatter of the
+# steps, 5 learning rates (the top one diverges), trials stopped at a global target 0.2 (so trials are censored
+# below it), targets above it. True B_crit = 256 at every target.
+COVERAGE_SWEEP = dict(seeds=3, sigma=0.1, stop_at=0.2)
+COVERAGE_TARGETS = (0.3, 0.25)
+
+
+def coverage_draws(draws: int, bootstrap: int, first_seed: int = 100, level: float = 0.9, **kw) -> dict:
+    """Analyse ``draws`` simulated sweeps (``synth_runs(**COVERAGE_SWEEP, **kw)``) with known ``B_crit = 256``.
+
+    Returns arrays over (draw, target): ``b_crit``, ``lo``, ``hi``, ``flagged`` and the scalars ``coverage`` (share
+    of intervals holding 256), ``median_error`` (median ``|B_crit/256 - 1|``), ``width_ratio`` (mean log half-width of
+    the interval over ``z·sd`` of the log estimates, ``z`` the normal quantile of ``level``: 1 when the interval is
+    as wide as the estimates' spread says it should be)."""
+    from statistics import NormalDist
+
+    from analysis.report import analyze_metric
+
+    cfg = {**COVERAGE_SWEEP, **kw}
+    est, lo, hi, flagged = [], [], [], []
+    for d in range(draws):
+        runs = synth_runs(np.random.default_rng(first_seed + d), **cfg)
+        for r in analyze_metric(runs, m.EVAL_LOSS, list(COVERAGE_TARGETS), bootstrap=bootstrap, seed=d, level=level):
+            est.append(r["b_crit"])
+            lo.append(r["b_crit_ci"][0])
+            hi.append(r["b_crit_ci"][1])
+            flagged.append(bool(r["flags"]))
+    est, lo, hi = (np.array(x, dtype=np.float64) for x in (est, lo, hi))
+    z = NormalDist().inv_cdf((1 + level) / 2)
+    return {
+        "b_crit": est,
+        "lo": lo,
+        "hi": hi,
+        "flagged": np.array(flagged),
+        "coverage": float(np.mean((lo <= 256) & (256 <= hi))),
+        "median_error": float(np.median(np.abs(est / 256 - 1))),
+        "width_ratio": float(np.mean(np.log(hi / lo) / 2) / (z * np.std(np.log(est)))),
+        "bias": float(np.mean(est / 256 - 1)),
+    }
