@@ -7,9 +7,8 @@ import pytest
 
 from analysis import metrics as m
 from analysis import quadratic as q
-from analysis.loaders import Series, runs_from_tables
+from analysis.loaders import Series
 from analysis.report import analyze_metric
-from analysis.schema import metrics_table, trials_table
 from analysis.steps import steps_to_target
 
 H = np.array([1.0, 0.3, 0.1, 0.03])
@@ -75,32 +74,42 @@ H_E2E = np.repeat(np.geomspace(1.0, 1e-2, 8), 128)  # a repeated spectrum: runs 
 BS = np.array([1, 2, 4, 8, 16, 32, 64, 128])
 
 
-def test_closed_form_b_crit_recovered_from_simulated_runs():
-    """Simulated SGD runs → steps.py → pareto.py recover the closed-form B_crit within 25%."""
+def test_closed_form_b_crit_recovered_from_simulated_runs_mean_over_seeds():
+    """Simulated SGD sweeps (trials stopped at the target, one seed) → the analysis recover the closed-form B_crit
+    computed on the SAME learning-rate grid, tested on the mean error over 8 sweep seeds at the trustworthy targets.
+
+    Measured: mean -7.7% (each -5..-9%). About -4% of it is physics, not analysis: single runs cross a target earlier
+    than their expected loss does (Monte Carlo of 40 runs at the closed form's best lr per B: -3.4% at B=1, 0 from
+    B=16 on); the rest is best-of-16 learning rates with one seed at the small, noisy batch sizes."""
     h, m0 = H_E2E, 1.0 / H_E2E
-    target = 0.1 * 0.5 * (h * m0).sum()
-    truth = q.closed_form_b_crit(h, h, m0, target, BS, max_steps=5000)
+    target = 0.2 * 0.5 * (h * m0).sum()
+    lrs = np.geomspace(0.1, 1.95, 16)
+    truth = q.closed_form_b_crit(h, h, m0, target, BS, lrs=lrs, max_steps=5000)
     assert 2 < truth.b_crit < 60  # inside the sampled batch sizes
     assert np.all(np.diff(truth.steps) < 0) and np.all(np.diff(truth.best_lr) >= 0)
-    lrs = np.geomspace(0.1, 1.95, 16)
-    b, lr = (g.ravel() for g in np.meshgrid(BS, lrs, indexing="ij"))
-    n = len(b)
-    signs = np.random.default_rng(5).choice([-1.0, 1.0], (n, len(h)))
-    st, loss = q.simulate(h, h, signs * np.sqrt(m0), lr, b, int(2 * truth.steps.max()), seed=1)
-    ids = [f"q{i}" for i in range(n)]
-    ones = np.ones(n, np.int64)
-    trials = trials_table(
-        {
-            "trial_id": ids, "batch_size": b, "micro_batch_size": b, "grad_accum": ones, "num_workers": ones,
-            "lr": lr, "seed": 0 * ones, "status": [m.STATUS_BUDGET_SPENT] * n,
-        }
-    )  # fmt: skip
-    steps = np.tile(st, n)
-    metrics = metrics_table(
-        {
-            "trial_id": np.repeat(ids, len(st)), "step": steps, "examples": steps * np.repeat(b, len(st)),
-            "metric": [m.EVAL_LOSS] * steps.size, "value": loss.ravel(),
-        }
-    )  # fmt: skip
-    res = analyze_metric(runs_from_tables(trials, metrics), m.EVAL_LOSS, [target], bootstrap=0)[0]
-    assert res["b_crit"] == pytest.approx(truth.b_crit, rel=0.25)
+    errs = []
+    for seed in range(8):
+        runs = q.simulate_sweep(h, h, np.sqrt(m0), BS, lrs, max_steps=int(2 * truth.steps.max()), target_loss=target,
+                                seed=seed)  # fmt: skip
+        res = analyze_metric(runs, m.EVAL_LOSS, [target], bootstrap=0)[0]
+        if not res["flags"]:
+            errs.append(res["b_crit"] / truth.b_crit - 1)
+    assert len(errs) >= 5
+    assert np.all(np.abs(errs) < 0.25)
+    assert abs(np.mean(errs)) < 0.1
+
+
+def test_simulate_sweep_stop_rules():
+    h = np.array([1.0, 0.1])
+    runs = q.simulate_sweep(h, h, np.ones(2), [4, 16], [0.5, 2.5], seeds=2, max_steps=300, target_loss=0.3, seed=0)
+    assert len(runs.trial_ids) == 8
+    lr = runs.trials.column("lr").to_numpy()
+    assert m.STATUS_DIVERGED in set(runs.status[lr == 2.5])  # lr·h_max > 2 (noise may hit the target first)
+    assert m.STATUS_DIVERGED not in set(runs.status[lr == 0.5])
+    s = runs.series(m.EVAL_LOSS)
+    last = {int(t): (int(st), v) for t, st, v in zip(s.trial, s.step, s.value, strict=True)}  # each trial's last row
+    for i in np.flatnonzero(lr == 0.5):
+        step, v = last[i]
+        assert (runs.status[i] == m.STATUS_REACHED_TARGET and v <= 0.3) or (
+            runs.status[i] == m.STATUS_BUDGET_SPENT and step == 300
+        )

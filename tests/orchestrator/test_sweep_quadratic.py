@@ -1,5 +1,6 @@
 """A quadratic sweep through the real machinery (Tune + tracking + tables): MLflow nesting, Parquet consistency,
-and the end-to-end check of issue 5: the measured B_crit is within 25% of the closed form."""
+and the end-to-end check of issues 5 and 12: at every target the analysis calls trustworthy (no flags), the measured
+B_crit is within 25% of the closed form, for several sweep seeds."""
 
 from __future__ import annotations
 
@@ -62,22 +63,77 @@ def test_mlflow_nesting_and_tables(tmp_path, ray_local, no_ray_address):
         assert np.allclose([v for _, v in history], parquet)
 
 
-# ~70 s (24 trials of up to 2000 steps): in the default suite, the end-to-end check of issue 5
-def test_quadratic_sweep_recovers_closed_form_b_crit(tmp_path, ray_local, no_ray_address):
-    from analysis.loaders import load_sweep_dir
+def _closed_form(spec, target: float) -> float:
     from analysis.quadratic import closed_form_b_crit
-    from analysis.report import analyze
-
-    spec = load_spec(os.path.join(ROOT, "examples", "quadratic.yaml"), [f"storage={tmp_path / 'q'}"])
-    results = run(build_tuner(spec), spec)
-    assert all(r.error is None for r in results)
-    target = spec.stopping["target_loss"]
-    out = analyze(load_sweep_dir(spec.sweep_dir), targets=[target], bootstrap=50)
-    measured = out["targets"][0]["b_crit"]
     from trainables.quadratic import QuadraticConfig
 
     h, c, theta0 = QuadraticConfig.from_dict(
         {k: v for k, v in spec.fixed.items() if k in ("dim", "h_decay", "noise_scale", "theta0")}
     ).problem()
-    truth = closed_form_b_crit(h, c, theta0**2, target, np.array(spec.batch_sizes), lrs=np.array(spec.nuisance["lr"]))
-    assert measured == pytest.approx(truth.b_crit, rel=0.25)
+    lrs = np.array(spec.nuisance["lr"])  # the sweep's own grid: the truth of what this sweep can find
+    return closed_form_b_crit(h, c, theta0**2, target, np.array(spec.batch_sizes), lrs=lrs).b_crit
+
+
+def _check_trustworthy(out: dict, spec) -> list[float]:
+    """Every unflagged target within 25% of the closed form; the global target (the best trials' noise floor at
+    B=16 sits just under it: single runs cross it ~20% early) flagged. Returns the errors."""
+    from analysis import flags
+
+    errs = []
+    for t in out["targets"]:
+        if t["flags"]:
+            continue
+        truth = _closed_form(spec, t["target"])
+        errs.append(t["b_crit"] / truth - 1)
+        assert t["b_crit"] == pytest.approx(truth, rel=0.25), t
+    assert len(errs) >= 2  # the analysis calls some targets trustworthy
+    stop = [t for t in out["targets"] if t["target"] == spec.stopping["target_loss"]]
+    assert stop and flags.NEAR_FLOOR in stop[0]["flags"]
+    return errs
+
+
+def _quadratic_spec(tmp_path, seed: int):
+    return load_spec(
+        os.path.join(ROOT, "examples", "quadratic.yaml"), [f"storage={tmp_path / 'q'}", f"fixed.seeds=[{seed}]"]
+    )
+
+
+@pytest.mark.parametrize("seed", [0, 1, 2])
+def test_quadratic_pipeline_in_process_recovers_closed_form(tmp_path, seed):
+    """The same pipeline as the sweep test below without Ray (runs simulated by analysis.quadratic.simulate_sweep
+    with the spec's grid and stop rules): automatic targets, flags, closed form on the sweep's lr grid."""
+    from analysis.quadratic import simulate_sweep
+    from analysis.report import analyze
+    from trainables.quadratic import QuadraticConfig
+
+    spec = _quadratic_spec(tmp_path, seed)
+    h, c, theta0 = QuadraticConfig.from_dict(
+        {k: v for k, v in spec.fixed.items() if k in ("dim", "h_decay", "noise_scale", "theta0")}
+    ).problem()
+    runs = simulate_sweep(
+        h, c, theta0, spec.batch_sizes, spec.nuisance["lr"], seeds=len(spec.seeds),
+        max_steps=spec.stopping["max_steps"], target_loss=spec.stopping["target_loss"],
+        eval_every=spec.fixed["eval_every"], divergence_factor=spec.stopping["divergence_factor"], seed=seed,
+    )  # fmt: skip
+    out = analyze(runs, targets=None, bootstrap=50, plots=False)
+    targets = [t["target"] for t in out["targets"]]
+    out["targets"] += analyze(runs, targets=[spec.stopping["target_loss"]], bootstrap=0, plots=False)["targets"]
+    assert len(targets) >= 4
+    _check_trustworthy(out, spec)
+
+
+# ~90 s each (36 trials of up to 2000 steps through Tune, MLflow and the tables): slow; the in-process test above
+# runs the same spec through the same analysis in the default suite
+@pytest.mark.slow
+@pytest.mark.parametrize("seed", [0, 1, 2])
+def test_quadratic_sweep_recovers_closed_form_b_crit(tmp_path, ray_local, no_ray_address, seed):
+    from analysis.loaders import load_sweep_dir
+    from analysis.report import analyze
+
+    spec = _quadratic_spec(tmp_path, seed)
+    results = run(build_tuner(spec), spec)
+    assert all(r.error is None for r in results)
+    runs = load_sweep_dir(spec.sweep_dir)
+    out = analyze(runs, targets=None, bootstrap=50, plots=False)
+    out["targets"] += analyze(runs, targets=[spec.stopping["target_loss"]], bootstrap=0, plots=False)["targets"]
+    _check_trustworthy(out, spec)
