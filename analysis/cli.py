@@ -80,20 +80,11 @@ def _run(args: argparse.Namespace) -> int:
     parent = args.parent_run_id or runs.parent_run_id
     if parent is not None:
         report.log_to_mlflow(args.out, args.tracking_uri or runs.tracking_uri, parent)
-    for t in result["targets"]:
-        lo, hi = t["b_crit_ci"]
-        print(
-            f"target {t['target']:.4g}: B_crit = {_fmt(t['b_crit'])}  90% CI [{_fmt(lo)}, {_fmt(hi)}]  "
-            f"({len(t['points'])} batch sizes)"
-        )
+    print("\n".join(report.summary_lines(result)))
     print(f"wrote {args.out}/bcrit.json, report.md" + ("" if args.no_plots else " and plots"))
     if parent is not None:
         print(f"logged them as artifacts (analysis/) of MLflow run {parent}")
     return 0
-
-
-def _fmt(x: float | None) -> str:
-    return "n/a" if x is None else f"{x:.3g}"
 
 
 class _Parser(argparse.ArgumentParser):

@@ -6,6 +6,10 @@
 - ``bcrit_vs_target.png``: ``B_crit`` vs target loss with the bootstrap band;
 - ``bins.png``: per timestep bin, ``B_crit`` and ``B_simple`` vs target side by side;
 - ``gns_training.png``: re-smoothed ``B_simple`` over training, globally and per bin.
+
+Flagged targets (``analysis.flags``) are drawn hollow with dashed fits and "(flagged)" in the legend; points
+with a flag of their own (``lr_at_edge``, ``coarse_steps``, ``near_floor``) get a black cross; a censored batch
+size's best known steps (an upper bound at most) is a downward triangle.
 """
 
 from __future__ import annotations
@@ -35,18 +39,41 @@ def _metric_label(metric: str) -> str:
     return f"{metric} (ε-MSE)" if metric.startswith("eval/loss") or metric.startswith("train/loss") else metric
 
 
+def _style(t: dict, c) -> dict:
+    """Scatter and line styles of a target: filled and solid when trustworthy, hollow and dashed when flagged."""
+    if t.get("flags"):
+        return {"scatter": {"facecolors": "none", "edgecolors": c}, "ls": "--", "tag": " (flagged)"}
+    return {"scatter": {"color": c}, "ls": "-", "tag": ""}
+
+
+def _mark_points(ax, t: dict, x_of) -> None:
+    """A black cross on points with flags of their own; a downward triangle at censored batch sizes."""
+    bad = [p for p in t["points"] if p.get("flags")]
+    if bad:
+        ax.scatter([x_of(p["batch_size"], p["steps"]) for p in bad], [p["steps"] for p in bad], marker="x",
+                   color="k", s=25, zorder=4)  # fmt: skip
+    cens = t.get("censored_batch_sizes", [])
+    if cens:
+        ax.scatter([x_of(c["batch_size"], c["steps_at_most"]) for c in cens], [c["steps_at_most"] for c in cens],
+                   marker="v", color="0.4", s=25, zorder=4)  # fmt: skip
+
+
 def steps_vs_examples(result: dict, path: Path) -> Path:
     fig, (ax,) = _figure()
     for t, c in zip(result["targets"], _colors(len(result["targets"])), strict=True):
         b = np.array([p["batch_size"] for p in t["points"]], dtype=float)
         s = np.array([p["steps"] for p in t["points"]])
-        ax.scatter(b * s, s, color=c, zorder=3, label=f"target {t['target']:.4g}: B_crit={t['b_crit']:.3g}")
+        st = _style(t, c)
+        label = f"target {t['target']:.4g}: B_crit={t['b_crit']:.3g}{st['tag']}"
+        ax.scatter(b * s, s, zorder=3, label=label, **st["scatter"])
+        _mark_points(ax, t, lambda bs, steps: bs * steps)
         bb = np.geomspace(b.min() / 4, b.max() * 4, 200)
-        ax.plot(bb * (t["s_min"] + t["e_min"] / bb), t["s_min"] + t["e_min"] / bb, color=c, lw=1.2)
+        ax.plot(bb * (t["s_min"] + t["e_min"] / bb), t["s_min"] + t["e_min"] / bb, color=c, lw=1.2, ls=st["ls"])
         ax.axhline(t["s_min"], color=c, ls=":", lw=0.8)
         ax.axvline(t["e_min"], color=c, ls=":", lw=0.8)
     ax.set(xscale="log", yscale="log", xlabel="examples to target E = B·S (examples)")
-    ax.set(ylabel="steps to target S (optimizer steps)", title="Steps vs examples; dotted: S_min, E_min")
+    ax.set(ylabel="steps to target S (optimizer steps)")
+    ax.set_title("Steps vs examples; dotted: S_min, E_min; x: flagged point, v: censored B", fontsize=9)
     ax.legend(fontsize=7)
     fig.savefig(path, dpi=110)
     return path
@@ -57,9 +84,11 @@ def steps_vs_batch(result: dict, path: Path) -> Path:
     for t, c in zip(result["targets"], _colors(len(result["targets"])), strict=True):
         b = np.array([p["batch_size"] for p in t["points"]], dtype=float)
         s = np.array([p["steps"] for p in t["points"]])
-        ax.scatter(b, s, color=c, zorder=3, label=f"target {t['target']:.4g}")
+        st = _style(t, c)
+        ax.scatter(b, s, zorder=3, label=f"target {t['target']:.4g}{st['tag']}", **st["scatter"])
+        _mark_points(ax, t, lambda bs, steps: bs)
         bb = np.geomspace(b.min(), b.max(), 200)
-        ax.plot(bb, t["s_min"] + t["e_min"] / bb, color=c, lw=1.2)
+        ax.plot(bb, t["s_min"] + t["e_min"] / bb, color=c, lw=1.2, ls=st["ls"])
         ax.plot(bb, s[0] * b[0] / bb, color=c, ls="--", lw=0.8)  # perfect scaling from the smallest B
         ax.axvline(t["b_crit"], color=c, ls=":", lw=0.8)
     ax.set(xscale="log", yscale="log", xlabel="batch size B (examples per step)")
@@ -73,7 +102,10 @@ def steps_vs_batch(result: dict, path: Path) -> Path:
 def _band(ax, targets: list[dict], color, label: str, key: str = "b_crit") -> None:
     y = np.array([t["target"] for t in targets])
     v = np.array([np.nan if t.get(key) is None else t[key] for t in targets], dtype=float)
-    ax.plot(y, v, "o-", color=color, label=label)
+    ax.plot(y, v, "-", color=color, label=label)
+    bad = np.array([bool(t.get("flags")) for t in targets])
+    ax.scatter(y[~bad], v[~bad], color=color, zorder=3)
+    ax.scatter(y[bad], v[bad], facecolors="none", edgecolors=color, zorder=3)  # flagged: hollow
     if key == "b_crit":
         ci = np.array([[np.nan if c is None else c for c in t["b_crit_ci"]] for t in targets], dtype=float)
         ax.fill_between(y, ci[:, 0], ci[:, 1], color=color, alpha=0.2, lw=0)
@@ -86,7 +118,8 @@ def bcrit_vs_target(result: dict, path: Path) -> Path:
     if any(t.get("b_simple") is not None for t in result["targets"]):
         _band(ax, result["targets"], "C3", "B_simple at the crossing (median)", key="b_simple")
     ax.set(yscale="log", xlabel=f"target {_metric_label(result['metric'])}")
-    ax.set(ylabel="batch size (examples per step)", title="B_crit vs target loss")
+    ax.set(ylabel="batch size (examples per step)")
+    ax.set_title("B_crit vs target loss (hollow: flagged target)", fontsize=10)
     ax.invert_xaxis()  # training moves left to right: lower targets to the right
     ax.legend(fontsize=8)
     fig.savefig(path, dpi=110)

@@ -248,41 +248,94 @@ def _fmt(x: float | None) -> str:
     return "–" if x is None else f"{x:.4g}"
 
 
+def _target_row(t: dict) -> str:
+    lo, hi = t["b_crit_ci"]
+    return (
+        f"| {t['target']:.4g} | {t['b_crit']:.4g} | [{_fmt(lo)}, {_fmt(hi)}] {t.get('ci_resamples', '')} | "
+        f"{_fmt(t.get('b_crit_refined'))} | {t['s_min']:.4g} | {t['e_min']:.4g} | {len(t['points'])} | "
+        f"{len(t['censored'])} | {_fmt(t.get('b_simple'))} |"
+    )
+
+
 def render_markdown(result: dict, pngs: list[str]) -> str:
-    """One page: the B_crit table per target, exclusions, per-bin summary and the plots."""
+    """One page: the trustworthy targets' B_crit, then the flagged ones with their flags, exclusions, per-bin
+    summary (medians over trustworthy targets) and the plots."""
     ex = result["excluded"]
+    head = headline(result["targets"])
+    level = f"{100 * result['bootstrap']['level']:.0f}%"
     lines = [
         f"# Critical batch size: `{result['metric']}`",
         "",
         f"Source: `{result['source']}` · {result['n_trials']} trials · excluded: "
         + ", ".join(f"{v} {k}" for k, v in ex.items())
-        + f" · bootstrap: {result['bootstrap']['replicates']} replicates, "
-        f"{100 * result['bootstrap']['level']:.0f}% interval.",
+        + f" · bootstrap: {result['bootstrap']['replicates']} replicates, {level} interval.",
         "",
         "Fit `S = S_min + E_min/B` in log space, `B_crit = E_min/S_min` (McCandlish et al. 2018, arXiv 1812.06162).",
+        "Trustworthy targets (no flags); the interval resamples `seeds` (within each nuisance setting) or `trials` "
+        "(one seed per setting: seed-to-seed noise not included). `refined`: B_crit with each batch size's optimum "
+        "interpolated between learning-rate grid points (a parabola in log-lr), beside the plain grid minimum.",
         "",
-        "| target | B_crit | interval | S_min (steps) | E_min (examples) | batch sizes | censored | B_simple |",
-        "|---:|---:|:---:|---:|---:|---:|---:|---:|",
     ]
-    for t in result["targets"]:
-        lo, hi = t["b_crit_ci"]
-        lines.append(
-            f"| {t['target']:.4g} | {t['b_crit']:.4g} | [{_fmt(lo)}, {_fmt(hi)}] | {t['s_min']:.4g} | "
-            f"{t['e_min']:.4g} | {len(t['points'])} | {len(t['censored'])} | {_fmt(t.get('b_simple'))} |"
-        )
+    table = [
+        f"| target | B_crit | {level} interval, resamples | refined | S_min (steps) | E_min (examples) | batch sizes "
+        "| censored trials | B_simple |",
+        "|---:|---:|:---:|---:|---:|---:|---:|---:|---:|",
+    ]
+    lines += table + [_target_row(t) for t in head] if head else ["**No trustworthy target**: see the flags below."]
+    flagged = [t for t in result["targets"] if t.get("flags")]
+    if flagged:
+        lines += ["", "Flagged targets (not in the headline; README: how to read the flags):", ""]
+        lines += ["| target | B_crit | interval | flags | censored batch sizes |", "|---:|---:|:---:|:---|:---|"]
+        for t in flagged:
+            lo, hi = t["b_crit_ci"]
+            cens = "; ".join(f"B={c['batch_size']}: {c['reason']}" for c in t.get("censored_batch_sizes", []))
+            lines.append(
+                f"| {t['target']:.4g} | {t['b_crit']:.4g} | [{_fmt(lo)}, {_fmt(hi)}] | "
+                f"{', '.join(f'`{f}`' for f in t['flags'])} | {cens or '–'} |"
+            )
+        seen = sorted({f for t in flagged for f in t["flags"]}, key=fl.FLAGS.index)
+        lines += [""] + [f"- `{f}`: {fl.FLAG_DOCS[f][0]}. Fix: {fl.FLAG_DOCS[f][1]}." for f in seen]
     if result["bins"]:
-        lines += ["", "Per timestep bin (median over targets): ", ""]
-        lines += ["| bin | timesteps | B_crit | B_simple |", "|---:|:---:|---:|---:|"]
+        lines += ["", "Per timestep bin (median over trustworthy targets): ", ""]
+        lines += ["| bin | timesteps | B_crit | B_simple | trustworthy targets |", "|---:|:---:|---:|---:|---:|"]
         for b in result["bins"]:
-            bc = [t["b_crit"] for t in b["targets"]]
-            gs = [t["b_simple"] for t in b["targets"] if t.get("b_simple") is not None]
+            ok = headline(b["targets"])
+            bc = [t["b_crit"] for t in ok]
+            gs = [t["b_simple"] for t in ok if t.get("b_simple") is not None]
             lo, hi = b["timesteps"]
             med_bs = _fmt(float(np.median(gs))) if gs else "–"
-            lines.append(f"| {b['bin']} | {lo}–{hi} | {_fmt(float(np.median(bc)) if bc else None)} | {med_bs} |")
+            lines.append(
+                f"| {b['bin']} | {lo}–{hi} | {_fmt(float(np.median(bc)) if bc else None)} | {med_bs} | "
+                f"{len(ok)} of {len(b['targets'])} |"
+            )
     if result["notes"]:
         lines += ["", "Notes:", ""] + [f"- {n}" for n in result["notes"]]
     lines += [""] + [f"![{p}]({p})" for p in pngs]
     return "\n".join(lines) + "\n"
+
+
+def summary_lines(result: dict) -> list[str]:
+    """What ``bcrit analyze`` prints: one line per target (flags named), then the headline over trustworthy ones."""
+    out = []
+    for t in result["targets"]:
+        lo, hi = t["b_crit_ci"]
+        level = round(100 * result.get("bootstrap", {}).get("level", 0.9))
+        mark = f"  FLAGGED: {', '.join(t['flags'])}" if t.get("flags") else ""
+        out.append(
+            f"target {t['target']:.4g}: B_crit = {_short(t['b_crit'])}  {level}% CI [{_short(lo)}, {_short(hi)}] "
+            f"over {t.get('ci_resamples', 'trials')}  ({len(t['points'])} batch sizes){mark}"
+        )
+    head = headline(result["targets"])
+    if head:
+        vals = ", ".join(f"{_short(t['b_crit'])} at {t['target']:.4g}" for t in head)
+        out.append(f"headline: B_crit {vals} ({len(head)} of {len(result['targets'])} targets trustworthy)")
+    else:
+        out.append("headline: no trustworthy target (every target is flagged; see report.md and the README's flags)")
+    return out
+
+
+def _short(x: float | None) -> str:
+    return "n/a" if x is None else f"{x:.3g}"
 
 
 def log_to_mlflow(out_dir: str | Path, tracking_uri: str | None, parent_run_id: str) -> None:

@@ -11,10 +11,12 @@ from synth_runs import synth_runs
 
 from analysis import cli
 from analysis import metrics as m
+from analysis.flags import FLAGS, NEAR_FLOOR
 from analysis.loaders import load_sweep_dir, write_sweep_dir
-from analysis.report import analyze
+from analysis.report import analyze, render_markdown, summary_lines
 
-TARGET_KEYS = {"target", "b_crit", "b_crit_ci", "s_min", "e_min", "points", "censored"}
+TARGET_KEYS = {"target", "b_crit", "b_crit_ci", "s_min", "e_min", "flags", "ci_resamples", "points", "censored"}
+TARGET_KEYS |= {"b_crit_refined", "censored_batch_sizes", "unreached_batch_sizes"}
 
 
 @pytest.fixture(scope="module")
@@ -28,6 +30,7 @@ def _check_targets(targets):
     for t in targets:
         assert TARGET_KEYS <= set(t)
         assert isinstance(t["b_crit"], float) and len(t["b_crit_ci"]) == 2
+        assert set(t["flags"]) <= set(FLAGS) and t["ci_resamples"] in ("seeds", "trials")
         for p in t["points"]:
             assert isinstance(p["batch_size"], int) and isinstance(p["trial_id"], str)
             assert isinstance(p["steps"], float)
@@ -116,3 +119,20 @@ def test_python_dash_m(sweep, tmp_path):
         cwd=Path(__file__).resolve().parents[2],
     )
     assert r.returncode == 2 and r.stderr.strip().startswith("bcrit analyze: error:")
+
+
+def test_flagged_targets_marked_and_kept_out_of_the_headline(tmp_path):
+    runs = synth_runs(np.random.default_rng(0), seeds=1, sigma=0.05, eval_noise=0.003, n_evals=200, budget_u=40)
+    res = analyze(runs, targets=[0.3, 0.13], out_dir=tmp_path, bootstrap=20, plots=True)
+    good, bad = res["targets"]
+    assert good["flags"] == [] and NEAR_FLOOR in bad["flags"]
+    md = (tmp_path / "report.md").read_text()
+    head, flagged = md.split("Flagged targets")
+    assert "| 0.3 |" in head and "| 0.13 |" not in head
+    assert "| 0.13 |" in flagged and "`near_floor`" in flagged
+    lines = summary_lines(res)
+    assert "FLAGGED: near_floor" in lines[1] and "FLAGGED" not in lines[0]
+    assert lines[-1].startswith("headline: B_crit") and "at 0.3 " in lines[-1] and "0.13" not in lines[-1]
+    res["targets"] = [bad]
+    assert "No trustworthy target" in render_markdown(res, [])
+    assert summary_lines(res)[-1].startswith("headline: no trustworthy target")
