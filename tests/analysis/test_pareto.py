@@ -174,3 +174,10 @@ def test_unreachable_target_error_names_batch_sizes():
     runs = synth_runs(np.random.default_rng(0), seeds=1, budget_u=3.0)
     with pytest.raises(pareto.TooFewBatchSizesError, match=r"target 0.1 on eval/loss: only batch sizes \[\]"):
         analyze_metric(runs, m.EVAL_LOSS, [0.1], bootstrap=0)
+
+
+def test_readme_flag_table_is_current():
+    from pathlib import Path
+
+    readme = (Path(__file__).parents[2] / "README.md").read_text()
+    assert flags.markdown_table() in readme, "README flag table is stale: paste `python -m analysis.flags`"
