@@ -144,10 +144,10 @@ class _Context:
         lr = float(self.st.lr[k])
         if lr <= lo * (1 + 1e-9) or lr >= hi * (1 - 1e-9):
             flags.append(fl.LR_AT_EDGE)
-        if value < fl.COARSE_MIN_INTERVALS * np.nanmedian(self.spacing[members]):
+        if value < fl.COARSE_MIN_INTERVALS * _median(self.spacing[members]):
             flags.append(fl.COARSE_STEPS)
         jitter = [crossing_jitter(self.series, self.rows[r], steps[r]) for r in members]
-        if fl.NEAR_FLOOR_Z * np.nanmedian(jitter) > fl.NEAR_FLOOR_FRAC:
+        if fl.NEAR_FLOOR_Z * _median(jitter) > fl.NEAR_FLOOR_FRAC:  # too few evaluations to tell: not flagged
             flags.append(fl.NEAR_FLOOR)
         return {
             "batch_size": b,
@@ -174,6 +174,13 @@ class _Context:
             f"steps (lr={self.st.lr[best.setting[i]]:g})"
         )
         return {"batch_size": int(best.batch_sizes[i]), "steps_at_most": float(best.candidate[i]), "reason": reason}
+
+
+def _median(x) -> float:
+    """Median of the non-NaN values (``nan`` if none, without a warning)."""
+    x = np.asarray(x, dtype=np.float64)
+    x = x[~np.isnan(x)]
+    return float(np.median(x)) if len(x) else float("nan")
 
 
 def headline(targets: list[dict]) -> list[dict]:
