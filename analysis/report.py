@@ -23,7 +23,6 @@ from analysis.loaders import Runs
 from analysis.steps import (
     aggregate_seeds,
     best_per_batch,
-    crossing_jitter,
     excluded_counts,
     final_losses,
     refine_lr,
@@ -32,6 +31,7 @@ from analysis.steps import (
     trial_extent,
     usable,
 )
+from analysis.trust import PointChecks, headline
 
 JSON_FILE = "bcrit.json"
 REPORT_FILE = "report.md"
@@ -71,7 +71,7 @@ def analyze_metric(
     boot = None
     if bootstrap > 0 and len(st.members):
         boot = pareto.bootstrap_best(steps, last, st, bootstrap, rng, resample)[1]
-    ctx = _Context(runs, series, st, last, spacing)
+    ctx = PointChecks(runs, series, st, last, spacing)
     out = []
     for j, y in enumerate(targets):
         val, low = aggregate_seeds(steps[j], last, st)
@@ -116,76 +116,6 @@ def analyze_metric(
             }
         )
     return out
-
-
-class _Context:
-    """What the per-point checks of :func:`analyze_metric` need: the runs, the series, the settings."""
-
-    def __init__(self, runs: Runs, series, st, last: np.ndarray, spacing: np.ndarray):
-        self.runs, self.series, self.st, self.last, self.spacing = runs, series, st, last, spacing
-        n = len(runs.trial_ids)
-        self.rows = np.zeros((n, 2), dtype=np.int64)
-        if len(series.trial):
-            starts = np.flatnonzero(np.r_[True, series.trial[1:] != series.trial[:-1]])
-            ends = np.append(starts[1:], len(series.trial))
-            self.rows[series.trial[starts]] = np.stack([starts, ends], axis=1)
-        lr = runs.trials.column("lr").to_numpy()
-        self.lr_range = {int(b): (lr[runs.batch_size == b].min(), lr[runs.batch_size == b].max()) for b in
-                         np.unique(runs.batch_size)}  # fmt: skip
-
-    def point(self, i: int, best, steps: np.ndarray, ref_steps: float, ref_lr: float) -> dict:
-        """One fitted point: the best setting of batch size ``best.batch_sizes[i]`` and its flags."""
-        k = int(best.setting[i])
-        members = self.st.members[k]
-        b, value = int(best.batch_sizes[i]), float(best.steps[i])
-        rep = members[int(np.argmin(np.abs(np.log(steps[members] / value))))]  # the seed closest to the mean
-        flags = []
-        lo, hi = self.lr_range[b]
-        lr = float(self.st.lr[k])
-        if lr <= lo * (1 + 1e-9) or lr >= hi * (1 - 1e-9):
-            flags.append(fl.LR_AT_EDGE)
-        if value < fl.COARSE_MIN_INTERVALS * _median(self.spacing[members]):
-            flags.append(fl.COARSE_STEPS)
-        jitter = [crossing_jitter(self.series, self.rows[r], steps[r]) for r in members]
-        if fl.NEAR_FLOOR_Z * _median(jitter) > fl.NEAR_FLOOR_FRAC:  # too few evaluations to tell: not flagged
-            flags.append(fl.NEAR_FLOOR)
-        return {
-            "batch_size": b,
-            "steps": value,
-            "trial_id": self.runs.trial_ids[rep],
-            "trial_ids": [self.runs.trial_ids[r] for r in members],
-            "lr": lr,
-            "seeds": len(members),
-            "steps_refined": float(ref_steps),
-            "lr_refined": float(ref_lr),
-            "flags": flags,
-        }
-
-    def censored_reason(self, i: int, best, steps: np.ndarray) -> dict:
-        """Why batch size ``best.batch_sizes[i]`` is censored: the setting that might have been faster."""
-        k = int(best.blocker[i])
-        members = self.st.members[k]
-        short = [r for r in members if not np.isfinite(steps[r])]
-        status = sorted({str(self.runs.status[r]) for r in short})
-        far = ", ".join(f"{self.last[r]:g}" for r in short)
-        reason = (
-            f"lr={self.st.lr[k]:g}: {len(short)} of {len(members)} seed(s) stopped at step {far} "
-            f"({', '.join(status)}) without reaching the target, below the best known {best.candidate[i]:.4g} "
-            f"steps (lr={self.st.lr[best.setting[i]]:g})"
-        )
-        return {"batch_size": int(best.batch_sizes[i]), "steps_at_most": float(best.candidate[i]), "reason": reason}
-
-
-def _median(x) -> float:
-    """Median of the non-NaN values (``nan`` if none, without a warning)."""
-    x = np.asarray(x, dtype=np.float64)
-    x = x[~np.isnan(x)]
-    return float(np.median(x)) if len(x) else float("nan")
-
-
-def headline(targets: list[dict]) -> list[dict]:
-    """The targets whose B_crit is trustworthy (no flags): the only ones a summary should quote."""
-    return [t for t in targets if not t.get("flags")]
 
 
 def _num(x: float) -> float | None:
