@@ -46,6 +46,10 @@ def test_batched_fit_matches_scipy():
 def test_check_enough_names_missing_batch_sizes():
     with pytest.raises(pareto.TooFewBatchSizesError, match=r"only batch sizes \[8, 32\] reach it, \[16, 64\]"):
         pareto.check_enough(0.3, "eval/loss", np.array([8, 16, 32, 64]), np.array([5.0, np.inf, 3.0, np.inf]))
+    with pytest.raises(pareto.TooFewBatchSizesError, match=r"\[16\] do not; \[64\] are censored .*target_loss"):
+        pareto.check_enough(
+            0.3, "eval/loss", np.array([8, 16, 32, 64]), np.array([5.0, np.inf, 3.0, np.inf]), np.arange(4) == 3
+        )
 
 
 def test_percentile_ci():
