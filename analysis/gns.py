@@ -12,8 +12,10 @@ so two batch sizes ``b < B`` (same parameters, iid examples) give the unbiased e
     tr(Sigma) ~= (|G_b|^2 - |G_B|^2) / (1/b - 1/B)      (the paper's S)
 
 and the simple noise scale ``B_simple = tr(Sigma) / |G|^2``. Each estimate is unbiased; their ratio is
-not, so B_simple is formed from numerator and denominator smoothed *separately* (bias-corrected EMA for
-live logging, trailing windowed means or repetition means for offline analysis), then divided.
+not, so B_simple is formed from numerator and denominator averaged *separately*, then divided: over the
+measurements of the last ``window`` optimizer steps (``GNSWindow``, ``window_b_simple``: the one smoothing rule
+of the live values, globally and per bin, of the offline re-smoothing and of the report), or over independent
+repetitions (``b_simple_with_se``, the probe). Every B_simple comes with a delta-method standard error.
 
 Conventions: ``g2_small`` is ``|G_b|^2`` (the mean over the small-batch gradients of one step is fine:
 it has the same expectation), ``g2_big`` is ``|G_B|^2``. Single-step ``|G|^2`` estimates are noisy and
@@ -24,22 +26,27 @@ from __future__ import annotations
 
 import math
 from collections.abc import Mapping
+from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
 from numpy.typing import ArrayLike, NDArray
-from scipy.signal import lfilter
+
+from analysis.metrics import gns_names
 
 __all__ = [
-    "GNSEma",
+    "DEFAULT_WINDOW",
+    "GNSWindow",
+    "WindowEstimate",
     "b_simple",
     "b_simple_with_se",
-    "ema_b_simple",
     "from_subbatch_grads",
     "g2_unbiased",
+    "live_metrics",
     "mean_with_se",
     "trace_unbiased",
-    "windowed_b_simple",
+    "window_b_simple",
+    "window_estimate",
 ]
 
 Float = float | NDArray[np.float64]
@@ -91,7 +98,7 @@ def b_simple(trace: ArrayLike, g2: ArrayLike) -> Float:
 
     A plain ratio. Applied to single noisy draws it is biased (the ratio of unbiased estimates is not
     unbiased, and a denominator near zero explodes): smooth or average ``trace`` and ``g2`` first
-    (``GNSEma``, ``windowed_b_simple``, ``b_simple_with_se``). ``nan`` where ``g2 == 0``.
+    (``GNSWindow``, ``window_b_simple``, ``b_simple_with_se``). ``nan`` where ``g2 == 0``.
     """
     t = np.asarray(trace, dtype=np.float64)
     g = np.asarray(g2, dtype=np.float64)
@@ -105,78 +112,6 @@ def _finite_series(name: str, x: ArrayLike) -> NDArray[np.float64]:
     if not np.all(np.isfinite(arr)):
         raise ValueError(f"{name} contains non-finite values (skip steps whose gradients overflowed)")
     return arr
-
-
-class GNSEma:
-    """Live B_simple: bias-corrected EMAs of ``tr(Sigma)`` and ``|G|^2``, smoothed separately, then divided.
-
-    McCandlish et al. 2018 (arXiv 1812.06162, App. A.1) smooth the two unbiased estimators with EMAs and
-    take the ratio of the smoothed values. Bias correction (as in Adam) divides an EMA started at zero by
-    ``1 - beta**n``; we keep the corrected means directly, with the equivalent update
-
-        m_n = m_{n-1} + w_n (x_n - m_{n-1}),   w_n = (1 - beta) / (1 - beta**n),
-
-    so the first update returns the first ratio exactly. The state is plain python numbers (it goes into
-    training checkpoints). Non-finite inputs raise ValueError (skip overflowed AMP steps before calling).
-    """
-
-    def __init__(self, beta: float = 0.99) -> None:
-        if not (0.0 <= beta < 1.0):
-            raise ValueError(f"EMA beta must be in [0, 1), got {beta!r}")
-        self.beta = float(beta)
-        self.steps = 0
-        self._g2 = math.nan  # bias-corrected EMA of |G|^2
-        self._trace = math.nan  # bias-corrected EMA of tr(Sigma)
-
-    def update(self, g2_small: float, g2_big: float, b: float, B: float) -> float:
-        """Add one step's raw two-batch statistics; return the smoothed B_simple (nan until defined)."""
-        g2 = float(g2_unbiased(g2_small, g2_big, b, B))
-        trace = float(trace_unbiased(g2_small, g2_big, b, B))
-        if not (math.isfinite(g2) and math.isfinite(trace)):
-            raise ValueError(f"non-finite GNS statistics: g2_small={g2_small!r}, g2_big={g2_big!r}")
-        self.steps += 1
-        w = (1.0 - self.beta) / (1.0 - self.beta**self.steps)
-        if self.steps == 1:
-            self._g2, self._trace = g2, trace
-        else:
-            self._g2 += w * (g2 - self._g2)
-            self._trace += w * (trace - self._trace)
-        return self.b_simple
-
-    @property
-    def g2(self) -> float:
-        """Bias-corrected EMA of the unbiased ``|G|^2`` estimates (nan before the first update)."""
-        return self._g2
-
-    @property
-    def trace(self) -> float:
-        """Bias-corrected EMA of the unbiased ``tr(Sigma)`` estimates (nan before the first update)."""
-        return self._trace
-
-    @property
-    def b_simple(self) -> float:
-        """``EMA(tr Sigma) / EMA(|G|^2)``; nan before the first update or while ``EMA(|G|^2) == 0``."""
-        if self.steps == 0:
-            return math.nan
-        return float(b_simple(self._trace, self._g2))
-
-    def state_dict(self) -> dict[str, Any]:
-        """Plain-python state for checkpoints."""
-        return {"beta": self.beta, "steps": self.steps, "g2": self._g2, "trace": self._trace}
-
-    def load_state_dict(self, state: Mapping[str, Any]) -> None:
-        """Restore from ``state_dict()``; raises ValueError on missing keys or a bad beta."""
-        missing = {"beta", "steps", "g2", "trace"} - set(state)
-        if missing:
-            raise ValueError(f"GNSEma state is missing {sorted(missing)}")
-        beta = float(state["beta"])
-        if not (0.0 <= beta < 1.0):
-            raise ValueError(f"EMA beta must be in [0, 1), got {beta!r}")
-        steps = int(state["steps"])
-        if steps < 0:
-            raise ValueError(f"EMA steps must be >= 0, got {steps}")
-        self.beta, self.steps = beta, steps
-        self._g2, self._trace = float(state["g2"]), float(state["trace"])
 
 
 def _per_step(
@@ -193,44 +128,179 @@ def _per_step(
     return np.asarray(g2, dtype=np.float64), np.asarray(trace, dtype=np.float64)
 
 
-def ema_b_simple(
-    g2_small: ArrayLike, g2_big: ArrayLike, b: ArrayLike, B: ArrayLike, beta: float = 0.99
-) -> NDArray[np.float64]:
-    """``GNSEma`` over a whole series (offline re-analysis): the B_simple it would report after each step.
+DEFAULT_WINDOW = 100  # optimizer steps: the time constant of every live and offline B_simple (config gns_window)
 
-    Vectorised with a linear filter (``ema_n = beta ema_{n-1} + (1-beta) x_n``, divided by ``1-beta**n``);
-    equal to feeding ``GNSEma.update`` step by step up to rounding. McCandlish et al. 2018, App. A.1.
+
+@dataclass(frozen=True)
+class WindowEstimate:
+    """B_simple of one window: ``value ± se`` from ``n`` measurements (``nan`` unless ``state == "ok"``)."""
+
+    value: float
+    se: float
+    n: int  # measurements in the window
+    state: str  # "ok", "warming" (fewer than 2 measurements) or "undefined" (mean |G|^2 <= 0, mean tr < 0, ...)
+
+    @property
+    def ok(self) -> bool:
+        return self.state == "ok"
+
+
+def window_estimate(g2: ArrayLike, trace: ArrayLike) -> WindowEstimate:
+    """The one smoothing rule's ratio: ``B_simple = mean(tr Sigma) / mean(|G|^2)`` over a window's measurements.
+
+    ``g2`` and ``trace`` are the unbiased per-measurement estimates (``g2_unbiased``, ``trace_unbiased``) of every
+    measurement in the window. The SE is the first-order delta method on the two window means with their
+    covariance (``b_simple_with_se``): the measurements use disjoint iid examples, so within a window they are
+    independent draws (up to the drift of the weights, which only widens the spread). Impossible values are
+    never returned: a window mean ``|G|^2 <= 0`` (a ratio without a positive denominator), a negative mean
+    ``tr(Sigma)`` or anything non-finite gives ``state == "undefined"`` and ``nan``; fewer than 2 measurements
+    (no spread, so no SE) gives ``state == "warming"`` and ``nan``.
     """
-    if not (0.0 <= beta < 1.0):
-        raise ValueError(f"EMA beta must be in [0, 1), got {beta!r}")
-    g2, trace = _per_step(g2_small, g2_big, b, B)
-    n = np.arange(1, g2.size + 1, dtype=np.float64)
-    correction = 1.0 - beta**n
-    ema_g2 = lfilter([1.0 - beta], [1.0, -beta], g2) / correction
-    ema_trace = lfilter([1.0 - beta], [1.0, -beta], trace) / correction
-    return np.asarray(b_simple(ema_trace, ema_g2), dtype=np.float64).reshape(g2.shape)
+    g = np.asarray(g2, dtype=np.float64).ravel()
+    t = np.asarray(trace, dtype=np.float64).ravel()
+    n = int(g.size)
+    if n < 2:
+        return WindowEstimate(math.nan, math.nan, n, "warming")
+    with np.errstate(over="ignore", invalid="ignore"):
+        g_mean, t_mean = float(g.mean()), float(t.mean())
+    if not (math.isfinite(g_mean) and math.isfinite(t_mean) and g_mean > 0.0 and t_mean >= 0.0):
+        return WindowEstimate(math.nan, math.nan, n, "undefined")
+    with np.errstate(over="ignore", invalid="ignore"):
+        value, se = b_simple_with_se(g, t)
+    if not (math.isfinite(value) and math.isfinite(se) and value >= 0.0):  # overflow in the covariance
+        return WindowEstimate(math.nan, math.nan, n, "undefined")
+    return WindowEstimate(value, se, n, "ok")
 
 
-def windowed_b_simple(
-    g2_small: ArrayLike, g2_big: ArrayLike, b: ArrayLike, B: ArrayLike, window: int
-) -> NDArray[np.float64]:
-    """Trailing windowed means of ``tr(Sigma)`` and ``|G|^2`` separately, then their ratio (per step).
+class GNSWindow:
+    """Live B_simple ± SE: means of ``tr(Sigma)`` and ``|G|^2`` over the last ``window`` optimizer steps, divided.
 
-    Entry ``i`` uses steps ``max(0, i - window + 1) .. i``: the first ``window - 1`` entries average the
-    steps available so far (a shorter window, not padding). McCandlish et al. 2018, App. A.1.
+    The rule, one for the global value, every per-bin value, the offline re-smoothing and the report: at step
+    ``s`` the window holds every measurement taken at a step in ``(s - window, s]`` -- every step for the global
+    statistics, every ``gns_every`` steps for a bin, so both forget a measurement at the same age in *steps*
+    (``window`` is the time constant). ``window_estimate`` forms the ratio of the window means and its SE.
+
+    Why a window and not an EMA: McCandlish et al. 2018 (arXiv 1812.06162, App. A.1) smooth ``|G|^2`` and
+    ``tr(Sigma)`` separately, then divide (so do we: the ratio of two noisy estimates is biased, the ratio of
+    their means much less). But ``|G|^2`` falls ~600x during the first ~20 steps of a DiT, and an EMA weighs
+    that past forever: a bias-corrected EMA with beta 0.95 gave B_simple 10x low at step 60 (the first 20 steps
+    held 9% of the weight and 88% of the smoothed ``|G|^2``); even after 3 time constants, ``e^-3 x 600 = 30x``
+    the settled value remains. A window forgets it *exactly* after ``window`` steps, and its means are plain
+    sample means of independent measurements, so their spread gives an honest SE (an EMA's unequal weights and
+    unbounded memory make that awkward). The price is a lag of about ``window / 2`` steps, the same everywhere.
+    """
+
+    def __init__(self, window: int = DEFAULT_WINDOW) -> None:
+        if int(window) != window or window < 1:
+            raise ValueError(f"window must be a positive number of optimizer steps, got {window!r}")
+        self.window = int(window)
+        self._steps: list[int] = []
+        self._g2: list[float] = []
+        self._trace: list[float] = []
+        self.undefined = 0  # updates at which the window gave no possible value (state "undefined")
+
+    def update(self, step: int, g2_small: float, g2_big: float, b: float, B: float) -> WindowEstimate:
+        """Add the raw two-batch statistics measured at optimizer ``step``; return the window's estimate.
+
+        Non-finite statistics (an overflowed step) are not added; the window still moves to ``step``."""
+        if self._steps and step <= self._steps[-1]:
+            raise ValueError(f"GNS measurements must come in increasing steps, got {step} after {self._steps[-1]}")
+        with np.errstate(over="ignore", invalid="ignore"):
+            g2 = float(g2_unbiased(g2_small, g2_big, b, B))
+            trace = float(trace_unbiased(g2_small, g2_big, b, B))
+        if math.isfinite(g2) and math.isfinite(trace):
+            self._steps.append(int(step))
+            self._g2.append(g2)
+            self._trace.append(trace)
+        cut = 0
+        while cut < len(self._steps) and self._steps[cut] <= step - self.window:
+            cut += 1
+        del self._steps[:cut], self._g2[:cut], self._trace[:cut]
+        est = self.estimate
+        if est.state == "undefined":
+            self.undefined += 1
+        return est
+
+    @property
+    def estimate(self) -> WindowEstimate:
+        """``window_estimate`` of the measurements now in the window."""
+        return window_estimate(self._g2, self._trace)
+
+    def state_dict(self) -> dict[str, Any]:
+        """Plain-python state for checkpoints (the window's measurements and the undefined count)."""
+        return {
+            "window": self.window,
+            "steps": list(self._steps),
+            "g2": list(self._g2),
+            "trace": list(self._trace),
+            "undefined": self.undefined,
+        }
+
+    def load_state_dict(self, state: Mapping[str, Any]) -> None:
+        """Restore from ``state_dict()``, keeping this object's ``window``. A checkpoint from before the window
+        rule (an EMA state: ``steps`` is a count) has no measurements to restore: the window starts empty."""
+        steps = state.get("steps")
+        if not isinstance(steps, list | tuple):
+            if "beta" not in state:
+                raise ValueError(f"not a GNSWindow state (keys {sorted(state)})")
+            self._steps, self._g2, self._trace, self.undefined = [], [], [], 0
+            return
+        g2, trace = list(state["g2"]), list(state["trace"])
+        if not len(steps) == len(g2) == len(trace):
+            raise ValueError("GNSWindow state: steps, g2 and trace differ in length")
+        self._steps = [int(s) for s in steps]
+        self._g2 = [float(x) for x in g2]
+        self._trace = [float(x) for x in trace]
+        self.undefined = int(state.get("undefined", 0))
+
+
+def window_b_simple(
+    step: ArrayLike, g2_small: ArrayLike, g2_big: ArrayLike, b: ArrayLike, B: ArrayLike, window: int
+) -> tuple[NDArray[np.float64], NDArray[np.float64]]:
+    """``GNSWindow`` over a logged series (offline re-smoothing): ``(B_simple, SE)`` after each measurement.
+
+    ``step`` holds the optimizer steps of the measurements (strictly increasing); entry ``i`` applies
+    ``window_estimate`` to the measurements at steps in ``(step[i] - window, step[i]]`` (``nan`` where not
+    defined). Equal to feeding ``GNSWindow.update`` measurement by measurement.
     """
     if int(window) != window or window < 1:
-        raise ValueError(f"window must be a positive integer, got {window!r}")
-    window = int(window)
+        raise ValueError(f"window must be a positive number of optimizer steps, got {window!r}")
     g2, trace = _per_step(g2_small, g2_big, b, B)
+    s = np.asarray(step, dtype=np.float64)
+    if s.shape != g2.shape:
+        raise ValueError(f"step has shape {s.shape}, the statistics {g2.shape}")
+    if np.any(np.diff(s) <= 0):
+        raise ValueError("steps must be strictly increasing")
+    lo = np.searchsorted(s, s - window, side="right")
+    value, se = np.full(s.size, np.nan), np.full(s.size, np.nan)
+    for i in range(s.size):
+        est = window_estimate(g2[lo[i] : i + 1], trace[lo[i] : i + 1])
+        value[i], se[i] = est.value, est.se
+    return value, se
 
-    def trailing_mean(x: NDArray[np.float64]) -> NDArray[np.float64]:
-        c = np.concatenate([[0.0], np.cumsum(x)])
-        hi = np.arange(1, x.size + 1)
-        lo = np.maximum(hi - window, 0)
-        return (c[hi] - c[lo]) / (hi - lo)
 
-    return np.asarray(b_simple(trailing_mean(trace), trailing_mean(g2)), dtype=np.float64).reshape(g2.shape)
+def live_metrics(
+    tracker: GNSWindow, step: int, g2_small: float, g2_big: float, b: float, B: float, k: int | None = None
+) -> dict[str, float]:
+    """What a trial logs for one GNS measurement at ``step``: raw statistics, per-step estimates, B_simple ± SE.
+
+    Metric names are ``analysis.metrics.gns_names(k)`` (global for ``k=None``, else timestep bin ``k``).
+    ``b_simple`` and ``b_simple_se`` appear only when the window's estimate is defined (so no
+    negative or non-finite B_simple is ever logged); ``b_simple_undefined`` (the tracker's running count) only
+    at an update that could not form one. Raw values are logged as measured, non-finite ones included.
+    """
+    names = gns_names(k)
+    out = {names["g2_small"]: float(g2_small), names["g2_big"]: float(g2_big)}
+    out[names["b_small"]], out[names["b_big"]] = float(b), float(B)
+    with np.errstate(over="ignore", invalid="ignore"):
+        out[names["g2"]] = float(g2_unbiased(g2_small, g2_big, b, B))
+        out[names["trace"]] = float(trace_unbiased(g2_small, g2_big, b, B))
+    est = tracker.update(step, g2_small, g2_big, b, B)
+    if est.ok:
+        out[names["b_simple"]], out[names["b_simple_se"]] = est.value, est.se
+    elif est.state == "undefined":
+        out[names["b_simple_undefined"]] = float(tracker.undefined)
+    return out
 
 
 def mean_with_se(samples: ArrayLike) -> tuple[float, float]:

@@ -1,9 +1,10 @@
 """The gradient noise scale beside B_crit (McCandlish et al. 2018, arXiv 1812.06162).
 
 From the raw statistics a trial logs (``|G_b|^2``, ``|G_B|^2``, ``b``, ``B``; globally every step and per
-timestep bin every ``gns_every`` steps) B_simple is re-smoothed offline with :func:`analysis.gns.ema_b_simple`
-(numerator and denominator smoothed separately, then divided) and read off at the step where a trial
-reaches a target. McCandlish et al. predict ``B_crit ≈ B_simple`` at the loss where both are measured; this
+timestep bin every ``gns_every`` steps) B_simple ± SE is re-smoothed offline with the live values' rule,
+:func:`analysis.gns.window_b_simple` (means of numerator and denominator over the last ``window`` optimizer
+steps, then divided; the trial's own ``gns_window`` when the runs table has it), and read off at the step where
+a trial reaches a target. McCandlish et al. predict ``B_crit ≈ B_simple`` at the loss where both are measured; this
 puts them side by side."""
 
 from __future__ import annotations
@@ -25,7 +26,8 @@ class GNSTrace:
     """Smoothed B_simple of one trial over training."""
 
     step: np.ndarray  # (n,) optimizer steps of the measurements
-    b_simple: np.ndarray  # (n,) bias-corrected EMA of tr(Sigma) over EMA of |G|^2
+    b_simple: np.ndarray  # (n,) window mean of tr(Sigma) over window mean of |G|^2 (nan where undefined)
+    se: np.ndarray  # (n,) its standard error
 
 
 def gns_names(k: int | None = None) -> tuple[str, str, str, str]:
@@ -47,11 +49,24 @@ def _rows(runs: Runs, name: str, row: int) -> tuple[np.ndarray, np.ndarray]:
     return s.step[lo:hi], s.value[lo:hi]
 
 
-def b_simple_trace(runs: Runs, row: int, k: int | None = None, beta: float = 0.99) -> GNSTrace | None:
-    """Re-smoothed B_simple of trial ``row`` (global, or bin ``k``); ``None`` without usable GNS rows.
+def window_of(runs: Runs, row: int, default: int | None = None) -> int:
+    """The B_simple window (optimizer steps) of trial ``row``: its ``gns_window`` column when the runs table has a
+    positive one, else ``default``, else ``analysis.gns.DEFAULT_WINDOW``."""
+    if "gns_window" in runs.trials.column_names:
+        try:
+            w = int(float(runs.trials.column("gns_window")[row].as_py()))
+        except (TypeError, ValueError):
+            w = 0
+        if w > 0:
+            return w
+    return default or gns.DEFAULT_WINDOW
 
-    ``beta`` is the EMA decay *per optimizer step*; measurements ``g`` steps apart use ``beta**g`` so that the
-    global (every step) and per-bin (every ``gns_every`` steps) traces have the same time constant.
+
+def b_simple_trace(runs: Runs, row: int, k: int | None = None, window: int | None = None) -> GNSTrace | None:
+    """Re-smoothed B_simple ± SE of trial ``row`` (global, or bin ``k``); ``None`` without usable GNS rows.
+
+    ``window`` is in optimizer steps (``None``: the trial's own, see ``window_of``): per-bin measurements every
+    ``gns_every`` steps and global ones every step forget at the same age, as in the live values.
     """
     parts = [_rows(runs, name, row) for name in gns_names(k)]
     steps = parts[0][0]
@@ -60,12 +75,13 @@ def b_simple_trace(runs: Runs, row: int, k: int | None = None, beta: float = 0.9
     if len(steps) == 0:
         return None
     vals = [v[np.isin(s, steps)] for s, v in parts]
-    gap = float(np.median(np.diff(steps))) if len(steps) > 1 else 1.0
+    finite = np.isfinite(vals[0]) & np.isfinite(vals[1])  # overflowed measurements stay out, as live
+    window = window or window_of(runs, row)
     try:
-        smooth = gns.ema_b_simple(*vals, beta=beta**gap)
+        value, se = gns.window_b_simple(steps[finite], *(v[finite] for v in vals), window=window)
     except ValueError:  # e.g. b == B: one worker and no accumulation gives no second batch size
         return None
-    return GNSTrace(steps, np.asarray(smooth, dtype=np.float64))
+    return GNSTrace(steps[finite], value, se)
 
 
 def b_simple_at(trace: GNSTrace | None, step: float) -> float:
@@ -78,8 +94,10 @@ def b_simple_at(trace: GNSTrace | None, step: float) -> float:
     return float(np.interp(step, trace.step[ok], trace.b_simple[ok]))
 
 
-def attach_b_simple(runs: Runs, targets: list[dict], k: int | None = None, beta: float = 0.99) -> None:
-    """Add ``b_simple`` to every point (at its crossing step) and the median over points to every target."""
+def attach_b_simple(runs: Runs, targets: list[dict], k: int | None = None, window: int | None = None) -> None:
+    """Add ``b_simple`` to every point (at its crossing step) and the median over points to every target.
+
+    ``window``: the B_simple window in optimizer steps (``None``: each trial's own ``gns_window``)."""
     row_of = {t: i for i, t in enumerate(runs.trial_ids)}
     cache: dict[int, GNSTrace | None] = {}
     for tgt in targets:
@@ -87,7 +105,7 @@ def attach_b_simple(runs: Runs, targets: list[dict], k: int | None = None, beta:
         for p in tgt["points"]:
             row = row_of[p["trial_id"]]
             if row not in cache:
-                cache[row] = b_simple_trace(runs, row, k, beta)
+                cache[row] = b_simple_trace(runs, row, k, window)
             v = b_simple_at(cache[row], p["steps"])
             p["b_simple"] = None if np.isnan(v) else v
             if not np.isnan(v):

@@ -26,7 +26,9 @@ GNS_B_SMALL = "gns/b_small"  # b: examples in each small-batch gradient
 GNS_B_BIG = "gns/b_big"  # B: examples in the big-batch gradient
 GNS_G2 = "gns/g2"  # unbiased |G|^2 of this step alone (noisy; may be negative)
 GNS_TRACE = "gns/trace"  # unbiased tr(Sigma) of this step alone (noisy)
-GNS_B_SIMPLE = "gns/b_simple"  # B_simple = EMA(tr Sigma) / EMA(|G|^2), bias-corrected EMAs
+GNS_B_SIMPLE = "gns/b_simple"  # B_simple = mean tr(Sigma) / mean |G|^2 over the last gns_window steps
+GNS_B_SIMPLE_SE = "gns/b_simple_se"  # its standard error (delta method on the window means)
+GNS_B_SIMPLE_UNDEFINED = "gns/b_simple_undefined"  # running count of updates whose window had no valid ratio
 
 # --- the same per timestep bin k, every `gns_every` steps ------------------------------------------------
 GNS_BIN_G2_SMALL = "gns/bin{k}/g2_small"
@@ -36,6 +38,8 @@ GNS_BIN_B_BIG = "gns/bin{k}/b_big"
 GNS_BIN_G2 = "gns/bin{k}/g2"
 GNS_BIN_TRACE = "gns/bin{k}/trace"
 GNS_BIN_B_SIMPLE = "gns/bin{k}/b_simple"
+GNS_BIN_B_SIMPLE_SE = "gns/bin{k}/b_simple_se"
+GNS_BIN_B_SIMPLE_UNDEFINED = "gns/bin{k}/b_simple_undefined"
 
 # --- trial status (trials.parquet `status`, MLflow tag `status`) ------------------------------------------
 STATUS_RUNNING = "running"
@@ -44,6 +48,18 @@ STATUS_BUDGET_SPENT = "budget_spent"
 STATUS_DIVERGED = "diverged"
 STATUS_FAILED = "failed"
 FINAL_STATUSES = (STATUS_REACHED_TARGET, STATUS_BUDGET_SPENT, STATUS_DIVERGED, STATUS_FAILED)
+
+
+def gns_names(k: int | None = None) -> dict[str, str]:
+    """The GNS metric names of one stream (global, ``k=None``, or timestep bin ``k``) by role."""
+    glob = {
+        "g2_small": GNS_G2_SMALL, "g2_big": GNS_G2_BIG, "b_small": GNS_B_SMALL, "b_big": GNS_B_BIG,
+        "g2": GNS_G2, "trace": GNS_TRACE, "b_simple": GNS_B_SIMPLE, "b_simple_se": GNS_B_SIMPLE_SE,
+        "b_simple_undefined": GNS_B_SIMPLE_UNDEFINED,
+    }  # fmt: skip
+    if k is None:
+        return glob
+    return {role: name.replace("gns/", f"gns/bin{k}/", 1) for role, name in glob.items()}
 
 
 def per_bin(template: str, k: int) -> str:
@@ -67,14 +83,21 @@ METRIC_DOCS: dict[str, str] = {
     GNS_B_BIG: "`B`, examples in the big-batch gradient",
     GNS_G2: "unbiased `|G|^2` from this step alone",
     GNS_TRACE: "unbiased `tr(Sigma)` from this step alone",
-    GNS_B_SIMPLE: "`B_simple`: bias-corrected EMA of `tr(Sigma)` over EMA of `|G|^2`",
+    GNS_B_SIMPLE: "`B_simple`: mean `tr(Sigma)` over mean `|G|^2` of the steps in the last `gns_window` steps (the "
+    "time constant); logged only when defined (>= 2 measurements, mean `|G|^2 > 0`, mean `tr(Sigma) >= 0`)",
+    GNS_B_SIMPLE_SE: "standard error of `gns/b_simple` (delta method on the two window means, with their covariance)",
+    GNS_B_SIMPLE_UNDEFINED: "running count of steps whose window gave no valid `B_simple` (mean `|G|^2 <= 0` or "
+    "mean `tr(Sigma) < 0`: nothing is logged then); logged when it grows",
     GNS_BIN_G2_SMALL: "per-bin `|G_b|^2` (measurement pass, every `gns_every` steps)",
     GNS_BIN_G2_BIG: "per-bin `|G_B|^2`",
     GNS_BIN_B_SMALL: "per-bin `b`",
     GNS_BIN_B_BIG: "per-bin `B`",
     GNS_BIN_G2: "per-bin unbiased `|G_k|^2`",
     GNS_BIN_TRACE: "per-bin unbiased `tr(Sigma_k)`",
-    GNS_BIN_B_SIMPLE: "per-bin `B_simple` (EMAs of numerator and denominator)",
+    GNS_BIN_B_SIMPLE: "per-bin `B_simple`: the same window of `gns_window` *steps* (so `gns_window / gns_every` "
+    "measurements)",
+    GNS_BIN_B_SIMPLE_SE: "its standard error",
+    GNS_BIN_B_SIMPLE_UNDEFINED: "per-bin running count of measurements without a valid `B_simple`",
 }
 
 

@@ -145,7 +145,7 @@ def bins(result: dict, path: Path) -> Path:
     return path
 
 
-def gns_training(result: dict, runs: Runs, path: Path, beta: float = 0.99) -> Path | None:
+def gns_training(result: dict, runs: Runs, path: Path, window: int | None = None) -> Path | None:
     """B_simple over training for the best trial per batch size (at the middle global target)."""
     mid = result["targets"][len(result["targets"]) // 2]
     row_of = {t: i for i, t in enumerate(runs.trial_ids)}
@@ -153,7 +153,7 @@ def gns_training(result: dict, runs: Runs, path: Path, beta: float = 0.99) -> Pa
     panels = [(None, "global")] + [
         (b["bin"], f"bin {b['bin']} (t={b['timesteps'][0]}–{b['timesteps'][1]})") for b in result["bins"]
     ]
-    traces = [[gns_view.b_simple_trace(runs, row, k, beta) for _, row in picks] for k, _ in panels]
+    traces = [[gns_view.b_simple_trace(runs, row, k, window) for _, row in picks] for k, _ in panels]
     keep = [i for i, tr in enumerate(traces) if any(x is not None for x in tr)]
     if not keep:
         return None
@@ -170,7 +170,7 @@ def gns_training(result: dict, runs: Runs, path: Path, beta: float = 0.99) -> Pa
     return path
 
 
-def make_all(result: dict, runs: Runs, out: Path, gns_beta: float = 0.99) -> list[Path]:
+def make_all(result: dict, runs: Runs, out: Path, gns_window: int | None = None) -> list[Path]:
     """Write every plot that the result has data for; return the paths."""
     paths = [
         steps_vs_examples(result, out / "steps_vs_examples.png"),
@@ -179,5 +179,5 @@ def make_all(result: dict, runs: Runs, out: Path, gns_beta: float = 0.99) -> lis
     ]
     if result["bins"]:
         paths.append(bins(result, out / "bins.png"))
-    g = gns_training(result, runs, out / "gns_training.png", gns_beta)
+    g = gns_training(result, runs, out / "gns_training.png", gns_window)
     return paths + ([g] if g is not None else [])

@@ -133,7 +133,7 @@ def analyze(
     level: float = 0.9,
     n_targets: int = 8,
     num_timesteps: int = 1000,
-    gns_beta: float = 0.99,
+    gns_window: int | None = None,
     plots: bool = True,
 ) -> dict:
     """Analyse a sweep; with ``out_dir`` write ``bcrit.json``, the PNG plots and ``report.md`` there.
@@ -145,7 +145,7 @@ def analyze(
     notes: list[str] = []
     kw = dict(bootstrap=bootstrap, seed=seed, level=level, n_targets=n_targets)
     result: dict = {"metric": metric, "targets": analyze_metric(runs, metric, targets, **kw)}
-    gns_view.attach_b_simple(runs, result["targets"], None, gns_beta)
+    gns_view.attach_b_simple(runs, result["targets"], None, gns_window)
     ks = gns_view.bins_in(runs, m.EVAL_LOSS + "/")
     ranges = timestep_bins(max(ks) + 1, num_timesteps) if ks else []
     result["bins"] = []
@@ -155,7 +155,7 @@ def analyze(
         except pareto.TooFewBatchSizesError as e:
             notes.append(f"bin {k}: {e}")
             continue
-        gns_view.attach_b_simple(runs, tg, k, gns_beta)
+        gns_view.attach_b_simple(runs, tg, k, gns_window)
         result["bins"].append({"bin": k, "timesteps": list(ranges[k]), "targets": tg})
     result["excluded"] = excluded_counts(runs)
     result["n_trials"] = len(runs.trial_ids)
@@ -163,11 +163,11 @@ def analyze(
     result["source"] = runs.source
     result["notes"] = notes
     if out_dir is not None:
-        write_outputs(result, runs, Path(out_dir), plots=plots, gns_beta=gns_beta)
+        write_outputs(result, runs, Path(out_dir), plots=plots, gns_window=gns_window)
     return result
 
 
-def write_outputs(result: dict, runs: Runs, out: Path, plots: bool = True, gns_beta: float = 0.99) -> list[Path]:
+def write_outputs(result: dict, runs: Runs, out: Path, plots: bool = True, gns_window: int | None = None) -> list[Path]:
     """Write ``bcrit.json``, the plots (optional) and ``report.md``; return the written paths."""
     out.mkdir(parents=True, exist_ok=True)
     paths = [out / JSON_FILE]
@@ -176,7 +176,7 @@ def write_outputs(result: dict, runs: Runs, out: Path, plots: bool = True, gns_b
     if plots:
         from analysis import plots as pl
 
-        pngs = pl.make_all(result, runs, out, gns_beta=gns_beta)
+        pngs = pl.make_all(result, runs, out, gns_window=gns_window)
     (out / REPORT_FILE).write_text(render_markdown(result, [p.name for p in pngs]))
     return [*paths, *pngs, out / REPORT_FILE]
 

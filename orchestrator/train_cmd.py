@@ -8,6 +8,17 @@ from analysis import metrics as M
 from orchestrator.overrides import UserError, apply_overrides, load_yaml
 
 
+def _b_simple(last: dict, k: int | None = None) -> str:
+    """``B_simple x ± se`` of the latest window (global or bin ``k``), plus how often it was undefined."""
+    names = M.gns_names(k)
+    out = ""
+    if names["b_simple"] in last and names["b_simple_se"] in last:
+        out = f"  B_simple {last[names['b_simple']]:.3g} ± {last[names['b_simple_se']]:.2g}"
+    if last.get(names["b_simple_undefined"]):
+        out += f"  (undefined at {last[names['b_simple_undefined']]:.0f} updates)"
+    return out
+
+
 def format_summary(summary: dict, num_bins: int) -> str:
     last = summary.get("last", {})
     lines = [
@@ -19,17 +30,15 @@ def format_summary(summary: dict, num_bins: int) -> str:
         f"({summary[M.EXAMPLES] / max(summary['train_seconds'], 1e-9):.0f} examples/s)",
         f"loss   train {last.get(M.TRAIN_LOSS, float('nan')):.4f}  eval {last.get(M.EVAL_LOSS, float('nan')):.4f}",
         f"gns    global: {summary['gns_global']}"
-        + (f"  B_simple {last[M.GNS_B_SIMPLE]:.1f}" if M.GNS_B_SIMPLE in last else ""),
+        + _b_simple(last)
+        + (f"  (window {summary['gns_window']} steps)" if "gns_window" in summary else ""),
         "eval loss per timestep bin:",
     ]
     from analysis.bins import timestep_bins
 
     for k, (lo, hi) in enumerate(timestep_bins(num_bins)):
         v = last.get(M.per_bin(M.EVAL_LOSS_BIN, k), float("nan"))
-        extra = ""
-        if M.per_bin(M.GNS_BIN_B_SIMPLE, k) in last:
-            extra = f"   B_simple {last[M.per_bin(M.GNS_BIN_B_SIMPLE, k)]:.1f}"
-        lines.append(f"  bin {k:2d}  t {lo:3d}..{hi:3d}   {v:.4f}{extra}")
+        lines.append(f"  bin {k:2d}  t {lo:3d}..{hi:3d}   {v:.4f}{_b_simple(last, k)}")
     return "\n".join(lines)
 
 

@@ -10,6 +10,8 @@ from typing import Any
 
 from trainables.presets import PRESETS
 
+RETIRED_KEYS = ("gns_ema_beta",)  # keys older checkpoints may hold (gns_ema_beta: replaced by gns_window)
+
 
 class ConfigError(ValueError):
     """A user mistake in a trial configuration; the message is one line that names the problem and the fix."""
@@ -48,7 +50,7 @@ class TrialConfig:
     timestep_bins: int = 10  # K equal bins partitioning 0..999
     # --- gradient noise scale -----------------------------------------------------------------------------
     gns: bool = True  # global GNS every step (needs num_workers * grad_accum >= 2)
-    gns_ema_beta: float = 0.95  # smoothing of the live B_simple (numerator and denominator separately)
+    gns_window: int = 0  # live B_simple averages the last N steps (global and per bin); 0 = auto, see gns_steps
     gns_every: int = 300  # per-bin GNS cadence in steps (0 = off); one pass ~13 steps of B=32 (K=10): ~4.3%
     gns_bin_examples: int = 32  # examples per bin per measurement (split in two halves); 0 = micro_batch_size
     # --- reporting and checkpoints ------------------------------------------------------------------------
@@ -78,17 +80,32 @@ class TrialConfig:
         return self.report_every or self.eval_every
 
     @property
+    def gns_steps(self) -> int:
+        """The B_simple window in optimizer steps: ``gns_window``, or (0 = auto) 100 steps, raised to 4 per-bin
+        measurements (``4 x gns_every``) when per-bin GNS measures within ``max_steps``."""
+        if self.gns_window:
+            return self.gns_window
+        per_bin_on = 0 < self.gns_every <= self.max_steps
+        return max(100, 4 * self.gns_every) if per_bin_on else 100
+
+    @property
     def bin_examples(self) -> int:
         return self.gns_bin_examples or self.micro_batch_size
 
     def to_dict(self) -> dict[str, Any]:
         d = dataclasses.asdict(self)
         d["grad_accum"] = self.accum
+        d["gns_window"] = self.gns_steps
         return d
 
     @classmethod
     def from_dict(cls, data: dict[str, Any]) -> TrialConfig:
         return config_from_dict(cls, data)
+
+    @classmethod
+    def from_saved(cls, data: dict[str, Any]) -> TrialConfig:
+        """A config saved in a checkpoint, possibly by an older version: retired keys are dropped."""
+        return config_from_dict(cls, {k: v for k, v in data.items() if k not in RETIRED_KEYS})
 
     def replace(self, **changes: Any) -> TrialConfig:
         return TrialConfig.from_dict({**self.to_dict(), **changes})
@@ -99,6 +116,8 @@ def config_from_dict(cls, data: dict[str, Any], what: str = "config"):
     fields' types, each mistake one `ConfigError` line."""
     types = {f.name: str(f.type) for f in fields(cls)}
     unknown = sorted(set(data) - set(types))
+    if "gns_ema_beta" in unknown and "gns_window" in types:
+        raise ConfigError("gns_ema_beta was replaced by gns_window: B_simple now averages the last N steps; drop it")
     if unknown:
         raise ConfigError(f"unknown {what} key(s) {unknown}; valid keys: {sorted(set(types) - {'extra'})}")
     return cls(**{k: _coerce(k, types[k], v) for k, v in data.items()})
@@ -162,8 +181,13 @@ def validate(c: TrialConfig) -> None:
         raise ConfigError(f"ema_decay must be in [0, 1), got {c.ema_decay}")
     if not 0 <= c.class_dropout < 1:
         raise ConfigError(f"class_dropout must be in [0, 1), got {c.class_dropout}")
-    if not 0 < c.gns_ema_beta < 1:
-        raise ConfigError(f"gns_ema_beta must be in (0, 1), got {c.gns_ema_beta}")
+    if c.gns_window < 0:
+        raise ConfigError(f"gns_window must be >= 0 steps (0 = auto), got {c.gns_window}")
+    if c.gns_window and 0 < c.gns_every <= c.max_steps and c.gns_window < 2 * c.gns_every:
+        raise ConfigError(
+            f"gns_window {c.gns_window} steps holds fewer than 2 per-bin GNS measurements (gns_every "
+            f"{c.gns_every}), too few for a standard error; set gns_window >= {2 * c.gns_every} (or 0 = auto)"
+        )
     if c.divergence_factor <= 1:
         raise ConfigError(f"divergence_factor must be > 1, got {c.divergence_factor}")
     if not 1 <= c.timestep_bins <= 1000:

@@ -20,16 +20,14 @@ No global RNG is touched, so training with the measurement on and off is bit-ide
 
 from __future__ import annotations
 
-import math
 from collections.abc import Callable, Mapping, Sequence
 from contextlib import AbstractContextManager
 from typing import Any
 
 import torch
 
-from analysis import metrics as M
 from analysis.bins import timestep_bins
-from analysis.gns import GNSEma, g2_unbiased, trace_unbiased
+from analysis.gns import GNSWindow, live_metrics
 from trainables.diffusion import NUM_TIMESTEPS, per_example_loss
 from trainables.gns_stats import sq_norm
 from trainables.randomness import STREAM_GNS, mix
@@ -105,9 +103,11 @@ def sub_batch_sq_norms(
 
 
 class BinGNS:
-    """Per-bin ``|G_b|^2, |G_B|^2, b, B``, unbiased ``|G_k|^2``, ``tr(Sigma_k)`` and smoothed ``B_simple,k``.
+    """Per-bin ``|G_b|^2, |G_B|^2, b, B``, unbiased ``|G_k|^2``, ``tr(Sigma_k)`` and ``B_simple,k ± SE``.
 
-    One ``GNSEma`` per bin smooths numerator and denominator separately (McCandlish et al. 2018, App. A.1).
+    One ``GNSWindow`` per bin averages numerator and denominator separately over the measurements of the last
+    ``cfg.gns_steps`` optimizer steps -- the global value's window in steps, not in measurements
+    (McCandlish et al. 2018, App. A.1; ``analysis.gns.GNSWindow``).
     Bin ``k`` is measured by rank ``k mod W``; works for any ``W`` and ``A`` (``A`` plays no part).
     """
 
@@ -129,7 +129,7 @@ class BinGNS:
         if self.n < 2 or self.n % 2:
             raise ValueError(f"per-bin GNS needs an even number >= 2 of examples per bin, got {self.n}")
         self.params = [p for p in model.parameters() if p.requires_grad]
-        self.emas = [GNSEma(beta=cfg.gns_ema_beta) for _ in self.bins]
+        self.windows = [GNSWindow(cfg.gns_steps) for _ in self.bins]
 
     @property
     def my_bins(self) -> range:
@@ -157,28 +157,21 @@ class BinGNS:
             torch.distributed.all_reduce(stats)  # each row is non-zero on exactly one rank
         out: dict[str, float] = {}
         for k, (g2_small, g2_big, b, B) in enumerate(stats.cpu().tolist()):
-            out[M.per_bin(M.GNS_BIN_G2_SMALL, k)] = g2_small
-            out[M.per_bin(M.GNS_BIN_G2_BIG, k)] = g2_big
-            out[M.per_bin(M.GNS_BIN_B_SMALL, k)] = b
-            out[M.per_bin(M.GNS_BIN_B_BIG, k)] = B
-            out[M.per_bin(M.GNS_BIN_G2, k)] = float(g2_unbiased(g2_small, g2_big, b, B))
-            out[M.per_bin(M.GNS_BIN_TRACE, k)] = float(trace_unbiased(g2_small, g2_big, b, B))
-            finite = math.isfinite(g2_small) and math.isfinite(g2_big)
-            # a non-finite measurement (diverging weights) is logged raw but kept out of the smoothing
-            b_simple = self.emas[k].update(g2_small, g2_big, b, B) if finite else math.nan
-            out[M.per_bin(M.GNS_BIN_B_SIMPLE, k)] = b_simple
+            # a non-finite measurement (diverging weights) is logged raw but kept out of the window
+            out.update(live_metrics(self.windows[k], step, g2_small, g2_big, b, B, k))
         return out
 
     def state_dict(self) -> dict[str, Any]:
-        """Plain-python state (the per-bin EMAs) for checkpoints."""
-        return {"num_bins": len(self.bins), "emas": [e.state_dict() for e in self.emas]}
+        """Plain-python state (the per-bin windows) for checkpoints."""
+        return {"num_bins": len(self.bins), "windows": [w.state_dict() for w in self.windows]}
 
     def load_state_dict(self, state: Mapping[str, Any] | None) -> None:
-        """Restore from ``state_dict()``; ``None`` (a checkpoint written with per-bin GNS off) starts fresh EMAs.
-        Raises ValueError when the bin count differs."""
+        """Restore from ``state_dict()``; ``None`` (a checkpoint written with per-bin GNS off) starts empty windows,
+        as does a checkpoint from before the window rule (``"emas"``). Raises ValueError when the bin count differs."""
         if state is None:
             return
-        if int(state.get("num_bins", -1)) != len(self.bins) or len(state.get("emas", ())) != len(self.bins):
+        saved = state.get("windows", state.get("emas", ()))
+        if int(state.get("num_bins", -1)) != len(self.bins) or len(saved) != len(self.bins):
             raise ValueError(f"per-bin GNS state has {state.get('num_bins')} bins, this trial {len(self.bins)}")
-        for ema, s in zip(self.emas, state["emas"], strict=True):
-            ema.load_state_dict(s)
+        for window, s in zip(self.windows, saved, strict=True):
+            window.load_state_dict(s)

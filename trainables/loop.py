@@ -20,7 +20,7 @@ from typing import Protocol
 import torch
 
 from analysis import metrics as M
-from analysis.gns import GNSEma, g2_unbiased, trace_unbiased
+from analysis.gns import GNSWindow, live_metrics
 from trainables import checkpoint
 from trainables.config import TrialConfig
 from trainables.data import load_dataset
@@ -79,7 +79,7 @@ def train_loop(cfg: TrialConfig, session: Session) -> dict:
 
     lr_sched = get_constant_schedule_with_warmup(opt, num_warmup_steps=cfg.warmup_steps)
     ema = EMAModel(model.parameters(), decay=cfg.ema_decay) if cfg.ema_decay else None
-    gns_ema = GNSEma(beta=cfg.gns_ema_beta)
+    gns_ema = GNSWindow(cfg.gns_steps)  # the global B_simple's window (name kept: checkpoint key "gns_ema")
     scheduler = make_scheduler()
     autocast = _autocast(cfg, device)
     evaluator = HeldOutEval(data, cfg.eval_repeats, cfg.timestep_bins, rank, world, device)
@@ -200,13 +200,7 @@ def train_loop(cfg: TrialConfig, session: Session) -> dict:
         record(M.LR, lr)
         record(M.GRAD_NORM, s.g2_big**0.5)
         if s.g2_small is not None and s.finite:  # a non-finite step ends the trial as diverged below
-            record(M.GNS_G2_SMALL, s.g2_small)
-            record(M.GNS_G2_BIG, s.g2_big)
-            record(M.GNS_B_SMALL, s.b_small)
-            record(M.GNS_B_BIG, s.b_big)
-            record(M.GNS_G2, g2_unbiased(s.g2_small, s.g2_big, s.b_small, s.b_big))
-            record(M.GNS_TRACE, trace_unbiased(s.g2_small, s.g2_big, s.b_small, s.b_big))
-            record(M.GNS_B_SIMPLE, gns_ema.update(s.g2_small, s.g2_big, s.b_small, s.b_big))
+            bin_values = {**live_metrics(gns_ema, step, s.g2_small, s.g2_big, s.b_small, s.b_big), **bin_values}
         for name, value in bin_values.items():
             record(name, value)
         if s.finite:
@@ -229,6 +223,7 @@ def train_loop(cfg: TrialConfig, session: Session) -> dict:
         "num_workers": cfg.num_workers,
         "train_seconds": train_seconds,
         "startup_seconds": startup_seconds,
+        "gns_window": cfg.gns_steps,
         "gns_global": "on"
         if cfg.gns and global_gns_available(world, cfg.accum)
         else (GNS_UNAVAILABLE if cfg.gns else "off"),

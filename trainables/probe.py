@@ -26,8 +26,9 @@ from trainables.diffusion import NUM_TIMESTEPS, make_scheduler
 from trainables.gns_bins import draw_examples, sub_batch_sq_norms
 from trainables.randomness import STREAM_GNS, mix
 
-__all__ = ["ProbeError", "ProbeRow", "format_table", "load_model", "probe"]
+__all__ = ["DEFAULT_REPS", "ProbeError", "ProbeRow", "format_table", "load_model", "probe", "probe_draws", "probe_row"]
 
+DEFAULT_REPS = 16  # repetitions per bin; see benchmarks/RESULTS.md (probe SE honesty)
 PROBE_TAG = 0x9E0BE  # keeps probe draws apart from the in-trial measurement keys (seed, STREAM_GNS, step, k)
 
 
@@ -76,7 +77,7 @@ def load_model(checkpoint: str, ema: bool = False, device: torch.device | None =
         raise ProbeError(f"{checkpoint} is not a bcrit trial checkpoint directory (no {STATE_FILE})")
     try:
         state = torch.load(path, map_location="cpu", weights_only=False)  # not checkpoint.load: no RNG restore
-        cfg = TrialConfig.from_dict(state["config"])
+        cfg = TrialConfig.from_saved(state["config"])
         info = state["dataset_info"]
         weights, step = state["model"], int(state["step"])
     except ConfigError as e:
@@ -104,13 +105,58 @@ def load_model(checkpoint: str, ema: bool = False, device: torch.device | None =
     return cfg, model, data, step
 
 
+def probe_draws(
+    checkpoint: str,
+    *,
+    bins: int | None = None,
+    b: int = 16,
+    B: int = 64,
+    reps: int = DEFAULT_REPS,
+    ema: bool = False,
+    seed: int = 0,
+    device: str | None = None,
+) -> tuple[int, list[tuple[int | None, int, int, list[float], list[float]]]]:
+    """The probe's raw repetitions: ``(step, [(bin or None, lo, hi, g2 draws, trace draws), ...])``, global last.
+
+    Repetition ``r`` of bin ``k`` is keyed by ``(seed, r, k)``, so the first ``R`` repetitions of a call with
+    ``reps >= R`` are exactly those of a call with ``reps = R`` (``benchmarks/bench_probe_se.py`` relies on it).
+    """
+    _check_args(bins, b, B, reps)
+    dev = torch.device(device or ("cuda" if torch.cuda.is_available() else "cpu"))
+    cfg, model, data, step = load_model(checkpoint, ema, dev)
+    num_bins = bins or cfg.timestep_bins
+    sched = make_scheduler()
+    params = [p for p in model.parameters() if p.requires_grad]
+    ranges = [(k, lo, hi) for k, (lo, hi) in enumerate(timestep_bins(num_bins, NUM_TIMESTEPS))]
+    ranges.append((None, 0, NUM_TIMESTEPS - 1))  # the global row: the full training distribution
+    out = []
+    for k, lo, hi in ranges:
+        key_k = num_bins if k is None else k
+        g2s, traces = [], []
+        for r in range(reps):
+            batch = draw_examples(data, mix(seed, STREAM_GNS, PROBE_TAG, r, key_k), B, lo, hi, cfg.class_dropout)
+            small, big = sub_batch_sq_norms(model, params, sched, batch, b, dev)
+            g2s.append(float(g2_unbiased(small, big, b, B)))
+            traces.append(float(trace_unbiased(small, big, b, B)))
+        out.append((k, lo, hi, g2s, traces))
+    return step, out
+
+
+def probe_row(k: int | None, lo: int, hi: int, g2s: list[float], traces: list[float]) -> ProbeRow:
+    """Means and SEs of one bin's repetitions (every draw kept, negative ``|G|^2`` ones included)."""
+    g2, g2_se = mean_with_se(g2s)
+    tr, tr_se = mean_with_se(traces)
+    bs, bs_se = b_simple_with_se(g2s, traces)
+    return ProbeRow(k, (lo, hi), g2, g2_se, tr, tr_se, bs, bs_se)
+
+
 def probe(
     checkpoint: str,
     *,
     bins: int | None = None,
     b: int = 16,
     B: int = 64,
-    reps: int = 16,
+    reps: int = DEFAULT_REPS,
     ema: bool = False,
     seed: int = 0,
     device: str | None = None,
@@ -121,36 +167,16 @@ def probe(
     examples, each -> ``(|G_b|^2, |G_B|^2)`` -> unbiased ``|G|^2``, ``tr(Sigma)``; 4. means, SEs, B_simple.
     ``per_example_gradients`` counts each example once per gradient it enters: ``B`` per repetition.
     """
-    _check_args(bins, b, B, reps)
-    dev = torch.device(device or ("cuda" if torch.cuda.is_available() else "cpu"))
-    cfg, model, data, step = load_model(checkpoint, ema, dev)
-    num_bins = bins or cfg.timestep_bins
-    sched = make_scheduler()
-    params = [p for p in model.parameters() if p.requires_grad]
-    ranges = [(k, lo, hi) for k, (lo, hi) in enumerate(timestep_bins(num_bins, NUM_TIMESTEPS))]
-    ranges.append((None, 0, NUM_TIMESTEPS - 1))  # the global row: the full training distribution
     t0 = time.perf_counter()
-    rows, spent = [], 0
-    for k, lo, hi in ranges:
-        key_k = num_bins if k is None else k
-        g2s, traces = [], []
-        for r in range(reps):
-            batch = draw_examples(data, mix(seed, STREAM_GNS, PROBE_TAG, r, key_k), B, lo, hi, cfg.class_dropout)
-            small, big = sub_batch_sq_norms(model, params, sched, batch, b, dev)
-            spent += B
-            g2s.append(float(g2_unbiased(small, big, b, B)))
-            traces.append(float(trace_unbiased(small, big, b, B)))
-        g2, g2_se = mean_with_se(g2s)  # every draw kept, negative ones included
-        tr, tr_se = mean_with_se(traces)
-        bs, bs_se = b_simple_with_se(g2s, traces)
-        rows.append(ProbeRow(k, (lo, hi), g2, g2_se, tr, tr_se, bs, bs_se))
+    step, draws = probe_draws(checkpoint, bins=bins, b=b, B=B, reps=reps, ema=ema, seed=seed, device=device)
+    rows = [probe_row(*d) for d in draws]
     seconds = time.perf_counter() - t0
     return {
         "checkpoint": str(checkpoint),
         "step": step,
         "bins": [row.to_json() for row in rows[:-1]],
         "global": rows[-1].to_json(),
-        "per_example_gradients": spent,
+        "per_example_gradients": len(draws) * reps * B,
         "seconds": seconds,
     }
 

@@ -12,17 +12,31 @@ import math
 
 import numpy as np
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from analysis.gns import (
-    GNSEma,
+    GNSWindow,
     b_simple,
     b_simple_with_se,
-    ema_b_simple,
     from_subbatch_grads,
     g2_unbiased,
+    live_metrics,
     mean_with_se,
     trace_unbiased,
-    windowed_b_simple,
+    window_b_simple,
+    window_estimate,
+)
+from analysis.metrics import (
+    GNS_B_BIG,
+    GNS_B_SIMPLE,
+    GNS_B_SIMPLE_SE,
+    GNS_B_SMALL,
+    GNS_G2,
+    GNS_G2_BIG,
+    GNS_G2_SMALL,
+    GNS_TRACE,
+    gns_names,
 )
 
 # --------------------------------------------------------------------------------------------------------
@@ -138,14 +152,18 @@ def test_unbiased_per_bin() -> None:
     """A population split into bins with different means and covariances (heavy-tailed noise): each
     bin's estimates are unbiased for that bin's own |G_k|^2 and tr(Sigma_k)."""
     rng = np.random.default_rng(11)
-    n, noise_var = 300, np.array([0.25, 1.0, 2.5])  # per-bin noise; |mean| = 1 in every bin
+    n, noise_var = 300, np.array([0.25, 1.0, 2.5])  # per-bin noise variance per coordinate; |mean| = 1 in every bin
     bin_of = np.repeat(np.arange(3), n // 3)  # (n,): bin label of each example
     means = rng.normal(size=(3, P))
     means /= np.linalg.norm(means, axis=1, keepdims=True)
-    grads = means[bin_of] + np.sqrt(noise_var[bin_of])[:, None] * rng.standard_t(5, size=(n, P))  # (n, P)
+    noise = rng.standard_t(5, size=(n, P))  # heavy-tailed, then centred and scaled per bin so that, whatever the
+    for k in range(3):  # seed, bin k's population has |G_k|^2 = 1 and tr(Sigma_k) = noise_var[k] P exactly
+        z = noise[bin_of == k] - noise[bin_of == k].mean(axis=0)
+        noise[bin_of == k] = z * math.sqrt(noise_var[k] * P / np.mean(np.sum(z * z, axis=1)))
+    grads = means[bin_of] + noise  # (n, P)
 
     b_simples = [_truth(grads[bin_of == k])[1] / _truth(grads[bin_of == k])[0] for k in range(3)]
-    assert max(b_simples) > 5 * min(b_simples)  # the bins really differ
+    np.testing.assert_allclose(b_simples, noise_var * P, rtol=1e-9)  # the bins differ 10x by construction
     for k, b in enumerate([16, 16, 32]):  # the noisiest bin measured with a bigger b, as one would
         _assert_unbiased(grads[bin_of == k], rng, b=b)
 
@@ -281,93 +299,190 @@ def test_b_simple_with_se_delta_method() -> None:
 
 
 # --------------------------------------------------------------------------------------------------------
-# smoothing: EMA and windowed means
+# the smoothing rule: a window of the last N optimizer steps (GNSWindow, window_b_simple, live_metrics)
 # --------------------------------------------------------------------------------------------------------
 
 
-def _series(n: int, seed: int = 0) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
-    rng = np.random.default_rng(seed)
-    b = rng.choice([4, 8, 16], size=n)
-    B = b * rng.choice([2, 4], size=n)
-    g2, tr = 1.0 + 0.3 * rng.normal(size=n), 20.0 + 5 * rng.normal(size=n)
-    g2_small = g2 + tr / b + 0.5 * rng.normal(size=n)
-    g2_big = g2 + tr / B + 0.2 * rng.normal(size=n)
-    return g2_small, g2_big, b, B
+def _gaussian_stream(
+    rng: np.random.Generator, g2_true: np.ndarray, trace: float, b: int, m: int, dim: int
+) -> tuple[np.ndarray, np.ndarray]:
+    """Exact two-batch draws: per entry, ``m`` small-batch means ``G + N(0, Sigma/b)`` in ``dim`` dimensions
+    with ``Sigma = trace/dim I`` and ``|G|^2 = g2_true[i]``; returns ``(|G_b|^2, |G_B|^2)`` series, B = m b."""
+    n = g2_true.size
+    direction = np.zeros(dim)
+    direction[0] = 1.0
+    g = np.sqrt(g2_true)[:, None, None] * direction  # (n, 1, dim)
+    small = g + rng.normal(size=(n, m, dim)) * math.sqrt(trace / dim / b)  # (n, m, dim)
+    big = small.mean(axis=1)  # (n, dim)
+    return np.einsum("nmd,nmd->n", small, small) / m, np.einsum("nd,nd->n", big, big)
 
 
-def test_ema_first_update_is_first_ratio() -> None:
-    ema = GNSEma(beta=0.99)
-    assert math.isnan(ema.b_simple) and math.isnan(ema.g2) and math.isnan(ema.trace)
-    out = ema.update(5.0, 3.0, 2, 8)
-    assert out == trace_unbiased(5.0, 3.0, 2, 8) / g2_unbiased(5.0, 3.0, 2, 8)
-    assert ema.g2 == g2_unbiased(5.0, 3.0, 2, 8)
-    assert ema.trace == trace_unbiased(5.0, 3.0, 2, 8)
+def _transient(steps: np.ndarray) -> np.ndarray:
+    """|G|^2 that starts 1000x above its settled value 1 and decays (by step 60 to within 0.6%)."""
+    return 1.0 + 999.0 * np.exp(-steps / 5.0)
 
 
-def test_ema_matches_zero_started_bias_corrected_ema() -> None:
-    """Numerator and denominator smoothed separately, each an Adam-style bias-corrected EMA."""
-    beta = 0.9
-    g2_small, g2_big, b, B = _series(30)
-    ema, raw_g2, raw_tr = GNSEma(beta), 0.0, 0.0
-    for n in range(30):
-        out = ema.update(g2_small[n], g2_big[n], b[n], B[n])
-        raw_g2 = beta * raw_g2 + (1 - beta) * g2_unbiased(g2_small[n], g2_big[n], b[n], B[n])
-        raw_tr = beta * raw_tr + (1 - beta) * trace_unbiased(g2_small[n], g2_big[n], b[n], B[n])
-        c = 1 - beta ** (n + 1)
-        assert ema.g2 == pytest.approx(raw_g2 / c, rel=1e-12)
-        assert ema.trace == pytest.approx(raw_tr / c, rel=1e-12)
-        assert out == pytest.approx((raw_tr / c) / (raw_g2 / c), rel=1e-12)
+SETTLED, WINDOW = 60, 50  # the stream has settled by step 60; the time constant is 50 steps
 
 
-def test_ema_state_dict_round_trip() -> None:
-    g2_small, g2_big, b, B = _series(40, seed=1)
-    a = GNSEma(beta=0.95)
+def test_window_estimate_closed_form() -> None:
+    g = np.array([1.0, 2.0, -0.5, 1.5])
+    t = np.array([10.0, 14.0, 9.0, 12.0])
+    est = window_estimate(g, t)
+    assert est.ok and est.n == 4
+    assert est.value == pytest.approx(t.mean() / g.mean(), rel=1e-15)
+    c = np.cov(t, g)
+    r = est.value
+    assert est.se == pytest.approx(math.sqrt((c[0, 0] - 2 * r * c[0, 1] + r * r * c[1, 1]) / (4 * g.mean() ** 2)))
+    assert window_estimate([1.0], [3.0]).state == "warming"  # one measurement: no spread, no SE
+    assert window_estimate([], []).state == "warming"
+    for bad_g, bad_t in [([-1.0, 0.5], [1.0, 1.0]), ([0.0, 0.0], [1.0, 1.0]), ([1.0, 1.0], [-3.0, 1.0])]:
+        est = window_estimate(bad_g, bad_t)  # mean |G|^2 <= 0, or mean tr < 0: no possible ratio
+        assert est.state == "undefined" and math.isnan(est.value) and math.isnan(est.se)
+    assert window_estimate([1.0, np.inf], [1.0, 1.0]).state == "undefined"
+
+
+def test_window_holds_the_last_n_steps() -> None:
+    """Brute force: after each update the estimate is that of the measurements at steps in (s - N, s]."""
+    rng = np.random.default_rng(0)
+    steps = np.cumsum(rng.integers(1, 4, size=60))  # irregular gaps, as after skipped steps
+    g2_small, g2_big = _gaussian_stream(rng, np.full(60, 1.0), 20.0, 4, 2, 8)
+    w = GNSWindow(window=10)
+    g2, tr = g2_unbiased(g2_small, g2_big, 4, 8), trace_unbiased(g2_small, g2_big, 4, 8)
+    for i, s in enumerate(steps):
+        est = w.update(int(s), g2_small[i], g2_big[i], 4, 8)
+        inside = (steps > s - 10) & (steps <= s)
+        inside[i + 1 :] = False
+        ref = window_estimate(g2[inside], tr[inside])
+        assert est.n == inside.sum() and est.state == ref.state
+        if ref.ok:
+            assert est.value == pytest.approx(np.mean(tr[inside]) / np.mean(g2[inside]), rel=1e-12)
+            assert est.se == pytest.approx(ref.se, rel=1e-12)
+    with pytest.raises(ValueError):
+        w.update(int(steps[-1]), 1.0, 0.5, 4, 8)  # steps must increase
+    with pytest.raises(ValueError):
+        GNSWindow(window=0)
+
+
+def test_window_series_equals_live_updates() -> None:
+    rng = np.random.default_rng(1)
+    steps = np.arange(5, 505, 5)  # a per-bin cadence: every 5 steps
+    g2_small, g2_big = _gaussian_stream(rng, _transient(steps.astype(float)), 30.0, 8, 2, 16)
+    value, se = window_b_simple(steps, g2_small, g2_big, 8, 16, window=WINDOW)
+    w = GNSWindow(WINDOW)
+    live = [w.update(int(s), g2_small[i], g2_big[i], 8, 16) for i, s in enumerate(steps)]
+    np.testing.assert_allclose(value, [e.value for e in live], rtol=1e-12)
+    np.testing.assert_allclose(se, [e.se for e in live], rtol=1e-12)
+    with pytest.raises(ValueError):
+        window_b_simple(steps[::-1], g2_small, g2_big, 8, 16, window=WINDOW)
+
+
+def test_live_value_tracks_the_settled_truth_after_one_time_constant() -> None:
+    """|G|^2 decays 1000x and settles (truth B_simple = 100); one window (50 steps) after it settled, the global
+    value (every step) is within 10% of the truth at every step, and so is a bin measured every 5 steps: the
+    window is in steps, not measurements. (A bias-corrected EMA of the same time constant is still ~2x off.)"""
+    rng = np.random.default_rng(2)
+    truth = 100.0
+    steps = np.arange(1, 401)
+    g2_small, g2_big = _gaussian_stream(rng, _transient(steps.astype(float)), truth, 16, 4, 4000)
+    w = GNSWindow(WINDOW)
+    live = np.array([w.update(int(s), g2_small[i], g2_big[i], 16, 64).value for i, s in enumerate(steps)])
+    after = steps >= SETTLED + WINDOW
+    assert np.all(np.abs(live[after] / truth - 1.0) < 0.10), np.max(np.abs(live[after] / truth - 1.0))
+    assert live[SETTLED - 1] < 0.5 * truth  # while the transient is in the window the value is (rightly) off
+
+    every = 5  # per bin: one measurement every 5 steps, smaller batches (b = 8, B = 16), so more noise per draw
+    bin_steps = steps[every - 1 :: every]
+    small_k, big_k = _gaussian_stream(rng, _transient(bin_steps.astype(float)), truth, 8, 2, 40_000)
+    wk = GNSWindow(WINDOW)
+    bin_live = np.array([wk.update(int(s), small_k[i], big_k[i], 8, 16).value for i, s in enumerate(bin_steps)])
+    after = bin_steps >= SETTLED + WINDOW
+    assert np.all(np.abs(bin_live[after] / truth - 1.0) < 0.10), np.max(np.abs(bin_live[after] / truth - 1.0))
+
+
+@pytest.mark.parametrize(("n", "truth", "dim", "cover_lo"), [(50, 100.0, 10, 0.92), (10, 40.0, 6, 0.88)])
+def test_window_se_is_honest(n: int, truth: float, dim: int, cover_lo: float) -> None:
+    """Coverage on a stationary stream with a known answer: 2000 independent windows of ``n`` measurements
+    (b = 16, B = 64; with n = 50 a hard case where 18% of single-step |G|^2 estimates are negative). The RMS SE
+    matches the spread of the estimates within 15% / 20%, and ±1.96 SE covers the truth 92-98% of the time
+    (n = 10: 88-98%, the SE itself then has 9 degrees of freedom)."""
+    rng = np.random.default_rng(3)
+    reps = 2000
+    g2_small, g2_big = _gaussian_stream(rng, np.full(reps * n, 1.0), truth, 16, 4, dim)
+    g2 = g2_unbiased(g2_small, g2_big, 16, 64).reshape(reps, n)
+    tr = trace_unbiased(g2_small, g2_big, 16, 64).reshape(reps, n)
+    assert np.mean(g2 < 0) > (0.15 if n == 50 else 0.05)  # noisy single-step |G|^2 estimates, often negative
+    ests = [window_estimate(g2[r], tr[r]) for r in range(reps)]
+    ok = np.array([e.ok for e in ests])
+    assert ok.mean() > 0.99
+    value = np.array([e.value for e in ests])[ok]
+    se = np.array([e.se for e in ests])[ok]
+    honesty = math.sqrt(np.mean(se**2)) / np.std(value, ddof=1)
+    assert 0.85 < honesty < (1.15 if n == 50 else 1.2), honesty
+    cover = np.mean(np.abs(value - truth) <= 1.96 * se)
+    assert cover_lo <= cover <= 0.98, cover
+
+
+_stat = st.one_of(
+    st.floats(allow_nan=True, allow_infinity=True),
+    st.floats(min_value=-1e-3, max_value=1e-3),
+    st.sampled_from([0.0, -0.0, 1e308, -1e308, 5e-324]),
+)
+
+
+@settings(max_examples=300, deadline=None)
+@given(
+    rows=st.lists(st.tuples(_stat, _stat, st.integers(1, 8), st.integers(2, 4), st.integers(1, 7)), max_size=40),
+    window=st.integers(1, 30),
+    k=st.sampled_from([None, 0, 3]),
+)
+def test_no_impossible_b_simple_is_ever_logged(rows, window, k) -> None:
+    """Whatever the measurements (negative, zero, tiny, huge, inf, nan; any b < B; any gaps), a logged B_simple
+    is finite and >= 0 and comes with a finite SE >= 0; a window with no possible ratio is counted instead."""
+    names = gns_names(k)
+    w, step, count = GNSWindow(window), 0, 0
+    for g2_small, g2_big, b, m, gap in rows:
+        step += gap
+        out = live_metrics(w, step, g2_small, g2_big, b, b * m, k)
+        assert set(out) <= set(names.values())
+        assert (names["b_simple"] in out) == (names["b_simple_se"] in out)
+        if names["b_simple"] in out:
+            assert math.isfinite(out[names["b_simple"]]) and out[names["b_simple"]] >= 0.0
+            assert math.isfinite(out[names["b_simple_se"]]) and out[names["b_simple_se"]] >= 0.0
+        if names["b_simple_undefined"] in out:
+            count += 1
+            assert out[names["b_simple_undefined"]] == count == w.undefined
+        assert out[names["g2_small"]] == g2_small or math.isnan(g2_small)  # raw values logged as measured
+
+
+def test_live_metrics_names_and_undefined_count() -> None:
+    w = GNSWindow(10)
+    first = live_metrics(w, 1, 5.0, 3.0, 2, 8)
+    assert set(first) == {GNS_G2_SMALL, GNS_G2_BIG, GNS_B_SMALL, GNS_B_BIG, GNS_G2, GNS_TRACE}  # warming
+    out = live_metrics(w, 2, 5.5, 3.2, 2, 8)
+    g = [g2_unbiased(5.0, 3.0, 2, 8), g2_unbiased(5.5, 3.2, 2, 8)]
+    t = [trace_unbiased(5.0, 3.0, 2, 8), trace_unbiased(5.5, 3.2, 2, 8)]
+    assert out[GNS_B_SIMPLE] == pytest.approx(np.mean(t) / np.mean(g), rel=1e-12)
+    assert out[GNS_B_SIMPLE_SE] == pytest.approx(window_estimate(g, t).se, rel=1e-12)
+    w2 = GNSWindow(10)
+    live_metrics(w2, 1, 5.0, 6.0, 2, 8, k=2)  # |G_B|^2 > |G_b|^2: negative tr(Sigma)
+    out = live_metrics(w2, 2, 5.0, 6.0, 2, 8, k=2)
+    assert "gns/bin2/b_simple" not in out and out["gns/bin2/b_simple_undefined"] == 1.0
+
+
+def test_window_state_dict_round_trip() -> None:
+    rng = np.random.default_rng(4)
+    g2_small, g2_big = _gaussian_stream(rng, np.full(40, 1.0), 20.0, 4, 2, 8)
+    a = GNSWindow(window=7)
     for n in range(20):
-        a.update(g2_small[n], g2_big[n], b[n], B[n])
+        a.update(n + 1, g2_small[n], g2_big[n], 4, 8)
     state = json.loads(json.dumps(a.state_dict()))  # plain python: survives JSON
-    assert all(isinstance(v, int | float) for v in a.state_dict().values())
-    c = GNSEma()
+    c = GNSWindow(window=7)
     c.load_state_dict(state)
-    assert c.beta == 0.95
     for n in range(20, 40):
-        assert c.update(g2_small[n], g2_big[n], b[n], B[n]) == a.update(g2_small[n], g2_big[n], b[n], B[n])
+        assert c.update(n + 1, g2_small[n], g2_big[n], 4, 8) == a.update(n + 1, g2_small[n], g2_big[n], 4, 8)
+    old = GNSWindow(window=7)  # a checkpoint from the EMA era: nothing to restore, the window starts empty
+    old.load_state_dict({"beta": 0.95, "steps": 12, "g2": 0.1, "trace": 3.0})
+    assert old.estimate.n == 0
     with pytest.raises(ValueError):
-        GNSEma().load_state_dict({"beta": 0.9})
-
-
-def test_ema_rejects_bad_input() -> None:
-    with pytest.raises(ValueError):
-        GNSEma(beta=1.0)
-    ema = GNSEma()
-    with pytest.raises(ValueError):
-        ema.update(float("inf"), 1.0, 2, 4)
-    with pytest.raises(ValueError):
-        ema.update(1.0, 1.0, 4, 4)
-    assert ema.steps == 0
-
-
-@pytest.mark.parametrize("beta", [0.0, 0.9, 0.99])
-def test_ema_series_equals_step_by_step(beta: float) -> None:
-    g2_small, g2_big, b, B = _series(500, seed=2)
-    ema = GNSEma(beta)
-    stepwise = [ema.update(g2_small[n], g2_big[n], b[n], B[n]) for n in range(500)]
-    np.testing.assert_allclose(ema_b_simple(g2_small, g2_big, b, B, beta=beta), stepwise, rtol=1e-10)
-
-
-def test_windowed_b_simple_brute_force() -> None:
-    g2_small, g2_big, b, B = _series(50, seed=3)
-    window = 7
-    out = windowed_b_simple(g2_small, g2_big, b, B, window)
-    g2 = g2_unbiased(g2_small, g2_big, b, B)
-    tr = trace_unbiased(g2_small, g2_big, b, B)
-    for i in range(50):
-        lo = max(0, i - window + 1)
-        assert out[i] == pytest.approx(np.mean(tr[lo : i + 1]) / np.mean(g2[lo : i + 1]), rel=1e-10)
-    # scalar b, B broadcast over the series; window 1 is the per-step ratio
-    np.testing.assert_allclose(
-        windowed_b_simple(g2_small, g2_big, 4, 64, 1),
-        trace_unbiased(g2_small, g2_big, 4, 64) / g2_unbiased(g2_small, g2_big, 4, 64),
-        rtol=1e-12,
-    )
-    with pytest.raises(ValueError):
-        windowed_b_simple(g2_small, g2_big, b, B, 0)
+        GNSWindow().load_state_dict({"window": 3})

@@ -1,6 +1,14 @@
-"""B_simple beside B_crit: re-smoothing with analysis.gns, reading it off at the crossing step."""
+"""B_simple beside B_crit: offline re-smoothing (the live values' window rule) read off at the crossing step.
+
+Known answers: a noise-free stream (every raw ``|G_b|^2``, ``|G_B|^2`` is its exact expectation) with ``|G|^2 = 4``
+up to step 100 and ``1`` after, ``tr(Sigma) = 40``; global rows every step, bin 0 every 5 steps. With a window of 20
+steps the value at each step is a hand count of 4s and 1s, the same for the global and the per-bin stream, and the
+SE follows from the spread of those 4s and 1s.
+"""
 
 from __future__ import annotations
+
+import math
 
 import numpy as np
 import pytest
@@ -8,7 +16,94 @@ from synth_runs import synth_runs
 
 from analysis import gns
 from analysis import metrics as m
-from analysis.gns_view import GNSTrace, attach_b_simple, b_simple_at, b_simple_trace, bins_in, gns_names
+from analysis.gns_view import (
+    GNSTrace,
+    attach_b_simple,
+    b_simple_at,
+    b_simple_trace,
+    bins_in,
+    gns_names,
+    window_of,
+)
+from analysis.loaders import runs_from_tables
+from analysis.schema import metrics_table, trials_table
+
+TRACE, B_SMALL, B_BIG = 40.0, 16, 64
+
+
+def _g2(step: np.ndarray) -> np.ndarray:
+    return np.where(step <= 100, 4.0, 1.0)
+
+
+def _step_runs(window_column: list | None = None):
+    """Two trials with the known stream (the second one's rows shifted by nothing: same numbers)."""
+    ids = ["a", "b"]
+    trial_cols = {
+        "trial_id": ids,
+        "batch_size": [64, 64],
+        "micro_batch_size": [16, 16],
+        "grad_accum": [4, 4],
+        "num_workers": [1, 1],
+        "lr": [1e-3, 1e-3],
+        "seed": [0, 1],
+        "status": [m.STATUS_BUDGET_SPENT] * 2,
+    }
+    if window_column is not None:
+        trial_cols["gns_window"] = window_column
+    cols: dict[str, list] = {k: [] for k in ("trial_id", "step", "examples", "metric", "value")}
+    for tid in ids:
+        for k, steps in [(None, np.arange(1, 201)), (0, np.arange(5, 201, 5))]:
+            g2 = _g2(steps)
+            vals = [g2 + TRACE / B_SMALL, g2 + TRACE / B_BIG, np.full(steps.size, B_SMALL), np.full(steps.size, B_BIG)]
+            for name, v in zip(gns_names(k), vals, strict=True):
+                cols["trial_id"] += [tid] * steps.size
+                cols["step"] += steps.tolist()
+                cols["examples"] += (64 * steps).tolist()
+                cols["metric"] += [name] * steps.size
+                cols["value"] += np.asarray(v, dtype=float).tolist()
+    return runs_from_tables(trials_table(trial_cols), metrics_table(cols), source="known")
+
+
+def _hand(n4: int, n1: int) -> tuple[float, float]:
+    """B_simple and its delta-method SE for a window of n4 measurements with |G|^2 = 4 and n1 with 1, tr = 40."""
+    n = n4 + n1
+    mean = (4 * n4 + n1) / n
+    var = (n4 * (4 - mean) ** 2 + n1 * (1 - mean) ** 2) / (n - 1)  # tr is constant: only |G|^2 spreads
+    r = TRACE / mean
+    return r, r * math.sqrt(var / n) / mean
+
+
+@pytest.mark.parametrize("k", [None, 0])
+def test_known_answer_global_and_per_bin_share_the_window_in_steps(k) -> None:
+    tr = b_simple_trace(_step_runs(), 0, k, window=20)
+    at = dict(zip(tr.step.tolist(), zip(tr.b_simple.tolist(), tr.se.tolist(), strict=True), strict=True))
+    per = 1 if k is None else 5  # measurements per step
+    # step 105: the window (85, 105] holds 15 steps at |G|^2 = 4 and 5 at 1, i.e. 3 and 1 per-bin measurements
+    for step, (n4, n1) in {105: (15, 5), 110: (10, 10), 120: (0, 20)}.items():
+        value, se = _hand(n4 // per, n1 // per)
+        assert at[step][0] == pytest.approx(value, rel=1e-12)
+        assert at[step][1] == pytest.approx(se, rel=1e-12, abs=1e-12)
+    assert at[110][0] == pytest.approx(16.0) and at[200][0] == pytest.approx(40.0) and at[200][1] == 0.0
+    assert at[100][0] == pytest.approx(10.0)  # a window entirely before the change
+    if k is None:
+        assert math.isnan(at[1][0])  # one measurement: warming, no value
+
+
+def test_the_trials_own_window_is_used() -> None:
+    runs = _step_runs(window_column=[20, 40])
+    assert window_of(runs, 0) == 20 and window_of(runs, 1) == 40
+    assert window_of(_step_runs(), 0) == gns.DEFAULT_WINDOW  # no column: the default
+    assert window_of(_step_runs(window_column=["40", "0"]), 0) == 40  # MLflow params arrive as strings
+    assert window_of(_step_runs(window_column=["40", "0"]), 1) == gns.DEFAULT_WINDOW
+    a = b_simple_trace(runs, 0)
+    b = b_simple_trace(runs, 1)
+    i = int(np.searchsorted(a.step, 120))
+    assert a.b_simple[i] == pytest.approx(40.0)  # (100, 120]: all after the change
+    assert b.b_simple[i] == pytest.approx(_hand(20, 20)[0])  # (80, 120]: half before
+    targets = [{"points": [{"trial_id": t, "steps": 120.0, "batch_size": 64} for t in ("a", "b")]}]
+    attach_b_simple(runs, targets)
+    assert [p["b_simple"] for p in targets[0]["points"]] == pytest.approx([40.0, 16.0])
+    assert targets[0]["b_simple"] == pytest.approx(28.0)  # the median of the two points
 
 
 @pytest.fixture(scope="module")
@@ -21,22 +116,11 @@ def test_names_and_bins(runs):
     assert gns_names(1)[0] == "gns/bin1/g2_small"
     assert bins_in(runs, "gns/") == [0, 1]
     assert bins_in(runs, m.EVAL_LOSS + "/") == [0, 1]
-
-
-def test_trace_is_the_gns_estimator_with_per_step_beta(runs):
-    row = 3
-    tr = b_simple_trace(runs, row, None, beta=0.99)
-    s = [runs.series(n) for n in gns_names()]
-    sel = s[0].trial == row
-    gap = np.median(np.diff(s[0].step[sel]))
-    ref = gns.ema_b_simple(*(x.value[x.trial == row] for x in s), beta=0.99**gap)
-    np.testing.assert_allclose(tr.b_simple, ref, rtol=1e-12)
-    np.testing.assert_array_equal(tr.step, s[0].step[sel])
-    assert b_simple_trace(runs, row, 7) is None  # no such bin
+    assert b_simple_trace(runs, 0, 7) is None  # no such bin
 
 
 def test_b_simple_at_interpolates_and_clamps():
-    tr = GNSTrace(np.array([0, 10, 20]), np.array([1.0, 3.0, np.nan]))
+    tr = GNSTrace(np.array([0, 10, 20]), np.array([1.0, 3.0, np.nan]), np.array([0.1, 0.1, np.nan]))
     assert b_simple_at(tr, 5) == pytest.approx(2.0)
     assert b_simple_at(tr, 50) == pytest.approx(3.0)
     assert np.isnan(b_simple_at(None, 5)) and np.isnan(b_simple_at(tr, np.inf))
@@ -47,8 +131,9 @@ def test_attach_b_simple_recovers_the_synthetic_noise_scale(runs):
     row = len(runs.trial_ids) - 1
     ev = runs.series(m.EVAL_LOSS)
     sel = ev.trial == row
+    gap = int(np.diff(ev.step[sel])[0])
     step = float(np.interp(0.3, ev.value[sel][::-1], ev.step[sel][::-1]))  # the loss falls: reverse for interp
     targets = [{"points": [{"trial_id": runs.trial_ids[row], "steps": step, "batch_size": 1}]}]
-    attach_b_simple(runs, targets, None, beta=0.0)  # no smoothing: the raw two-batch estimate
+    attach_b_simple(runs, targets, None, window=2 * gap)  # two measurements per window: little smoothing
     assert targets[0]["b_simple"] == pytest.approx(10 / (0.3 - 0.1), rel=0.3)
     assert targets[0]["points"][0]["b_simple"] == targets[0]["b_simple"]

@@ -61,3 +61,20 @@ def test_image_size_not_divisible_by_patch(tmp_path):
     (root / "imagenet256_labels" / "3.npy").unlink()
     with pytest.raises(ConfigError, match="must pair up"):
         check_trial(TrialConfig(dataset=str(root), eval_size=2, timestep_bins=2), resources={"CPU": 2})
+
+
+def test_gns_window_is_in_steps_and_holds_two_per_bin_measurements():
+    assert TrialConfig(gns_every=0).gns_steps == 100  # auto, per-bin GNS off
+    assert TrialConfig(gns_every=300, max_steps=200).gns_steps == 100  # per-bin never measures in 200 steps
+    assert TrialConfig(gns_every=300, max_steps=5000).gns_steps == 1200  # auto: 4 per-bin measurements
+    assert TrialConfig(gns_every=5, max_steps=60).gns_steps == 100
+    cfg = TrialConfig(gns_every=5, gns_window=20, max_steps=60)
+    assert cfg.gns_steps == 20 and TrialConfig.from_dict(cfg.to_dict()).to_dict() == cfg.to_dict()
+    assert TrialConfig(gns_every=300, max_steps=5000).to_dict()["gns_window"] == 1200  # the resolved value is logged
+    with pytest.raises(ConfigError, match="gns_window >= 10"):
+        TrialConfig(gns_every=5, gns_window=9, max_steps=60)
+    with pytest.raises(ConfigError, match="gns_window must be >= 0"):
+        TrialConfig(gns_window=-1)
+    with pytest.raises(ConfigError, match="replaced by gns_window"):
+        TrialConfig.from_dict({"gns_ema_beta": 0.95})
+    assert TrialConfig.from_saved({"gns_ema_beta": 0.95, "lr": 0.01}).lr == 0.01  # old checkpoints still load

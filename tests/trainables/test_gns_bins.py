@@ -89,7 +89,7 @@ def exact_bin_truth(model: Toy, data: FakeData, scheduler, lo: int, hi: int, p_d
 
 
 def _bin_gns(n: int, bins: int = 4, rank: int = 0, world: int = 1, **kw) -> BinGNS:
-    cfg = TrialConfig(timestep_bins=bins, gns_every=1, gns_bin_examples=n, class_dropout=0.3, **kw)
+    cfg = TrialConfig(**{"timestep_bins": bins, "gns_every": 1, "gns_bin_examples": n, "class_dropout": 0.3, **kw})
     return BinGNS(cfg, Toy(), FakeData(), make_scheduler(), rank, world, CPU, contextlib.nullcontext)
 
 
@@ -157,28 +157,45 @@ def test_round_robin_over_ranks_equals_one_rank() -> None:
 def test_measure_names_leaves_grads_and_global_rng_alone() -> None:
     gns = _bin_gns(8, bins=3)
     before = torch.get_rng_state()
-    out = gns.measure(1)
+    first = gns.measure(1)
     assert torch.equal(torch.get_rng_state(), before)
     assert all(p.grad is None for p in gns.model.parameters())
-    names = [M.GNS_BIN_G2_SMALL, M.GNS_BIN_G2_BIG, M.GNS_BIN_B_SMALL, M.GNS_BIN_B_BIG]
-    names += [M.GNS_BIN_G2, M.GNS_BIN_TRACE, M.GNS_BIN_B_SIMPLE]
-    assert set(out) == {M.per_bin(t, k) for t in names for k in range(3)}
-    k0 = {t: out[M.per_bin(t, 0)] for t in names}
-    # the first EMA update returns the first ratio exactly
-    assert k0[M.GNS_BIN_B_SIMPLE] == pytest.approx(k0[M.GNS_BIN_TRACE] / k0[M.GNS_BIN_G2], rel=1e-12)
+    raw = [M.GNS_BIN_G2_SMALL, M.GNS_BIN_G2_BIG, M.GNS_BIN_B_SMALL, M.GNS_BIN_B_BIG, M.GNS_BIN_G2, M.GNS_BIN_TRACE]
+    assert set(first) == {M.per_bin(t, k) for t in raw for k in range(3)}  # one measurement: no B_simple yet
+    second = gns.measure(2)
+    smoothed = [M.GNS_BIN_B_SIMPLE, M.GNS_BIN_B_SIMPLE_SE]
+    assert set(second) == {M.per_bin(t, k) for t in raw + smoothed for k in range(3)}
+    g2 = [first[M.per_bin(M.GNS_BIN_G2, 0)], second[M.per_bin(M.GNS_BIN_G2, 0)]]
+    tr = [first[M.per_bin(M.GNS_BIN_TRACE, 0)], second[M.per_bin(M.GNS_BIN_TRACE, 0)]]
+    assert second[M.per_bin(M.GNS_BIN_B_SIMPLE, 0)] == pytest.approx(np.mean(tr) / np.mean(g2), rel=1e-12)
+
+
+def test_per_bin_window_is_in_steps_not_measurements() -> None:
+    """Measured every 10 steps with a 25-step window, a bin holds the measurements of the last 25 steps: 3 of them
+    (a per-measurement window would hold 25)."""
+    gns = _bin_gns(8, bins=2, gns_every=10, gns_window=25, max_steps=100)
+    counts = []
+    for step in range(10, 101, 10):
+        gns.measure(step)
+        counts.append(gns.windows[0].estimate.n)
+    assert counts == [1, 2, 3, 3, 3, 3, 3, 3, 3, 3]  # (s - 25, s] holds s - 20, s - 10, s
 
 
 def test_state_dict_round_trip() -> None:
-    a = _bin_gns(8, bins=3, gns_ema_beta=0.5)
+    a = _bin_gns(8, bins=3, gns_window=3)
     for step in (1, 2, 3):
         a.measure(step)
-    b = _bin_gns(8, bins=3, gns_ema_beta=0.5)
+    b = _bin_gns(8, bins=3, gns_window=3)
     b.load_state_dict(a.state_dict())
     assert a.measure(4) == b.measure(4)
-    c = _bin_gns(8, bins=3, gns_ema_beta=0.5)  # without the restored state the smoothed value differs
-    assert c.measure(6)[M.per_bin(M.GNS_BIN_B_SIMPLE, 0)] != b.measure(6)[M.per_bin(M.GNS_BIN_B_SIMPLE, 0)]
+    c = _bin_gns(8, bins=3, gns_window=3)  # without the restored state: one measurement, no value yet
+    assert M.per_bin(M.GNS_BIN_B_SIMPLE, 0) not in c.measure(5)
+    assert M.per_bin(M.GNS_BIN_B_SIMPLE, 0) in b.measure(5)
     with pytest.raises(ValueError):
         _bin_gns(8, bins=4).load_state_dict(a.state_dict())
-    d = _bin_gns(8, bins=3, gns_ema_beta=0.5)
-    d.load_state_dict(None)  # a checkpoint written with per-bin GNS off: fresh EMAs
-    assert d.state_dict() == _bin_gns(8, bins=3, gns_ema_beta=0.5).state_dict()
+    d = _bin_gns(8, bins=3, gns_window=3)
+    d.load_state_dict(None)  # a checkpoint written with per-bin GNS off: empty windows
+    assert d.state_dict() == _bin_gns(8, bins=3, gns_window=3).state_dict()
+    e = _bin_gns(8, bins=3, gns_window=3)  # a checkpoint from before the window rule: empty windows
+    e.load_state_dict({"num_bins": 3, "emas": [{"beta": 0.95, "steps": 4, "g2": 1.0, "trace": 2.0}] * 3})
+    assert e.state_dict() == d.state_dict()

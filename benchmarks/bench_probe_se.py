@@ -1,0 +1,145 @@
+"""Is `bcrit probe`'s standard error of B_simple honest? Nominal SE vs the observed spread over probe seeds.
+
+For one checkpoint, ``--seeds`` independent probes (seeds 0..S-1) each draw ``--reps-max`` repetitions per bin with
+the probe's own code (``trainables.probe.probe_draws``: repetition ``r`` of a seed is the same whatever ``reps`` is,
+so the first ``R`` repetitions *are* a probe with ``--reps R``). For each ``R`` in ``--reps`` a seed's repetitions are
+cut into ``reps_max / R`` disjoint probes of ``R``; each gives ``B_simple ± SE`` exactly as ``bcrit probe`` does
+(``trainables.probe.probe_row``). Per row (bin, global) and ``R`` we report
+
+- ``spread``: the standard deviation of the probes' B_simple (what the SE claims to be),
+- ``rms_se``: the root-mean-square nominal SE, and ``honesty = rms_se / spread`` (1 = honest; < 1 = overconfident),
+  with a bootstrap 68% interval over probes,
+- ``cover1`` / ``cover2``: the fraction of probes whose ``|B_simple - pooled| <= 1 SE / 2 SE`` (normal: 0.68 / 0.95),
+  ``pooled`` being the estimate from every repetition of every seed (``S x reps_max`` of them).
+
+``--resample R,...`` also assesses probes of ``R`` repetitions drawn with replacement from that pool (``--draws``
+of them): the bootstrap stand-in for more seeds, for ``R`` larger than a CPU budget allows to draw afresh
+(the pool is the empirical distribution of one repetition; kind "resampled" in the table).
+
+Run (CPU, ~20 min on 2 shared cores; writes JSON and prints a markdown table):
+    PYTHONPATH=$PWD .venv/bin/python benchmarks/bench_probe_se.py --out /tmp/probe_se.json
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import tempfile
+import time
+
+import numpy as np
+
+from analysis.gns import b_simple_with_se
+
+
+def make_checkpoint(root: str, steps: int) -> str:
+    """The README's example trial (examples/trial.yaml) in-process (W=1, A=4: the same B=64), ``steps`` steps."""
+    from orchestrator.overrides import load_yaml
+    from trainables.config import TrialConfig
+    from trainables.trial import run_local
+
+    here = os.path.dirname(os.path.abspath(__file__))
+    d = load_yaml(os.path.join(here, "..", "examples", "trial.yaml"))
+    d.update(num_workers=0, grad_accum=None, max_steps=steps)
+    return run_local(TrialConfig.from_dict(d), checkpoint_root=root).checkpoints[-1]
+
+
+def honesty(estimates: np.ndarray, ses: np.ndarray, pooled: float, rng: np.random.Generator) -> dict:
+    spread = float(np.std(estimates, ddof=1))
+    rms = float(np.sqrt(np.mean(ses**2)))
+    boot = []
+    n = len(estimates)
+    for _ in range(2000):
+        i = rng.integers(0, n, n)
+        s = np.std(estimates[i], ddof=1)
+        if s > 0:
+            boot.append(np.sqrt(np.mean(ses[i] ** 2)) / s)
+    z = np.abs(estimates - pooled) / ses
+    return {
+        "probes": n,
+        "mean": float(np.mean(estimates)),
+        "spread": spread,
+        "rms_se": rms,
+        "honesty": rms / spread,
+        "honesty_lo": float(np.percentile(boot, 16)),
+        "honesty_hi": float(np.percentile(boot, 84)),
+        "cover1": float(np.mean(z <= 1.0)),
+        "cover2": float(np.mean(z <= 2.0)),
+    }
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--checkpoint", default=None, help="trial checkpoint (default: train examples/trial.yaml)")
+    ap.add_argument("--steps", type=int, default=60, help="steps of the default checkpoint's trial")
+    ap.add_argument("--bins", type=int, default=2)
+    ap.add_argument("--seeds", type=int, default=20)
+    ap.add_argument("--reps-max", type=int, default=16)
+    ap.add_argument("--reps", default="8,16", help="probe repetitions to assess (divisors of --reps-max)")
+    ap.add_argument("--resample", default="16,32,64,128", help="repetitions to assess by resampling the pool")
+    ap.add_argument("--draws", type=int, default=2000, help="resampled probes per R")
+    ap.add_argument("--b", type=int, default=16)
+    ap.add_argument("--B", type=int, default=64)
+    ap.add_argument("--out", default=None, help="write the results as JSON")
+    args = ap.parse_args()
+    from trainables.probe import probe_draws
+
+    reps_list = [int(r) for r in args.reps.split(",")]
+    if any(args.reps_max % r for r in reps_list):
+        raise SystemExit(f"every --reps must divide --reps-max={args.reps_max}")
+    ckpt = args.checkpoint or make_checkpoint(tempfile.mkdtemp(prefix="bench-probe-se-"), args.steps)
+    t0 = time.perf_counter()
+    per_seed = []  # per seed: [(k, lo, hi, g2s, traces)] (global last)
+    for s in range(args.seeds):
+        _, draws = probe_draws(ckpt, bins=args.bins, b=args.b, B=args.B, reps=args.reps_max, seed=s, device="cpu")
+        per_seed.append(draws)
+        print(f"seed {s}: {time.perf_counter() - t0:.0f}s", flush=True)
+    rng = np.random.default_rng(0)
+    rows = []
+    for i, (k, lo, hi, _, _) in enumerate(per_seed[0]):
+        g2 = np.array([d[i][3] for d in per_seed])  # (S, reps_max)
+        tr = np.array([d[i][4] for d in per_seed])
+        pooled, pooled_se = b_simple_with_se(g2.ravel(), tr.ravel())
+        for R in reps_list:
+            est, ses = [], []
+            for s in range(args.seeds):
+                for j in range(0, args.reps_max, R):
+                    e, se = b_simple_with_se(g2[s, j : j + R], tr[s, j : j + R])
+                    est.append(e)
+                    ses.append(se)
+            h = honesty(np.array(est), np.array(ses), pooled, rng)
+            rows.append({"bin": "all" if k is None else k, "timesteps": [lo, hi], "reps": R, "kind": "seeds",
+                         "pooled": pooled, "pooled_se": pooled_se, **h})  # fmt: skip
+        for R in [int(r) for r in args.resample.split(",") if r]:
+            idx = rng.integers(0, g2.size, size=(args.draws, R))
+            pairs = [b_simple_with_se(g2.ravel()[i], tr.ravel()[i]) for i in idx]
+            est, ses = np.array([p[0] for p in pairs]), np.array([p[1] for p in pairs])
+            h = honesty(est, ses, pooled, rng)
+            rows.append({"bin": "all" if k is None else k, "timesteps": [lo, hi], "reps": R, "kind": "resampled",
+                         "pooled": pooled, "pooled_se": pooled_se, **h})  # fmt: skip
+    doc = {
+        "checkpoint": ckpt,
+        "seeds": args.seeds,
+        "reps_max": args.reps_max,
+        "b": args.b,
+        "B": args.B,
+        "seconds": time.perf_counter() - t0,
+        "rows": rows,
+    }
+    if args.out:
+        with open(args.out, "w") as f:
+            json.dump(doc, f, indent=1)
+    print("| bin | reps | probes | pooled B_simple | spread | rms SE | SE / spread (68%) | cover 1SE | cover 2SE |")
+    print("|---|---|---|---|---|---|---|---|---|")
+    for r in rows:
+        print(
+            f"| {r['bin']} | {r['reps']} | {r['probes']} | {r['pooled']:.3g} ± {r['pooled_se']:.2g} | "
+            f"{r['spread']:.3g} | {r['rms_se']:.3g} | {r['honesty']:.2f} ({r['honesty_lo']:.2f}-{r['honesty_hi']:.2f}) "
+            f"| {r['cover1']:.2f} | {r['cover2']:.2f} |"
+        )
+    print(f"seconds {doc['seconds']:.0f}")
+
+
+if __name__ == "__main__":
+    main()
