@@ -93,8 +93,8 @@ class GroupSession:
         yield self.resume_from
 
 
-def _resume_worker(rank: int, world: int, port: int, out_dir: str) -> None:
-    dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{port}", rank=rank, world_size=world)
+def _resume_worker(rank: int, world: int, init_method: str, out_dir: str) -> None:
+    dist.init_process_group("gloo", init_method=init_method, rank=rank, world_size=world)
     try:
         cfg = TrialConfig(**BASE, batch_size=16, micro_batch_size=4, num_workers=2)  # W = 2, A = 2
         straight = GroupSession(rank, world, None, None)
