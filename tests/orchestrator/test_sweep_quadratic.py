@@ -62,7 +62,9 @@ def test_mlflow_nesting_and_tables(tmp_path, ray_local, no_ray_address):
         assert np.allclose([v for _, v in history], parquet)
 
 
-# ~70 s (24 trials of up to 2000 steps): in the default suite, the end-to-end check of issue 5
+# ~70 s (24 trials of up to 2000 steps): slow; the default suite runs the same spec through the same pipeline
+# without Ray in seconds (test_quadratic_pipeline.py)
+@pytest.mark.slow
 def test_quadratic_sweep_recovers_closed_form_b_crit(tmp_path, ray_local, no_ray_address):
     from analysis.loaders import load_sweep_dir
     from analysis.quadratic import closed_form_b_crit
