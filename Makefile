@@ -5,7 +5,7 @@ PY     := $(VENV)/bin/python
 BCRIT  := $(VENV)/bin/bcrit
 STAMP  := $(VENV)/.installed
 
-.PHONY: install demo test test-all lint bench clean
+.PHONY: install demo test test-all lint bench clean mutate
 
 # torch first, pinned to the local CPU wheel: an unpinned torch pulls a multi-GB CUDA build.
 $(STAMP): pyproject.toml
@@ -36,5 +36,14 @@ test-all: $(STAMP)
 lint: $(STAMP)
 	$(VENV)/bin/ruff check . && $(VENV)/bin/ruff format --check .
 
+# Mutation testing (slow, not in CI; docs/testing.md): `make mutate`, or one module: `make mutate MUTATE='trainables.stopping.*'`.
+# Results are cached in mutants/: a second run tests only new or changed mutants. `mutmut show NAME` shows one.
+MUTATE      ?=
+MUTATE_JOBS ?= 1
+mutate: $(STAMP)
+	@test -x $(VENV)/bin/mutmut || $(PY) -m pip install -q -e ".[test,mutate]"
+	$(VENV)/bin/mutmut run --max-children $(MUTATE_JOBS) $(MUTATE)
+	$(PY) -m tests.mutation_scores
+
 clean:
-	rm -rf runs demo-runs .pytest_cache
+	rm -rf runs demo-runs .pytest_cache mutants .hypothesis

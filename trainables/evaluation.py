@@ -2,8 +2,9 @@
 
 Every trial of every sweep sees the same held-out examples, the same noise and the same timesteps: position
 ``p = r * eval_size + i`` (example ``i``, repeat ``r``) lies in timestep bin ``p mod K``, its timestep is uniform
-inside that bin and its noise standard normal, both from a generator keyed by a fixed seed and ``p``. Bins get
-equal counts, so ``eval/loss`` (the mean over all positions) weighs every bin alike, as uniform timesteps do.
+inside that bin and its noise standard normal, both from a generator keyed by a fixed seed and ``p``. Bin counts
+differ by at most one (the first ``(eval_size * repeats) mod K`` bins get one more), so ``eval/loss`` (the mean over
+all positions) weighs the bins alike up to that one example, as uniform timesteps do.
 """
 
 from __future__ import annotations

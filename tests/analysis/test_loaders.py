@@ -2,12 +2,14 @@
 
 from __future__ import annotations
 
+import json
+
 import numpy as np
 import pytest
 from synth_runs import synth_runs
 
 from analysis import metrics as m
-from analysis.loaders import load_mlflow, load_sweep_dir, write_sweep_dir
+from analysis.loaders import load_mlflow, load_sweep_dir, runs_from_tables, write_sweep_dir
 from analysis.report import analyze, log_to_mlflow
 from analysis.schema import RunsTableError
 
@@ -34,7 +36,6 @@ TRIALS = [  # trial_id, batch_size, lr, status, eval losses at steps 0, 10, 20
 
 @pytest.fixture(scope="module")
 def store(tmp_path_factory):  # one SQLite store for the module: creating its tables takes seconds
-    import mlflow
     from mlflow.tracking import MlflowClient
 
     tmp_path = tmp_path_factory.mktemp("mlflow")
@@ -56,13 +57,16 @@ def store(tmp_path_factory):  # one SQLite store for the module: creating its ta
         client.set_terminated(run.info.run_id, "FINISHED")
     lone = client.create_run(exp, run_name="unrelated")  # a run without children is not a parent
     client.set_terminated(lone.info.run_id)
-    assert mlflow.get_tracking_uri()  # the global URI is untouched by the loader
     return uri, parent.info.run_id
 
 
 def test_load_mlflow_nested_runs(store):
+    import mlflow
+
     uri, parent = store
+    global_uri = mlflow.get_tracking_uri()
     runs = load_mlflow("sweep", tracking_uri=uri)
+    assert mlflow.get_tracking_uri() == global_uri != uri  # the loader leaves the process-wide URI alone
     assert runs.parent_run_id == parent and runs.tracking_uri == uri
     rows = runs.trials.sort_by("trial_id").to_pylist()
     assert [r["trial_id"] for r in rows] == ["t0", "t1", "t2"]
@@ -101,3 +105,72 @@ def test_log_to_mlflow_attaches_artifacts_to_parent(store, tmp_path):
     assert names == ["analysis/bcrit.json"]
     with pytest.raises(ValueError, match="only batch sizes"):
         analyze(runs, targets=[0.3], out_dir=out, bootstrap=0)
+
+
+# --- `bcrit analyze --mlflow-experiment` end to end -------------------------------------------------------------
+def _log_sweep(client, exp: str, runs, name: str) -> str:
+    """Log a sweep as MLflow nested runs (params, tags, metric histories), as the orchestrator does; the parent id."""
+    from mlflow.entities import Metric, Param
+
+    parent = client.create_run(exp, run_name=name)
+    rows = runs.metrics.to_pylist()
+    for t in runs.trials.to_pylist():
+        tags = {"mlflow.parentRunId": parent.info.run_id, "trial_id": t["trial_id"], "status": t["status"]}
+        run = client.create_run(exp, run_name=t["trial_id"], tags=tags)
+        keys = ("batch_size", "micro_batch_size", "grad_accum", "num_workers", "lr", "seed")
+        mets = [
+            Metric(r["metric"], r["value"], 1000 + r["step"], r["step"]) for r in rows if r["trial_id"] == t["trial_id"]
+        ]
+        client.log_batch(run.info.run_id, metrics=mets, params=[Param(k, str(t[k])) for k in keys])
+        client.set_terminated(run.info.run_id, "FINISHED")
+    client.set_terminated(parent.info.run_id, "FINISHED")
+    return parent.info.run_id
+
+
+def test_analyze_from_mlflow_experiment_and_parent_run_id(store, tmp_path, capsys):
+    """`--mlflow-experiment` gives the same bcrit.json as the Parquet tables of the same sweep; the default parent
+    is the newest one with children, `--parent-run-id` picks another, and the artifacts go to the parent analyzed."""
+    from mlflow.tracking import MlflowClient
+
+    from analysis.cli import main
+
+    uri, _ = store
+    client = MlflowClient(uri)
+    exp = client.create_experiment("analyzed", artifact_location=(tmp_path / "artifacts").as_uri())
+    full = synth_runs(
+        np.random.default_rng(1), batch_sizes=(32, 64, 128, 256, 512), lr_factors=(0.5, 1.0, 2.0), seeds=1, n_evals=12
+    )
+    older = _log_sweep(client, exp, full, "full")
+    few = full.trials.filter(np.isin(full.trials.column("batch_size").to_numpy(), [32, 64]))
+    newer = _log_sweep(
+        client,
+        exp,
+        runs_from_tables(
+            few,
+            full.metrics.filter(
+                np.isin(
+                    full.metrics.column("trial_id").to_numpy(zero_copy_only=False), few.column("trial_id").to_pylist()
+                )
+            ),
+        ),
+        "two batch sizes",
+    )
+    args = ["--targets", "0.3,0.2", "--bootstrap", "30", "--no-plots"]
+
+    write_sweep_dir(full, tmp_path / "parquet")
+    assert main([str(tmp_path / "parquet"), "--out", str(tmp_path / "from_parquet"), *args]) == 0
+    base = ["--mlflow-experiment", "analyzed", "--tracking-uri", uri]
+    assert main([*base, "--out", str(tmp_path / "newest"), *args]) == 2  # the newest parent has 2 batch sizes
+    assert "only batch sizes" in capsys.readouterr().err
+    assert main([*base, "--parent-run-id", older, "--out", str(tmp_path / "from_mlflow"), *args]) == 0
+    assert f"artifacts (analysis/) of MLflow run {older}" in capsys.readouterr().out
+
+    a = json.loads((tmp_path / "from_parquet" / "bcrit.json").read_text())
+    b = json.loads((tmp_path / "from_mlflow" / "bcrit.json").read_text())
+    assert b["n_trials"] == a["n_trials"] == 15
+    assert [t["b_crit"] for t in b["targets"]] == [t["b_crit"] for t in a["targets"]]
+    assert [t["points"] for t in b["targets"]] == [t["points"] for t in a["targets"]]
+    assert all(t["b_crit"] is not None and len(t["points"]) == 5 for t in b["targets"])  # a real fit, 5 sizes
+    logged = {f.path for f in client.list_artifacts(older, "analysis")}
+    assert logged == {"analysis/bcrit.json", "analysis/report.md"}
+    assert not client.list_artifacts(newer, "analysis")  # nothing logged to the parent not analyzed

@@ -82,15 +82,19 @@ BAD = [
 
 
 @pytest.mark.parametrize("case,make,message", BAD, ids=[b[0] for b in BAD])
-def test_bad_spec_exits_2_and_launches_nothing(tmp_path, capsys, no_ray_address, case, make, message):
+def test_bad_spec_exits_2_and_launches_nothing(tmp_path, capsys, monkeypatch, no_ray_address, case, make, message):
     import ray
 
+    # "No Ray started" must hold even when an earlier test of this session left Ray running: every way to start
+    # (or connect to) Ray is recorded, with Ray reported as not running so that ensure_ray would reach ray.init.
+    started = []
+    monkeypatch.setattr(ray, "is_initialized", lambda: False)
+    monkeypatch.setattr(ray, "init", lambda *a, **k: started.append(("ray.init", a, k)))
     spec = make(tmp_path)
-    was_running = ray.is_initialized()
     assert main(["sweep", write_spec(tmp_path, spec)]) == 2
     err = capsys.readouterr().err.strip().splitlines()
     assert len(err) == 1 and err[0].startswith("bcrit sweep: error:") and message in err[0], err
-    assert ray.is_initialized() == was_running  # no Ray started for a bad spec
+    assert not started, started  # no Ray started for a bad spec
     assert not os.path.exists(os.path.join(str(spec.get("storage", "")), "tune"))
 
 

@@ -3,12 +3,14 @@
 "spawn", not "fork": a forked child inherits the parent's OpenMP/MKL thread-pool state, and touching it
 (``torch.set_num_threads``) hung intermittently here. Each child re-imports torch (a few seconds), the price
 of a reliable test. A hung group is killed and the test fails after ``timeout_s``.
+
+Rendezvous through a file in the test's own directory (``file://``), not a TCP port: picking a "free" port and
+releasing it before the workers bind it races with every other process on the machine.
 """
 
 from __future__ import annotations
 
 import json
-import socket
 import time
 from collections.abc import Callable
 from pathlib import Path
@@ -17,16 +19,18 @@ import pytest
 import torch.multiprocessing as mp
 
 
-def free_port() -> int:
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
+def rendezvous(out_dir: Path | str) -> str:
+    """``init_method`` for ``dist.init_process_group``: a file store in ``out_dir`` (unique per test)."""
+    path = Path(out_dir, "rendezvous")
+    if path.exists():
+        raise FileExistsError(f"{path} exists: a file rendezvous must start from no file")
+    return path.resolve().as_uri()
 
 
-def run_group(worker: Callable[[int, int, int, str], None], world: int, out_dir: Path, timeout_s: float) -> list[dict]:
-    """``worker(rank, world, port, out_dir)`` on ``world`` spawned processes; each writes ``rank{r}.json``."""
+def run_group(worker: Callable[[int, int, str, str], None], world: int, out_dir: Path, timeout_s: float) -> list[dict]:
+    """``worker(rank, world, init_method, out_dir)`` on ``world`` spawned processes; each writes ``rank{r}.json``."""
     ctx = mp.start_processes(
-        worker, args=(world, free_port(), str(out_dir)), nprocs=world, join=False, start_method="spawn"
+        worker, args=(world, rendezvous(out_dir), str(out_dir)), nprocs=world, join=False, start_method="spawn"
     )
     deadline = time.monotonic() + timeout_s
     while not ctx.join(timeout=1.0):

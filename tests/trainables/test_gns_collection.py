@@ -108,9 +108,9 @@ def _collect(rank: int, world: int, out_dir: str) -> None:
     Path(out_dir, f"rank{rank}.json").write_text(json.dumps({"steps": results, "bins": bins}))
 
 
-def _worker(rank: int, world: int, port: int, out_dir: str) -> None:
+def _worker(rank: int, world: int, init_method: str, out_dir: str) -> None:
     torch.set_num_threads(1)
-    dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{port}", rank=rank, world_size=world)
+    dist.init_process_group("gloo", init_method=init_method, rank=rank, world_size=world)
     try:
         _collect(rank, world, out_dir)
     finally:

@@ -14,7 +14,7 @@ import numpy as np
 import pytest
 import torch
 import torch.distributed as dist
-from ddp_group import free_port, run_group
+from ddp_group import rendezvous, run_group
 from torch import nn
 from torch.nn.parallel import DistributedDataParallel
 
@@ -64,8 +64,8 @@ def _flat_grad(model: nn.Module) -> torch.Tensor:
     return torch.cat([p.grad.reshape(-1).double() for p in model.parameters()])
 
 
-def _worker(rank: int, world: int, port: int, out_dir: str) -> None:
-    dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{port}", rank=rank, world_size=world)
+def _worker(rank: int, world: int, init_method: str, out_dir: str) -> None:
+    dist.init_process_group("gloo", init_method=init_method, rank=rank, world_size=world)
     try:
         results = []
         ref_model = _model().double()  # float64 reference copy of the same weights
@@ -117,7 +117,7 @@ def _worker(rank: int, world: int, port: int, out_dir: str) -> None:
 @pytest.mark.parametrize("world", [1, 2])
 def test_local_grad_norm_hook_matches_explicit_gradients(world: int, tmp_path: Path) -> None:
     if world == 1:  # a one-process group runs in this process (saves a ~3 s spawn)
-        _worker(0, 1, free_port(), str(tmp_path))
+        _worker(0, 1, rendezvous(tmp_path), str(tmp_path))
         ranks = [json.loads(Path(tmp_path, "rank0.json").read_text())]
     else:
         ranks = run_group(_worker, world, tmp_path, timeout_s=90.0)
@@ -127,8 +127,9 @@ def test_local_grad_norm_hook_matches_explicit_gradients(world: int, tmp_path: P
             assert step["buckets_in_no_sync"] == 0  # nothing collected on non-syncing micro-steps
             assert step["hook"] == pytest.approx(step["ref"], rel=1e-6)
             assert step["avg_rel_err"] < 1e-6  # training still sees the all-reduced mean
-        # DDP starts with one bucket and rebuilds after the first step: then several, summed
-        assert r["steps"][0]["buckets"] == 1 and min(s["buckets"] for s in r["steps"][1:]) > 1
+        # tiny bucket_cap_mb: some synchronising step reduces several buckets, so the per-bucket sum is exercised
+        # (how many, and on which step DDP rebuilds its buckets, is DDP's business, not asserted)
+        assert max(s["buckets"] for s in r["steps"]) > 1
     if world == 2:  # the two ranks really saw different data
         assert not np.isclose(ranks[0]["steps"][0]["ref"], ranks[1]["steps"][0]["ref"])
 

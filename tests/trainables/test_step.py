@@ -1,0 +1,101 @@
+"""One optimizer step (`trainables.step.TrainStep`, W = 1): for ANY split of the same effective batch into
+micro-batches, the loss and the gradient equal a float64 reference computed on the whole batch at once; the global
+GNS statistics it reports are those of the documented small and big batches. (W >= 2: test_gns_collection.py.)"""
+
+from __future__ import annotations
+
+import contextlib
+import copy
+
+import pytest
+import torch
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from trainables.config import TrialConfig
+from trainables.data import load_dataset
+from trainables.diffusion import NUM_TIMESTEPS, make_scheduler, per_example_loss
+from trainables.presets import build_dit
+from trainables.randomness import STREAM_EXAMPLE, example_draws, global_batch_indices
+from trainables.step import TrainStep, global_gns_available
+
+CPU = torch.device("cpu")
+
+
+@pytest.fixture(scope="module")
+def parts():
+    torch.manual_seed(0)
+    model = build_dit("tiny", sample_size=8, in_channels=1, num_classes=10).train()
+    return model, copy.deepcopy(model).double(), load_dataset("digits", 297), make_scheduler()
+
+
+def _reference(cfg: TrialConfig, ref, data, sched, step: int, positions: range | None = None):
+    """float64 mean loss and flat gradient over ``positions`` of the global batch (default: all of it)."""
+    positions = positions if positions is not None else range(cfg.batch_size)
+    idx = global_batch_indices(cfg.seed, step, cfg.batch_size, data.info.train_size)[positions.start : positions.stop]
+    x, y = data.get(idx)
+    t, u, noise = example_draws(cfg.seed, STREAM_EXAMPLE, step, positions, x.shape[1:], NUM_TIMESTEPS)
+    y = torch.where(u < cfg.class_dropout, data.info.num_classes, y)
+    loss = per_example_loss(ref, sched, x.double(), y, t, noise.double()).mean()
+    grads = torch.autograd.grad(loss, list(ref.parameters()))
+    return float(loss), torch.cat([g.reshape(-1) for g in grads])
+
+
+def _run(cfg: TrialConfig, model, data, sched, step: int):
+    model.zero_grad(set_to_none=True)
+    s = TrainStep(cfg, model, model, data, sched, 0, 1, CPU, contextlib.nullcontext)(step)
+    grad = torch.cat([p.grad.reshape(-1).double() for p in model.parameters()])
+    return s, grad
+
+
+@settings(max_examples=6, deadline=None)
+@given(
+    split=st.sampled_from([(8, 8), (8, 2), (12, 4), (12, 3), (16, 16), (16, 4), (16, 1), (6, 2)]),
+    seed=st.integers(0, 10**6),
+    step=st.integers(0, 500),
+    dropout=st.sampled_from([0.0, 0.5]),
+)
+def test_any_micro_split_gives_the_whole_batch_loss_and_gradient(parts, split, seed, step, dropout) -> None:
+    model, ref, data, sched = parts
+    B, micro = split
+    cfg = TrialConfig(batch_size=B, micro_batch_size=micro, seed=seed, class_dropout=dropout, gns=True)
+    s, grad = _run(cfg, model, data, sched, step)
+    loss, ref_grad = _reference(cfg, ref, data, sched, step)
+    assert s.loss == pytest.approx(loss, rel=1e-5)
+    assert float((grad - ref_grad).norm()) <= 1e-5 * float(ref_grad.norm())
+    assert s.g2_big == pytest.approx(float(ref_grad @ ref_grad), rel=1e-5)
+    assert s.b_big == B and s.finite
+    if micro == B:  # W = A = 1: no second batch size
+        assert s.g2_small is None and s.b_small is None
+    else:  # small batch = the first micro-batch: gradient of its own mean loss
+        _, first = _reference(cfg, ref, data, sched, step, range(micro))
+        assert s.b_small == micro
+        assert s.g2_small == pytest.approx(float(first @ first), rel=1e-5)
+
+
+def test_gns_off_reports_no_small_batch(parts) -> None:
+    model, _, data, sched = parts
+    s, _ = _run(TrialConfig(batch_size=8, micro_batch_size=4, gns=False), model, data, sched, 3)
+    assert s.g2_small is None and s.b_small is None and s.b_big == 8
+
+
+def test_label_dropout_changes_the_step(parts) -> None:
+    """Labels dropped to the null class with probability class_dropout (the reference above follows the same rule)."""
+    model, _, data, sched = parts
+    a, _ = _run(TrialConfig(batch_size=16, micro_batch_size=16, class_dropout=0.0), model, data, sched, 1)
+    b, _ = _run(TrialConfig(batch_size=16, micro_batch_size=16, class_dropout=0.9), model, data, sched, 1)
+    assert a.loss != b.loss
+
+
+def test_non_finite_step_is_flagged(parts) -> None:
+    model, _, data, sched = parts
+    broken = copy.deepcopy(model)
+    with torch.no_grad():
+        next(broken.parameters()).fill_(float("nan"))
+    s, _ = _run(TrialConfig(batch_size=8, micro_batch_size=4), broken, data, sched, 0)
+    assert not s.finite
+
+
+def test_global_gns_availability() -> None:
+    assert not global_gns_available(1, 1)
+    assert global_gns_available(1, 2) and global_gns_available(2, 1) and global_gns_available(4, 8)
