@@ -44,6 +44,7 @@ from analysis.schema import RunsTableError
 PARENT, BRANCH_STEP, K = "parent_trial_id", "branch_step", "k"
 BRANCH_COLUMNS = (PARENT, BRANCH_STEP, K)  # extra trials.parquet columns of a branched study
 COMPARE = ("reference", "best")
+SETTINGS_FILE = "branched_study.json"  # written by bcrit branch: the analysis settings of the study
 LR_RULES = ("sqrt", "linear", "constant")  # lr = lr0 · sqrt(k) | lr0 · k | lr0
 
 
