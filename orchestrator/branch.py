@@ -351,16 +351,18 @@ def check_branch_spec(spec: BranchSpec, resources: dict | None = None) -> tuple[
     check_tracking(spec.mlflow_uri)
     w = get_workload(spec.workload)
     resources = resources or {"CPU": float(os.cpu_count() or 1), "GPU": 0.0}
+    defaults = {f.name: f.default for f in dataclasses.fields(w.config_cls)}
+    every = spec.fixed.get("report_every") or spec.fixed.get("eval_every", defaults["eval_every"])
+    bad = [p for p in spec.points if not isinstance(every, int) or p % every]
+    if bad:
+        raise UserError(
+            f"branches.points {bad} are not multiples of the reference's report cadence {every} "
+            "(fixed.eval_every / report_every); pick points on it"
+        )
     try:
         ref = w.config_cls.from_dict(spec.reference_config())
     except (ConfigError, TypeError) as e:
         raise UserError(f"reference: {e}") from None
-    bad = [p for p in spec.points if p % ref.report_interval]
-    if bad:
-        raise UserError(
-            f"branches.points {bad} are not multiples of the reference's report cadence {ref.report_interval} "
-            "(fixed.eval_every / report_every); pick points on it"
-        )
     if spec.checkpoints is None:
         try:
             w.check(ref, resources)
@@ -418,7 +420,7 @@ def run_inprocess(spec: BranchSpec) -> str:
         raise UserError("run_inprocess runs in-process trials only (num_workers: 0); use bcrit branch for workers")
     w = get_workload(spec.workload)
     tables = RunsTables(spec.sweep_dir)
-    ref_id = "reference"
+    ref_id = _external_reference(spec, ref_cfg) if spec.checkpoints else "reference"
     jobs = [] if spec.checkpoints else [(ref_id, ref_cfg)]
     jobs += [
         (f"b{p}-k{k:g}-s{s}", cfg) for (p, k, s), cfg in zip(spec.branches(), spec.branch_configs(ref_id), strict=True)
@@ -431,6 +433,18 @@ def run_inprocess(spec: BranchSpec) -> str:
     tables.compact()
     _save_study(spec, ref_id)
     return spec.sweep_dir
+
+
+EXTERNAL_ID = "external-reference"
+
+
+def _external_reference(spec: BranchSpec, ref_cfg: dict) -> str:
+    """The trial row of a reference trained elsewhere (``reference.checkpoints``): B0, lr and seed, no metrics."""
+    from analysis import metrics as M
+    from orchestrator.tables import RunsTables, trial_row
+
+    RunsTables(spec.sweep_dir).write_trial(trial_row(EXTERNAL_ID, ref_cfg, M.STATUS_BUDGET_SPENT))
+    return EXTERNAL_ID
 
 
 def _save_study(spec: BranchSpec, ref_id: str | None = None) -> None:
@@ -450,3 +464,102 @@ def _save_study(spec: BranchSpec, ref_id: str | None = None) -> None:
     if ref_id is not None:
         with open(os.path.join(spec.sweep_dir, REFERENCE_ID), "w") as f:
             f.write(ref_id + "\n")
+
+
+# --- running: Ray Tune (bcrit branch) ---------------------------------------------------------------------------
+REF_TUNE, BRANCH_TUNE = "reference", "branches"  # Tune experiments of the two phases, under the study dir
+
+
+def _tuner(spec: BranchSpec, name: str, configs: list[dict], worker_failures: int = 3, trial_retries: int = 2):
+    """A grid Tuner over ``configs`` with the sweep's trainable, resources and callbacks (MLflow, tables)."""
+    import ray
+    from ray import tune
+
+    from orchestrator.sweep import _trainable, callbacks, max_concurrent, progress_reporter
+
+    return tune.Tuner(
+        _trainable(spec, worker_failures),
+        param_space={"trial": tune.grid_search(configs)},
+        tune_config=tune.TuneConfig(
+            max_concurrent_trials=max_concurrent(configs, ray.cluster_resources()),
+            trial_dirname_creator=lambda t: t.trial_id,
+            reuse_actors=True,
+        ),
+        run_config=tune.RunConfig(
+            name=name,
+            storage_path=spec.sweep_dir,
+            callbacks=callbacks(spec),
+            failure_config=tune.FailureConfig(max_failures=trial_retries),
+            progress_reporter=progress_reporter(),
+            verbose=1,
+        ),
+    )
+
+
+def _phase(spec: BranchSpec, name: str, configs: list[dict], resume: bool):
+    """Fit (or, when resuming and Tune can, restore and continue) one phase; returns the ResultGrid."""
+    from ray.tune import Tuner
+
+    from orchestrator.sweep import _trainable, run
+
+    path = os.path.join(spec.sweep_dir, name)
+    if resume and Tuner.can_restore(path):
+        tuner = Tuner.restore(path, trainable=_trainable(spec, 3), resume_unfinished=True)
+    else:
+        tuner = _tuner(spec, name, configs)
+    return run(tuner, spec)
+
+
+def reference_id(sweep_dir: str) -> str | None:
+    path = os.path.join(sweep_dir, REFERENCE_ID)
+    if not os.path.exists(path):
+        return None
+    with open(path) as f:
+        return f.read().strip() or None
+
+
+def local_cpus(configs: list[dict]) -> int:
+    from orchestrator.sweep import trial_need
+
+    biggest = max(trial_need(c)["CPU"] for c in configs)
+    return int(max(2 * (os.cpu_count() or 1), 2 * biggest))
+
+
+def run_study(spec: BranchSpec, resume: bool = False) -> tuple[str, list]:
+    """Both phases through Ray Tune. Returns (reference trial id, the branches' ResultGrid)."""
+    from analysis import metrics as M
+    from orchestrator.tables import RunsTables
+    from trainables.trial import ensure_ray
+
+    ref_cfg, branch_cfgs = check_branch_spec(spec)
+    ensure_ray(num_cpus=local_cpus([ref_cfg, *branch_cfgs]))
+    if os.environ.get("RAY_ADDRESS"):
+        import ray
+
+        check_branch_spec(spec, ray.cluster_resources())
+    _save_study(spec)
+    ref_id = reference_id(spec.sweep_dir) if resume else None
+    if spec.checkpoints:
+        ref_id = _external_reference(spec, ref_cfg)
+    if ref_id is None:
+        print(
+            f"[bcrit] branched study {spec.name!r}: reference B0={spec.b0} lr={spec.lr0:g} to step {max(spec.points)}"
+        )
+        results = _phase(spec, REF_TUNE, [ref_cfg], resume)
+        ref_id = results[0].metrics.get("trial_id") if len(results) else None
+        status = RunsTables(spec.sweep_dir).trial_status(ref_id) if ref_id else None
+        missing = [p for p in spec.points if not os.path.isdir(branch_checkpoint(spec.keep_dir, p))]
+        if status != M.STATUS_BUDGET_SPENT or missing:
+            raise UserError(
+                f"the reference trial ended {status or 'without a result'} (kept checkpoints missing for steps "
+                f"{missing}); lower reference.lr or the branch points and start a new study"
+            )
+        _save_study(spec, ref_id)
+    configs = spec.branch_configs(ref_id)
+    print(
+        f"[bcrit] {len(configs)} branches: points {list(spec.points)} x k {[f'{k:g}' for k in spec.multipliers]} x "
+        f"seeds {list(spec.seeds)}, {spec.delta} examples each ({spec.lr_rule} lr rule)"
+    )
+    results = _phase(spec, BRANCH_TUNE, configs, resume)
+    RunsTables(spec.sweep_dir).compact()
+    return ref_id, results

@@ -72,3 +72,13 @@ def test_branched_quadratic_recovers_closed_form(tmp_path):
     headline = [pt["by_epsilon"][0]["b_crit"] for pt in out["points"]]
     assert headline[0] > 2 * headline[-1]
     assert out["cost"]["branch_examples"] == len(spec.branches()) * spec.delta
+    # bcrit analyze on the study directory: the study's own settings, bcrit.json + report + plot
+    from analysis.cli import main
+
+    out_dir = tmp_path / "analysis"
+    assert main([spec.sweep_dir, "--out", str(out_dir), "--bootstrap", "50"]) == 0
+    saved = json.loads((out_dir / "bcrit.json").read_text())
+    assert saved["kind"] == "branched" and saved["epsilons"] == list(spec.epsilons) and saved["window"] == 0.25
+    assert [p["by_epsilon"][0]["b_crit"] for p in saved["points"]] == pytest.approx(headline)
+    assert (out_dir / "branched.png").stat().st_size > 0
+    assert "Critical batch size during training" in (out_dir / "report.md").read_text()
