@@ -56,3 +56,19 @@ def test_dit_branch_starts_from_kept_checkpoint(tmp_path):
     state = torch.load(os.path.join(branch.checkpoints[-1], STATE_FILE), weights_only=False)
     steps = {int(s["step"]) for s in state["optimizer"]["state"].values()}
     assert steps == {3 + 2}  # Adam's moments and step count came from the checkpoint
+
+
+def test_start_dit_sets_the_branch_lr_over_the_checkpoints(tmp_path):
+    from trainables.branching import start_dit
+
+    model = torch.nn.Linear(3, 2)
+    opt = torch.optim.AdamW(model.parameters(), lr=1e-3)
+    model(torch.ones(1, 3)).sum().backward()
+    opt.step()
+    torch.save({"model": model.state_dict(), "optimizer": opt.state_dict(), "step": 7}, tmp_path / STATE_FILE)
+    fresh = torch.nn.Linear(3, 2)
+    opt2 = torch.optim.AdamW(fresh.parameters(), lr=5e-3)
+    assert start_dit(str(tmp_path), 5e-3, fresh, opt2, None) == 7
+    assert [g["lr"] for g in opt2.param_groups] == [5e-3]  # not the checkpoint's 1e-3
+    assert torch.equal(fresh.weight, model.weight)
+    assert int(opt2.state[fresh.weight]["step"]) == 1
