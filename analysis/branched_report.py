@@ -135,6 +135,6 @@ def plot(result: dict, runs: Runs, path: Path, gns_beta: float = 0.99) -> Path:
         ax.set(xscale="log", yscale="log", xlabel="reference examples at the branch point")
         ax.set(ylabel="batch size (examples)")
         ax.set_title(f"Critical batch size during training: {title}", fontsize=8)
-    axes[0].legend(fontsize=6)
+        ax.legend(fontsize=6)
     fig.savefig(path, dpi=100)
     return path

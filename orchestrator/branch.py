@@ -350,7 +350,10 @@ def check_branch_spec(spec: BranchSpec, resources: dict | None = None) -> tuple[
     check_storage(spec.sweep_dir)
     check_tracking(spec.mlflow_uri)
     w = get_workload(spec.workload)
-    resources = resources or {"CPU": float(os.cpu_count() or 1), "GPU": 0.0}
+    if resources is None:  # the embedded local Ray that run_study starts (a cluster's: pass its resources)
+        import torch
+
+        resources = {"CPU": float(2 * (os.cpu_count() or 1)), "GPU": float(torch.cuda.device_count())}
     defaults = {f.name: f.default for f in dataclasses.fields(w.config_cls)}
     every = spec.fixed.get("report_every") or spec.fixed.get("eval_every", defaults["eval_every"])
     bad = [p for p in spec.points if not isinstance(every, int) or p % every]
