@@ -23,7 +23,8 @@ def run(args) -> int:
 
     import yaml
 
-    from orchestrator.branch import STUDY_FILE, load_branch_spec, parse_branch_spec, run_study
+    from orchestrator.branch import run_study
+    from orchestrator.branch_spec import STUDY_FILE, load_branch_spec, parse_branch_spec
     from orchestrator.overrides import UserError
 
     if os.path.isdir(args.spec):

@@ -6,7 +6,7 @@ import os
 
 import pytest
 
-from orchestrator.branch import parse_branch_spec
+from orchestrator.branch_spec import parse_branch_spec
 from orchestrator.cli import main
 from orchestrator.overrides import UserError, load_yaml
 from tests.orchestrator.test_branch_quadratic import quadratic_branch_spec
