@@ -61,6 +61,8 @@ def main() -> None:
     one = int(np.flatnonzero(np.isclose(study.ks, 1.0))[0])
     at_delta = br.end_losses(runs_b, study, m.EVAL_LOSS, 0.0)[j, one]  # (S,) k = 1, evaluation at Δ
     at_half = br.end_losses(runs_b, dataclasses.replace(study, delta=study.delta // 2), m.EVAL_LOSS, 0.0)[j, one]
+    if np.isnan(at_half).all():
+        raise SystemExit("the branches have no evaluation at Δ/2 (branches.evals odd); eps* needs one")
     eps_star = float(np.nanmean(at_half) / np.nanmean(at_delta) - 1)
     full = br.end_losses(runs_b, study, m.EVAL_LOSS, kw.get("window", 0.0))[j]  # (K, S) as the study smooths
     star = br.critical_k(study.ks, full, eps_star, kw.get("compare", "reference"), args.bootstrap)
