@@ -74,6 +74,8 @@ def _run(args: argparse.Namespace) -> int:
         runs = loaders.load_mlflow(args.mlflow_experiment, args.tracking_uri, args.parent_run_id)
     else:
         runs = loaders.load_sweep_dir(args.sweep_dir)
+    if _is_branched(runs):
+        return _run_branched(runs, args)
     result = report.analyze(
         runs, args.metric, targets, args.out, bootstrap=args.bootstrap, seed=args.seed, plots=not args.no_plots
     )
@@ -83,6 +85,37 @@ def _run(args: argparse.Namespace) -> int:
     print("\n".join(report.summary_lines(result)))
     print(f"wrote {args.out}/bcrit.json, report.md" + ("" if args.no_plots else " and plots"))
     if parent is not None:
+        print(f"logged them as artifacts (analysis/) of MLflow run {parent}")
+    return 0
+
+
+def _fmt(x: float | None) -> str:
+    return "n/a" if x is None else f"{x:.3g}"
+
+
+def _is_branched(runs) -> bool:
+    from analysis.branched import is_branched
+
+    return is_branched(runs)
+
+
+def _run_branched(runs, args: argparse.Namespace) -> int:
+    """A branched study (bcrit branch): analysis.branched_report, with the study's own settings."""
+    from analysis import branched_report, report
+
+    result = branched_report.analyze(runs, args.out, bootstrap=args.bootstrap, seed=args.seed, plots=not args.no_plots)
+    eps = result["epsilons"][0]
+    for p in result["points"]:
+        a = p["by_epsilon"][0]
+        lo, hi = a["b_crit_ci"]
+        print(
+            f"step {p['branch_step']} ({p['examples']} examples): branched B_crit (eps={eps:g}) = "
+            f"{branched_report._answer(a)}  interval [{_fmt(lo)}, {_fmt(hi)}]"
+        )
+    print(f"wrote {args.out}/bcrit.json, report.md" + ("" if args.no_plots else " and branched.png"))
+    parent = args.parent_run_id or runs.parent_run_id
+    if parent is not None:
+        report.log_to_mlflow(args.out, args.tracking_uri or runs.tracking_uri, parent)
         print(f"logged them as artifacts (analysis/) of MLflow run {parent}")
     return 0
 

@@ -24,6 +24,7 @@ runs estimates; no sampling noise enters it, only the lr grid and the fit.
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
 
 import numpy as np
@@ -278,3 +279,68 @@ def simulate_sweep(
         }
     )  # fmt: skip
     return runs_from_tables(trials, metrics, source="nqm-simulated")
+# --- the branched critical batch size (Merrill et al. 2025; analysis.branched) in closed form ---------------------
+def branch_losses(
+    h: np.ndarray,
+    c: np.ndarray,
+    m0: np.ndarray,
+    lr0: float,
+    b0: float,
+    ks: np.ndarray,
+    delta: float,
+    fractions: np.ndarray,
+    lr_rule: str = "linear",
+) -> np.ndarray:
+    """Expected loss of branches at ``k·b0`` started from second moments ``m0 = E[θ²]`` at the branch point, with
+    lr ``lr0·lr_factor(lr_rule, k)``, averaged over the evaluations at ``fractions·delta`` examples (each at the
+    real step ``fraction·delta/(k·b0)`` of the closed form): shape ``(len(ks),)``; ``inf`` where diverged."""
+    from analysis.branched import lr_factor
+
+    h, c, m0 = _arrays(h, c, m0)
+    hh, cc, mm, w = _collapse(h, c, m0)
+    fr = np.asarray(fractions, dtype=np.float64)
+    out = np.empty(len(ks))
+    for i, k in enumerate(np.asarray(ks, dtype=np.float64)):
+        lr = np.array([lr0 * lr_factor(lr_rule, k)])
+        out[i] = _loss_at(hh, cc, mm, lr, k * b0, fr * delta / (k * b0), w)[0].mean()
+    return out
+
+
+def branched_critical_k(
+    h: np.ndarray,
+    c: np.ndarray,
+    m0: np.ndarray,
+    lr0: float,
+    b0: float,
+    delta: float,
+    eps: float,
+    fractions: np.ndarray,
+    lr_rule: str = "linear",
+    k_max: float = 1024.0,
+) -> float:
+    """The continuous multiplier ``k*`` at which the expected branch loss exceeds the ``k = 1`` branch's (the
+    reference continued) by the relative tolerance ``eps``: the branched critical batch size is ``k*·b0``.
+
+    Scans ``log k`` on a fine grid in ``[1, k_max]`` for the first ``excess > eps``, then bisects; ``inf`` when no
+    ``k <= k_max`` exceeds the tolerance. The steps of a branch (``delta/(k·b0)``) need not be integers here."""
+    base = branch_losses(h, c, m0, lr0, b0, np.array([1.0]), delta, fractions, lr_rule)[0]
+
+    def exc(k: float) -> float:
+        return branch_losses(h, c, m0, lr0, b0, np.array([k]), delta, fractions, lr_rule)[0] / base - 1.0
+
+    grid = np.geomspace(1.0, k_max, 400)
+    vals = branch_losses(h, c, m0, lr0, b0, grid, delta, fractions, lr_rule) / base - 1.0
+    over = np.flatnonzero(vals > eps)
+    if len(over) == 0:
+        return float("inf")
+    j = int(over[0])
+    if j == 0:
+        return 1.0
+    lo, hi = math.log(grid[j - 1]), math.log(grid[j])
+    for _ in range(60):
+        mid = 0.5 * (lo + hi)
+        if exc(math.exp(mid)) > eps:
+            hi = mid
+        else:
+            lo = mid
+    return math.exp(0.5 * (lo + hi))

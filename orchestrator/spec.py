@@ -136,6 +136,8 @@ def load_spec(path: str, overrides: list[str] | None = None, *, sweep_dir: str |
 
 
 def parse_spec(data: dict, *, sweep_dir: str | None = None, source: str = "spec") -> SweepSpec:
+    if isinstance(data, dict) and data.get("kind") == "branched":  # orchestrator.branch
+        raise UserError(f"{source} is a branched study (kind: branched); run it with bcrit branch {source}")
     _keys(data, TOP_KEYS, "")
     name = data.get("name")
     if not isinstance(name, str) or not name.strip() or "/" in name:

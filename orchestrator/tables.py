@@ -19,6 +19,7 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 
 from analysis import metrics as M
+from analysis.branched import BRANCH_STEP, PARENT, K
 from analysis.schema import (
     METRICS_FILE,
     METRICS_SCHEMA_WITH_WALL_TIME,
@@ -55,6 +56,9 @@ def trial_row(trial_id: str, cfg: dict, status: str, result: dict | None = None)
     for k in EXTRA_RESULTS:
         v = (result or {}).get(k)
         row[k] = None if v is None else float(v)
+    tags = cfg.get("extra") or {}
+    if tags.get(PARENT):  # a branch of a branched study (orchestrator.branch)
+        row.update({PARENT: str(tags[PARENT]), BRANCH_STEP: int(tags[BRANCH_STEP]), K: float(tags[K])})
     return row
 
 

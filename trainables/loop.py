@@ -21,7 +21,7 @@ import torch
 
 from analysis import metrics as M
 from analysis.gns import GNSWindow, live_metrics
-from trainables import checkpoint
+from trainables import branching, checkpoint
 from trainables.config import TrialConfig
 from trainables.data import load_dataset
 from trainables.diffusion import make_scheduler
@@ -111,6 +111,8 @@ def train_loop(cfg: TrialConfig, session: Session) -> dict:
             status = state.get("status", M.STATUS_RUNNING)
             if status == M.STATUS_BUDGET_SPENT and step < cfg.max_steps:
                 status = M.STATUS_RUNNING
+        elif cfg.init_from:  # a branch of a branched study: counters start at 0 (trainables.branching)
+            branching.start_dit(cfg.init_from, cfg.lr, model, opt, ema)
     if rank == 0 and cfg.gns and not global_gns_available(world, cfg.accum):
         print(f"bcrit: {GNS_UNAVAILABLE}", flush=True)
     startup_seconds = time.perf_counter() - t_start
@@ -171,6 +173,7 @@ def train_loop(cfg: TrialConfig, session: Session) -> dict:
                     "dataset_info": vars(info),
                 }
             checkpoint.save(d, rank, state)
+            branching.keep_checkpoint(cfg.keep_dir, cfg.keep_steps, step, d)
             session.report(metrics, d)
 
     # 3. train until a stop rule fires

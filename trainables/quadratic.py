@@ -21,6 +21,7 @@ from typing import Any
 import numpy as np
 
 from analysis import metrics as M
+from trainables.branching import keep_checkpoint, start_quadratic
 from trainables.config import ConfigError, config_from_dict
 from trainables.stopping import eval_status, status_after_step
 
@@ -49,6 +50,13 @@ class QuadraticConfig:
     report_every: int = 0  # 0 = eval_every
     checkpoint_every: int = 0  # 0 = only at the end
     step_seconds: float = 0.0  # artificial delay per step (tests use it to kill a worker mid-trial)
+    init_from: str | None = None  # branched study: start from this checkpoint's theta (counters reset)
+    keep_dir: str | None = None  # branched study: keep the checkpoints at keep_steps under <keep_dir>/step<N>
+    keep_steps: list = field(default_factory=list)
+    # examples per independent noise draw; 0 = one draw of N(0, c/B) per step. With u > 0 a step draws B/u unit
+    # noises N(0, c/u) and averages them, so a batch of k·u sees the same unit noises, in the same order, as k
+    # steps at u (common random numbers across batch sizes, like a data stream; the branched study sets u = B0)
+    noise_unit: int = 0
     # --- resources -----------------------------------------------------------------------------------------------
     use_gpu: bool = False
     cpus_per_worker: int = 1
@@ -64,6 +72,8 @@ class QuadraticConfig:
                 f"batch_size {self.batch_size} != micro_batch_size {self.micro_batch_size} x grad_accum "
                 f"{self.grad_accum} x workers {max(1, self.num_workers)}; fix the split"
             )
+        if self.noise_unit < 0 or (self.noise_unit and self.batch_size % self.noise_unit):
+            raise ConfigError(f"noise_unit {self.noise_unit} must be >= 0 and divide batch_size {self.batch_size}")
         if not self.lr > 0 or self.divergence_factor <= 1 or self.num_workers < 0:
             raise ConfigError("lr must be > 0, divergence_factor > 1 and num_workers >= 0")
         if self.checkpoint_every and self.checkpoint_every % self.report_interval:
@@ -113,8 +123,12 @@ def train_loop(cfg: QuadraticConfig, session) -> dict:
             theta, step, first_eval = np.asarray(s["theta"]), s["step"], s["first_eval"]
             train_seconds, status = s["train_seconds"], s["status"]
             rng.bit_generator.state = s["rng"]
+        elif cfg.init_from:  # a branch: the reference's theta, its own noise stream keyed by (seed, branch step)
+            theta, branch_step = start_quadratic(cfg.init_from, STATE_FILE)
+            rng = np.random.default_rng([cfg.seed, branch_step])
     startup = time.perf_counter() - t_start
-    sd = np.sqrt(c / cfg.batch_size)
+    sd = np.sqrt(c / (cfg.noise_unit or cfg.batch_size))
+    units = cfg.batch_size // cfg.noise_unit if cfg.noise_unit else 0
     rows: list[list] = []
     last: dict[str, float] = {}
 
@@ -156,6 +170,7 @@ def train_loop(cfg: QuadraticConfig, session) -> dict:
             }
             with open(os.path.join(d, STATE_FILE), "w") as f:
                 json.dump(state, f)
+            keep_checkpoint(cfg.keep_dir, cfg.keep_steps, step, d)
             session.report(metrics, d)
 
     if status != M.STATUS_RUNNING:  # restored from a final checkpoint: nothing left to do
@@ -166,7 +181,8 @@ def train_loop(cfg: QuadraticConfig, session) -> dict:
     while status == M.STATUS_RUNNING:
         t0 = time.perf_counter()
         with np.errstate(over="ignore", invalid="ignore"):
-            theta = theta - cfg.lr * (h * theta + sd * rng.standard_normal(cfg.dim))
+            xi = sd * (rng.standard_normal((units, cfg.dim)).mean(axis=0) if units else rng.standard_normal(cfg.dim))
+            theta = theta - cfg.lr * (h * theta + xi)
         step += 1
         if cfg.step_seconds:
             time.sleep(cfg.step_seconds)
