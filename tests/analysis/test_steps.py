@@ -231,3 +231,26 @@ def test_dense_and_sparse_paths_agree():
     targets = np.array([1.2, 1.0, 0.8, 0.5, -3.0])
     starts = np.flatnonzero(np.r_[True, s.trial[1:] != s.trial[:-1]])
     np.testing.assert_array_equal(_dense(s, n + 2, targets, starts, 30), _sparse(s, n + 2, targets))
+
+
+def test_seed_bootstrap_redraws_seeds_and_respects_censoring():
+    from analysis.pareto import bootstrap_best
+
+    runs = _runs(
+        [
+            (8, 0.1, 0, B, _line(300, 100)),  # setting A: 100, 100 -> 100 in every replicate
+            (8, 0.1, 1, B, _line(300, 100)),
+            (8, 0.2, 0, B, _line(300, 50)),  # setting B: 50 and a seed stopped at 30 without reaching
+            (8, 0.2, 1, R, _line(30, 200)),
+        ]
+    )
+    series = runs.series(m.EVAL_LOSS)
+    steps = steps_to_target(series, 4, [0.5])
+    last, _ = trial_extent(series, 4)
+    st = settings_of(runs, usable(runs))
+    _, reps = bootstrap_best(steps, last, st, 4000, np.random.default_rng(0))
+    r = reps[0, :, 0]
+    # B draws (50, 50) with probability 1/4: known, adjusted residual 0 -> 50 is the best; otherwise B holds a
+    # censored seed with a lower bound below 100 -> the batch size is censored in that replicate (nan)
+    np.testing.assert_allclose(r[np.isfinite(r)], 50.0, rtol=1e-12)
+    assert np.mean(np.isnan(r)) == pytest.approx(0.75, abs=0.03)

@@ -123,7 +123,7 @@ def test_quadratic_pipeline_in_process_recovers_closed_form(tmp_path, seed):
     _check_trustworthy(out, spec, stop_flagged=True)  # seeds 0-2 of the simulation: flagged
 
 
-# ~90 s each (36 trials of up to 2000 steps through Tune, MLflow and the tables): slow; the in-process test above
+# ~2 min each (36 trials of up to 2000 steps through Tune, MLflow and the tables): slow; the in-process test above
 # runs the same spec through the same analysis in the default suite
 @pytest.mark.slow
 @pytest.mark.parametrize("seed", [0, 1, 2])
