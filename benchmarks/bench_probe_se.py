@@ -1,10 +1,11 @@
 """Is `bcrit probe`'s standard error of B_simple honest? Nominal SE vs the observed spread over probe seeds.
 
-For one checkpoint, ``--seeds`` independent probes (seeds 0..S-1) each draw ``--reps-max`` repetitions per bin with
-the probe's own code (``trainables.probe.probe_draws``: repetition ``r`` of a seed is the same whatever ``reps`` is,
-so the first ``R`` repetitions *are* a probe with ``--reps R``). For each ``R`` in ``--reps`` a seed's repetitions are
-cut into ``reps_max / R`` disjoint probes of ``R``; each gives ``B_simple ± SE`` exactly as ``bcrit probe`` does
-(``trainables.probe.probe_row``). Per row (bin, global) and ``R`` we report
+For one checkpoint, ``--seeds`` independent probes (seeds 0..S-1; with ``--bins 1`` bin 0 covers all timesteps
+too, so each seed gives two independent probes of the global row: 10 seeds, 20 probes) each draw ``--reps-max``
+repetitions per bin with the probe's own code (``trainables.probe.probe_draws``: repetition ``r`` of a seed is the
+same whatever ``reps`` is, so the first ``R`` repetitions *are* a probe with ``--reps R``). For each ``R`` in
+``--reps`` a probe's repetitions are cut into ``reps_max / R`` disjoint probes of ``R``; each gives
+``B_simple ± SE`` exactly as ``bcrit probe`` does (``trainables.probe.probe_row``). Per row and ``R`` we report
 
 - ``spread``: the standard deviation of the probes' B_simple (what the SE claims to be),
 - ``rms_se``: the root-mean-square nominal SE, and ``honesty = rms_se / spread`` (1 = honest; < 1 = overconfident),
@@ -73,8 +74,8 @@ def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--checkpoint", default=None, help="trial checkpoint (default: train examples/trial.yaml)")
     ap.add_argument("--steps", type=int, default=60, help="steps of the default checkpoint's trial")
-    ap.add_argument("--bins", type=int, default=2)
-    ap.add_argument("--seeds", type=int, default=20)
+    ap.add_argument("--bins", type=int, default=1, help="1: bin 0 is a second global probe per seed")
+    ap.add_argument("--seeds", type=int, default=10)
     ap.add_argument("--reps-max", type=int, default=16)
     ap.add_argument("--reps", default="8,16", help="probe repetitions to assess (divisors of --reps-max)")
     ap.add_argument("--resample", default="16,32,64,128", help="repetitions to assess by resampling the pool")
@@ -90,33 +91,42 @@ def main() -> None:
         raise SystemExit(f"every --reps must divide --reps-max={args.reps_max}")
     ckpt = args.checkpoint or make_checkpoint(tempfile.mkdtemp(prefix="bench-probe-se-"), args.steps)
     t0 = time.perf_counter()
-    per_seed = []  # per seed: [(k, lo, hi, g2s, traces)] (global last)
+    probes: dict[str, list] = {}  # row -> [(g2 draws, trace draws)] per independent probe of --reps-max
+    spans: dict[str, list[int]] = {}
     for s in range(args.seeds):
         _, draws = probe_draws(ckpt, bins=args.bins, b=args.b, B=args.B, reps=args.reps_max, seed=s, device="cpu")
-        per_seed.append(draws)
+        for k, lo, hi, g2s, trs in draws:
+            # with --bins 1 bin 0 is the whole range too, drawn with other keys: a second global probe per seed
+            label = "all" if k is None or args.bins == 1 else str(k)
+            probes.setdefault(label, []).append((g2s, trs))
+            spans[label] = [lo, hi]
         print(f"seed {s}: {time.perf_counter() - t0:.0f}s", flush=True)
+        if args.out:
+            with open(args.out + ".draws", "w") as f:
+                json.dump({"checkpoint": ckpt, "probes": probes}, f)
     rng = np.random.default_rng(0)
     rows = []
-    for i, (k, lo, hi, _, _) in enumerate(per_seed[0]):
-        g2 = np.array([d[i][3] for d in per_seed])  # (S, reps_max)
-        tr = np.array([d[i][4] for d in per_seed])
+    for label, units in probes.items():
+        k, (lo, hi) = label, spans[label]
+        g2 = np.array([u[0] for u in units])  # (probes, reps_max)
+        tr = np.array([u[1] for u in units])
         pooled, pooled_se = b_simple_with_se(g2.ravel(), tr.ravel())
         for R in reps_list:
             est, ses = [], []
-            for s in range(args.seeds):
+            for s in range(len(units)):
                 for j in range(0, args.reps_max, R):
                     e, se = b_simple_with_se(g2[s, j : j + R], tr[s, j : j + R])
                     est.append(e)
                     ses.append(se)
             h = honesty(np.array(est), np.array(ses), pooled, rng)
-            rows.append({"bin": "all" if k is None else k, "timesteps": [lo, hi], "reps": R, "kind": "seeds",
+            rows.append({"bin": k, "timesteps": [lo, hi], "reps": R, "kind": "seeds",
                          "pooled": pooled, "pooled_se": pooled_se, **h})  # fmt: skip
         for R in [int(r) for r in args.resample.split(",") if r]:
             idx = rng.integers(0, g2.size, size=(args.draws, R))
             pairs = [b_simple_with_se(g2.ravel()[i], tr.ravel()[i]) for i in idx]
             est, ses = np.array([p[0] for p in pairs]), np.array([p[1] for p in pairs])
             h = honesty(est, ses, pooled, rng)
-            rows.append({"bin": "all" if k is None else k, "timesteps": [lo, hi], "reps": R, "kind": "resampled",
+            rows.append({"bin": k, "timesteps": [lo, hi], "reps": R, "kind": "resampled",
                          "pooled": pooled, "pooled_se": pooled_se, **h})  # fmt: skip
     doc = {
         "checkpoint": ckpt,

@@ -109,3 +109,34 @@ def test_bad_input_one_line_exit_2(argv, needle, ckpt, bad_checkpoints, tmp_path
     lines = err.strip().splitlines()
     assert len(lines) == 1 and lines[0].startswith("bcrit probe: error: ") and needle in lines[0], err
     assert out == ""
+
+
+def test_live_b_simple_agrees_with_the_probe_at_the_last_checkpoint(tmp_path, capsys) -> None:
+    """End to end: a short trial (|G|^2 falls ~100x in its first steps) logs B_simple ± SE globally (every step) and
+    per bin (every 5 steps) over a 20-step window; `bcrit probe` on its last checkpoint measures the truth there.
+    Each live value agrees with the probe within their combined SEs (|z| <= 3); the train summary prints them."""
+    from analysis import metrics as M
+    from orchestrator.train_cmd import format_summary
+
+    cfg = TrialConfig(
+        preset="tiny", batch_size=64, micro_batch_size=16, lr=5e-4, warmup_steps=10, max_steps=80, eval_every=80,
+        eval_repeats=1, timestep_bins=2, gns_every=5, gns_window=20, gns_bin_examples=32,
+    )  # fmt: skip
+    s = run_local(cfg, checkpoint_root=str(tmp_path / "trial"))
+    last = s.reports[-1]
+    g2 = [r[3] for rep in s.reports for r in rep["rows"] if r[2] == M.GNS_G2]
+    assert g2[0] > 30 * max(g2[-20:])  # the early transient the window must forget
+    path = tmp_path / "probe.json"
+    code, _, err = _run(
+        ["probe", s.checkpoints[-1], "--b", "8", "--B", "32", "--reps", "16", "--json", str(path)], capsys
+    )
+    assert code == 0, err
+    doc = json.loads(path.read_text())
+    for k, row in [(None, doc["global"]), *enumerate(doc["bins"])]:
+        names = M.gns_names(k)
+        live, live_se = last[names["b_simple"]], last[names["b_simple_se"]]
+        z = (live - row["b_simple"]) / math.hypot(live_se, row["b_simple_se"])
+        assert abs(z) <= 3, (k, live, live_se, row["b_simple"], row["b_simple_se"])
+    text = format_summary(s.summary, 2)
+    assert f"B_simple {last[M.GNS_B_SIMPLE]:.3g} ± {last[M.GNS_B_SIMPLE_SE]:.2g}" in text
+    assert f"B_simple {last['gns/bin1/b_simple']:.3g} ± {last['gns/bin1/b_simple_se']:.2g}" in text
