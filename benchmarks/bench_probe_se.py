@@ -46,6 +46,13 @@ def make_checkpoint(root: str, steps: int) -> str:
     return run_local(TrialConfig.from_dict(d), checkpoint_root=root).checkpoints[-1]
 
 
+def jackknife_se(g2: np.ndarray, tr: np.ndarray) -> float:
+    """Leave-one-out jackknife SE of ``mean(tr) / mean(g2)`` (for comparison with the delta method)."""
+    n = g2.size
+    loo = (tr.sum() - tr) / (g2.sum() - g2)  # (n,) ratio without repetition i
+    return float(np.sqrt((n - 1) / n * np.sum((loo - loo.mean()) ** 2)))
+
+
 def honesty(estimates: np.ndarray, ses: np.ndarray, pooled: float, rng: np.random.Generator) -> dict:
     spread = float(np.std(estimates, ddof=1))
     rms = float(np.sqrt(np.mean(ses**2)))
@@ -82,17 +89,25 @@ def main() -> None:
     ap.add_argument("--draws", type=int, default=2000, help="resampled probes per R")
     ap.add_argument("--b", type=int, default=16)
     ap.add_argument("--B", type=int, default=64)
-    ap.add_argument("--out", default=None, help="write the results as JSON")
+    ap.add_argument("--out", default=None, help="write the results as JSON (and the raw draws to OUT.draws)")
+    ap.add_argument("--from-draws", default=None, metavar="FILE", help="analyse the OUT.draws of an earlier run")
     args = ap.parse_args()
     from trainables.probe import probe_draws
 
     reps_list = [int(r) for r in args.reps.split(",")]
     if any(args.reps_max % r for r in reps_list):
         raise SystemExit(f"every --reps must divide --reps-max={args.reps_max}")
-    ckpt = args.checkpoint or make_checkpoint(tempfile.mkdtemp(prefix="bench-probe-se-"), args.steps)
     t0 = time.perf_counter()
     probes: dict[str, list] = {}  # row -> [(g2 draws, trace draws)] per independent probe of --reps-max
     spans: dict[str, list[int]] = {}
+    if args.from_draws:  # analyse the draws a (possibly interrupted) earlier run saved
+        with open(args.from_draws) as f:
+            saved = json.load(f)
+        ckpt, probes, spans = saved["checkpoint"], saved["probes"], saved.get("spans", {})
+        spans = {k: spans.get(k, [0, 999]) for k in probes}
+        args.seeds = 0
+    else:
+        ckpt = args.checkpoint or make_checkpoint(tempfile.mkdtemp(prefix="bench-probe-se-"), args.steps)
     for s in range(args.seeds):
         _, draws = probe_draws(ckpt, bins=args.bins, b=args.b, B=args.B, reps=args.reps_max, seed=s, device="cpu")
         for k, lo, hi, g2s, trs in draws:
@@ -103,7 +118,7 @@ def main() -> None:
         print(f"seed {s}: {time.perf_counter() - t0:.0f}s", flush=True)
         if args.out:
             with open(args.out + ".draws", "w") as f:
-                json.dump({"checkpoint": ckpt, "probes": probes}, f)
+                json.dump({"checkpoint": ckpt, "probes": probes, "spans": spans}, f)
     rng = np.random.default_rng(0)
     rows = []
     for label, units in probes.items():
@@ -112,22 +127,26 @@ def main() -> None:
         tr = np.array([u[1] for u in units])
         pooled, pooled_se = b_simple_with_se(g2.ravel(), tr.ravel())
         for R in reps_list:
-            est, ses = [], []
+            est, ses, jks = [], [], []
             for s in range(len(units)):
                 for j in range(0, args.reps_max, R):
                     e, se = b_simple_with_se(g2[s, j : j + R], tr[s, j : j + R])
                     est.append(e)
                     ses.append(se)
+                    jks.append(jackknife_se(g2[s, j : j + R], tr[s, j : j + R]))
             h = honesty(np.array(est), np.array(ses), pooled, rng)
+            hj = honesty(np.array(est), np.array(jks), pooled, rng)
             rows.append({"bin": k, "timesteps": [lo, hi], "reps": R, "kind": "seeds",
-                         "pooled": pooled, "pooled_se": pooled_se, **h})  # fmt: skip
+                         "pooled": pooled, "pooled_se": pooled_se, **h, "jackknife": hj})  # fmt: skip
         for R in [int(r) for r in args.resample.split(",") if r]:
             idx = rng.integers(0, g2.size, size=(args.draws, R))
             pairs = [b_simple_with_se(g2.ravel()[i], tr.ravel()[i]) for i in idx]
             est, ses = np.array([p[0] for p in pairs]), np.array([p[1] for p in pairs])
+            jks = np.array([jackknife_se(g2.ravel()[i], tr.ravel()[i]) for i in idx])
             h = honesty(est, ses, pooled, rng)
+            hj = honesty(est, jks, pooled, rng)
             rows.append({"bin": k, "timesteps": [lo, hi], "reps": R, "kind": "resampled",
-                         "pooled": pooled, "pooled_se": pooled_se, **h})  # fmt: skip
+                         "pooled": pooled, "pooled_se": pooled_se, **h, "jackknife": hj})  # fmt: skip
     doc = {
         "checkpoint": ckpt,
         "seeds": args.seeds,
@@ -140,13 +159,17 @@ def main() -> None:
     if args.out:
         with open(args.out, "w") as f:
             json.dump(doc, f, indent=1)
-    print("| bin | reps | probes | pooled B_simple | spread | rms SE | SE / spread (68%) | cover 1SE | cover 2SE |")
-    print("|---|---|---|---|---|---|---|---|---|")
+    print(
+        "| bin | reps | kind | probes | pooled B_simple | spread | rms SE | SE / spread (68%) | cover 1SE | cover 2SE "
+        "| jackknife SE / spread | jackknife cover 2SE |"
+    )
+    print("|---|---|---|---|---|---|---|---|---|---|---|---|")
     for r in rows:
         print(
-            f"| {r['bin']} | {r['reps']} | {r['probes']} | {r['pooled']:.3g} ± {r['pooled_se']:.2g} | "
+            f"| {r['bin']} | {r['reps']} | {r['kind']} | {r['probes']} | {r['pooled']:.3g} ± {r['pooled_se']:.2g} | "
             f"{r['spread']:.3g} | {r['rms_se']:.3g} | {r['honesty']:.2f} ({r['honesty_lo']:.2f}-{r['honesty_hi']:.2f}) "
-            f"| {r['cover1']:.2f} | {r['cover2']:.2f} |"
+            f"| {r['cover1']:.2f} | {r['cover2']:.2f} | {r['jackknife']['honesty']:.2f} "
+            f"| {r['jackknife']['cover2']:.2f} |"
         )
     print(f"seconds {doc['seconds']:.0f}")
 

@@ -8,6 +8,7 @@ import os
 from dataclasses import dataclass, field, fields
 from typing import Any
 
+from analysis.gns import DEFAULT_WINDOW
 from trainables.presets import PRESETS
 
 RETIRED_KEYS = ("gns_ema_beta",)  # keys older checkpoints may hold (gns_ema_beta: replaced by gns_window)
@@ -85,12 +86,12 @@ class TrialConfig:
 
     @property
     def gns_steps(self) -> int:
-        """The B_simple window in optimizer steps: ``gns_window``, or (0 = auto) 100 steps, raised to 4 per-bin
-        measurements (``4 x gns_every``) when per-bin GNS measures within ``max_steps``."""
+        """The B_simple window in optimizer steps: ``gns_window``, or (0 = auto) ``DEFAULT_WINDOW`` (100) steps,
+        raised to 4 per-bin measurements (``4 x gns_every``) when per-bin GNS measures within ``max_steps``."""
         if self.gns_window:
             return self.gns_window
         per_bin_on = 0 < self.gns_every <= self.max_steps
-        return max(100, 4 * self.gns_every) if per_bin_on else 100
+        return max(DEFAULT_WINDOW, 4 * self.gns_every) if per_bin_on else DEFAULT_WINDOW
 
     @property
     def bin_examples(self) -> int:
