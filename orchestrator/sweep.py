@@ -19,7 +19,7 @@ import time
 from typing import Any
 
 from analysis import metrics as M
-from orchestrator.overrides import UserError
+from orchestrator.overrides import UserError, load_yaml
 from orchestrator.spec import SPEC_FILE, SweepSpec, load_spec, parse_spec
 from orchestrator.tune_trainable import OBJECTIVE, get_workload, make_trainable
 
@@ -39,30 +39,13 @@ def check_storage(sweep_dir: str) -> None:
 
 
 def check_tracking(uri: str) -> None:
-    """The tracking URI must be usable now: a SQLite file we can create, or a server that answers."""
-    if uri.startswith("sqlite:///"):
-        directory = os.path.dirname(uri[len("sqlite:///") :]) or "."
-        if not os.path.isdir(directory) or not os.access(directory, os.W_OK):
-            raise UserError(f"tracking.mlflow_uri {uri!r}: directory {directory!r} is missing or not writable")
-        return
-    if uri.startswith(("http://", "https://")):
-        import urllib.request
+    """The tracking URI must be usable now: a SQLite file we can create, or a server that answers within seconds."""
+    from analysis.mlflow_uri import TrackingUriError, check_tracking_uri
 
-        try:
-            with urllib.request.urlopen(uri.rstrip("/") + "/health", timeout=5) as r:
-                if r.status >= 400:
-                    raise OSError(f"HTTP {r.status}")
-        except Exception as e:  # noqa: BLE001 - any failure means unreachable
-            raise UserError(
-                f"tracking.mlflow_uri {uri!r} is unreachable ({e}); start the server or unset it to use the "
-                "embedded SQLite store"
-            ) from None
-        return
-    if uri.startswith(("file:", "/", ".")) or "://" not in uri:
-        raise UserError(
-            f"tracking.mlflow_uri {uri!r}: MLflow 3 refuses the file store; use sqlite:///PATH/mlflow.db or "
-            "an http:// server"
-        )
+    try:
+        check_tracking_uri(uri, create=True, what="tracking.mlflow_uri")
+    except TrackingUriError as e:
+        raise UserError(f"{e} (or unset tracking.mlflow_uri to use the embedded SQLite store)") from None
 
 
 def check_spec(spec: SweepSpec, resources: dict | None = None) -> list[dict[str, Any]]:
@@ -75,20 +58,39 @@ def check_spec(spec: SweepSpec, resources: dict | None = None) -> list[dict[str,
         import ray
 
         resources = ray.cluster_resources()
+        where = f"the Ray cluster ({int(resources.get('CPU', 0))} CPUs, {int(resources.get('GPU', 0))} GPUs)"
+    else:
+        where = (
+            f"this machine ({os.cpu_count() or 1} cores, over-subscribed to {int(resources.get('CPU', 0))} logical "
+            f"CPUs, {int(resources.get('GPU', 0))} GPUs)"
+        )
     w = get_workload(spec.workload)
     from trainables.config import ConfigError
 
     out, checked = [], set()
     for raw in spec.trial_configs():
-        where = f"trial B={raw['batch_size']} split {raw['micro_batch_size']}x{raw['grad_accum']}x{raw['num_workers']}"
+        trial = f"trial B={raw['batch_size']} split {raw['micro_batch_size']}x{raw['grad_accum']}x{raw['num_workers']}"
         try:
             cfg = w.config_cls.from_dict(raw)
-            key = tuple(sorted((k, str(v)) for k, v in cfg.to_dict().items() if k not in ("lr", "seed")))
-            if key not in checked:
-                w.check(cfg, resources)
-                checked.add(key)
         except (ConfigError, TypeError) as e:
-            raise UserError(f"{where}: {e}") from None
+            raise UserError(f"{trial}: {e}") from None
+        need = trial_need(cfg.to_dict())
+        for kind, n in need.items():
+            if n > resources.get(kind, 0.0):
+                raise UserError(
+                    f"{trial} needs {n:g} {kind}s (1 Tune driver + {cfg.num_workers} workers x {cfg.cpus_per_worker})"
+                    f" but {where} has {resources.get(kind, 0.0):g}; lower num_workers or cpus_per_worker, or set "
+                    "RAY_ADDRESS to a bigger cluster"
+                    if kind == "CPU" and cfg.num_workers
+                    else f"{trial} needs {n:g} {kind}s but {where} has {resources.get(kind, 0.0):g}; lower its needs"
+                )
+        key = tuple(sorted((k, str(v)) for k, v in cfg.to_dict().items() if k not in ("lr", "seed")))
+        if key not in checked:
+            try:
+                w.check(cfg, resources)
+            except (ConfigError, TypeError) as e:
+                raise UserError(f"{trial}: {e}") from None
+            checked.add(key)
         out.append(cfg.to_dict())
     return out
 
@@ -122,10 +124,11 @@ def max_concurrent(configs: list[dict], resources: dict) -> int:
     return max(1, worst)
 
 
-def local_cpus(spec: SweepSpec) -> int:
-    """Logical CPUs of the embedded local Ray: over-subscribed (2 x cores), and room for two of the largest trial."""
-    biggest = max(trial_need(c)["CPU"] for c in spec.trial_configs())
-    return int(max(2 * (os.cpu_count() or 1), 2 * biggest))
+def local_cpus(spec: SweepSpec | None = None) -> int:
+    """Logical CPUs of the embedded local Ray: this machine's cores over-subscribed twice (each Tune driver takes
+    a CPU besides its workers; REFERENCE.md), at least 4. Not grown to fit the spec: a trial larger than the
+    machine is refused by `check_spec` (say what the machine has), not run at a crawl."""
+    return max(4, 2 * (os.cpu_count() or 1))
 
 
 # --- the Tuner ---------------------------------------------------------------------------------------------------
@@ -198,13 +201,16 @@ def can_restore(sweep_dir: str) -> bool:
 
 def restore_spec(sweep_dir: str) -> SweepSpec:
     """The spec an existing sweep dir was started with."""
-    import yaml
-
     path = os.path.join(os.path.abspath(sweep_dir), SPEC_FILE)
     if not os.path.exists(path):
         raise UserError(f"{sweep_dir}: not a bcrit sweep directory (no {SPEC_FILE}); pass the spec YAML instead")
-    with open(path) as f:
-        return parse_spec(yaml.safe_load(f), sweep_dir=sweep_dir, source=path)
+    try:
+        return parse_spec(load_yaml(path, allow_empty=False), sweep_dir=sweep_dir, source=path)
+    except UserError as e:
+        raise UserError(
+            f"{e} -- {SPEC_FILE} is the spec this sweep was started with; restore it (it is also an artifact of "
+            "the sweep's MLflow parent run) or start the sweep again in a new storage directory"
+        ) from None
 
 
 def restore_tuner(spec: SweepSpec, worker_failures: int = 3):

@@ -21,7 +21,7 @@ from typing import Any
 import numpy as np
 
 from analysis import metrics as M
-from trainables.config import ConfigError, config_from_dict
+from trainables.config import BOUNDS, Bound, ConfigError, check_bounds, config_from_dict
 from trainables.stopping import eval_status, status_after_step
 
 STATE_FILE = "quadratic_state.json"
@@ -55,17 +55,13 @@ class QuadraticConfig:
     extra: dict = field(default_factory=dict, compare=False, repr=False)
 
     def __post_init__(self) -> None:
+        check_bounds(self, QUADRATIC_BOUNDS)
         per = self.micro_batch_size * max(1, self.num_workers)
-        for name in ("dim", "batch_size", "micro_batch_size", "max_steps", "eval_every", "cpus_per_worker"):
-            if getattr(self, name) < 1:
-                raise ConfigError(f"{name} must be >= 1, got {getattr(self, name)}")
         if self.batch_size % per or (self.grad_accum is not None and self.grad_accum * per != self.batch_size):
             raise ConfigError(
                 f"batch_size {self.batch_size} != micro_batch_size {self.micro_batch_size} x grad_accum "
                 f"{self.grad_accum} x workers {max(1, self.num_workers)}; fix the split"
             )
-        if not self.lr > 0 or self.divergence_factor <= 1 or self.num_workers < 0:
-            raise ConfigError("lr must be > 0, divergence_factor > 1 and num_workers >= 0")
         if self.checkpoint_every and self.checkpoint_every % self.report_interval:
             raise ConfigError(f"checkpoint_every must be a multiple of report_every {self.report_interval}")
 
@@ -88,6 +84,19 @@ class QuadraticConfig:
     @classmethod
     def from_dict(cls, data: dict[str, Any]) -> QuadraticConfig:
         return config_from_dict(cls, data, "quadratic config")
+
+
+# the trial config's bounds (trainables.config.BOUNDS) for the shared keys, plus the problem's own
+QUADRATIC_BOUNDS: dict[str, Bound] = {
+    **{k: BOUNDS[k] for k in ("batch_size", "micro_batch_size", "num_workers", "grad_accum", "lr", "seed")},
+    **{k: BOUNDS[k] for k in ("max_steps", "target_loss", "divergence_factor", "eval_every", "report_every")},
+    **{k: BOUNDS[k] for k in ("checkpoint_every", "use_gpu", "cpus_per_worker", "extra")},
+    "dim": Bound("int", 1, 10**7),
+    "h_decay": Bound("float", 0),
+    "noise_scale": Bound("float", 0),
+    "theta0": Bound("float"),
+    "step_seconds": Bound("float", 0, 60),
+}
 
 
 def check_quadratic(cfg: QuadraticConfig, resources: dict | None = None) -> None:
