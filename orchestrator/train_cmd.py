@@ -36,7 +36,7 @@ def format_summary(summary: dict, num_bins: int) -> str:
 def train_command(args) -> int:
     from trainables.config import ConfigError, TrialConfig
 
-    data = apply_overrides(load_yaml(args.config, allow_empty=not args.set), args.set)
+    data = apply_overrides(load_yaml(args.config, allow_empty=bool(args.set)), args.set)
     try:
         cfg = TrialConfig.from_dict(data)
         from trainables.trial import check_trial
