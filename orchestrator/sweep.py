@@ -27,15 +27,18 @@ TUNE_DIR = "tune"  # Tune experiment of the sweep: <sweep_dir>/tune
 
 
 # --- validation --------------------------------------------------------------------------------------------------
-def check_storage(sweep_dir: str) -> None:
+def check_storage(sweep_dir: str, what: str = "storage") -> None:
+    """The directory exists (created) and takes files; else one UserError line."""
+    if os.path.exists(sweep_dir) and not os.path.isdir(sweep_dir):
+        raise UserError(f"{what} {sweep_dir!r} is a file, not a directory; choose another storage path")
     try:
         os.makedirs(sweep_dir, exist_ok=True)
-        probe = os.path.join(sweep_dir, ".bcrit-write-test")
+        probe = os.path.join(sweep_dir, f".bcrit-write-test-{os.getpid()}")
         with open(probe, "w") as f:
             f.write("ok")
         os.remove(probe)
     except OSError as e:
-        raise UserError(f"storage {sweep_dir!r} is not writable ({e.strerror}); choose another storage path") from None
+        raise UserError(f"{what} {sweep_dir!r} is not writable ({e.strerror}); choose another storage path") from None
 
 
 def check_tracking(uri: str) -> None:
