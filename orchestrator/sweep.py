@@ -13,6 +13,8 @@ placement group from Train, so the trial's own request must not include them (th
 
 from __future__ import annotations
 
+import contextlib
+import glob
 import math
 import os
 import time
@@ -145,11 +147,12 @@ def _trainable(spec: SweepSpec, worker_failures: int):
 
 def callbacks(spec: SweepSpec) -> list:
     """The driver-side callbacks every bcrit sweep needs: MLflow tracking, the Parquet tables, summary lines."""
+    from orchestrator.faults import fault_callbacks
     from orchestrator.tables import TablesCallback
     from orchestrator.tracking import MLflowTracking
 
     tracking = MLflowTracking(spec.mlflow_uri, spec.experiment, spec.name, spec.sweep_dir, spec.to_yaml())
-    return [tracking, TablesCallback(spec.sweep_dir), SummaryCallback()]
+    return [*fault_callbacks(), tracking, TablesCallback(spec.sweep_dir), SummaryCallback()]
 
 
 def build_tuner(
@@ -196,10 +199,99 @@ def build_tuner(
     )
 
 
-def can_restore(sweep_dir: str) -> bool:
-    from ray.tune import Tuner
+# --- what a sweep directory holds (checked before Ray starts) -------------------------------------------------
+NO_SWEEP, UNSTARTED, RESTORABLE = "none", "unstarted", "restorable"
 
-    return Tuner.can_restore(os.path.join(os.path.abspath(sweep_dir), TUNE_DIR))
+
+def sweep_state(sweep_dir: str) -> str:
+    """`RESTORABLE`: Tune saved its experiment state (``Tuner.restore`` works); `UNSTARTED`: the driver died
+    after writing ``tuner.pkl`` but before Tune's first ``experiment_state-*.json`` (``Tuner.can_restore`` says
+    yes, then ``Tuner.restore`` fails with ``KeyError: 'trial'``); `NO_SWEEP`: no Tune experiment at all."""
+    tune_dir = os.path.join(os.path.abspath(sweep_dir), TUNE_DIR)
+    if not os.path.isfile(os.path.join(tune_dir, "tuner.pkl")):
+        return NO_SWEEP
+    if glob.glob(os.path.join(tune_dir, "experiment_state-*.json")):
+        return RESTORABLE
+    return UNSTARTED
+
+
+def can_restore(sweep_dir: str) -> bool:
+    return sweep_state(sweep_dir) == RESTORABLE
+
+
+def has_results(sweep_dir: str) -> bool:
+    """Metric rows of an earlier sweep in the directory (the tables or their parts)."""
+    d = os.path.abspath(sweep_dir)
+    return bool(glob.glob(os.path.join(d, "parts", "*", "m-*.parquet"))) or os.path.exists(
+        os.path.join(d, "metrics.parquet")
+    )
+
+
+def reset_unstarted(spec: SweepSpec) -> None:
+    """Clear what a sweep killed before Tune's first state file left behind -- Tune and Train directories, table
+    parts, and the child runs under the MLflow parent (the parent itself is kept and adopted) -- so that it starts
+    again from scratch with nothing stale mixed in."""
+    import shutil
+
+    from orchestrator.tables import PARTS
+    from orchestrator.tune_trainable import TRAIN_DIR
+
+    d = spec.sweep_dir
+    for sub in (TUNE_DIR, TRAIN_DIR, PARTS):
+        shutil.rmtree(os.path.join(d, sub), ignore_errors=True)
+    for name in ("trials.parquet", "metrics.parquet"):
+        with contextlib.suppress(FileNotFoundError):
+            os.remove(os.path.join(d, name))
+    parent = recorded_parent(spec)
+    if parent:
+        from mlflow.tracking import MlflowClient
+
+        client = MlflowClient(spec.mlflow_uri)
+        exp = client.get_run(parent).info.experiment_id
+        for run in client.search_runs([exp], filter_string=f"tags.`mlflow.parentRunId` = '{parent}'"):
+            client.delete_run(run.info.run_id)
+
+
+def recorded_parent(spec: SweepSpec) -> str | None:
+    """The MLflow parent run id the sweep dir recorded for the spec's tracking URI (None: none yet)."""
+    import json
+
+    from orchestrator.tracking import PARENT_FILE
+
+    path = os.path.join(spec.sweep_dir, PARENT_FILE)
+    try:
+        with open(path) as f:
+            saved = json.load(f)
+    except (OSError, ValueError):
+        return None
+    if not isinstance(saved, dict) or saved.get("tracking_uri") != spec.mlflow_uri:
+        return None
+    return saved.get("run_id")
+
+
+def check_resumable_tracking(spec: SweepSpec) -> None:
+    """The MLflow parent a resumed sweep continues must still exist -- checked before Ray starts, touching
+    nothing (a deleted SQLite store is not re-created empty)."""
+    from analysis.mlflow_uri import sqlite_path
+    from orchestrator.tracking import PARENT_FILE
+
+    parent = recorded_parent(spec)
+    if not parent:
+        return
+    fix = (
+        f"restore it, or delete {os.path.join(spec.sweep_dir, PARENT_FILE)} to resume with a new MLflow parent run "
+        "(the metric histories logged so far are then not in MLflow; the Parquet tables keep them)"
+    )
+    db = sqlite_path(spec.mlflow_uri)
+    if db is not None and not os.path.exists(db):
+        raise UserError(f"the sweep's MLflow store {db} is gone; {fix}")
+    from mlflow.exceptions import MlflowException
+    from mlflow.tracking import MlflowClient
+
+    try:
+        MlflowClient(spec.mlflow_uri).get_run(parent)
+    except MlflowException:
+        raise UserError(f"the sweep's MLflow parent run {parent} is not in {spec.mlflow_uri}; {fix}") from None
 
 
 def restore_spec(sweep_dir: str) -> SweepSpec:
@@ -221,7 +313,7 @@ def restore_tuner(spec: SweepSpec, worker_failures: int = 3):
     from ray.tune import Tuner
 
     path = os.path.join(spec.sweep_dir, TUNE_DIR)
-    if not Tuner.can_restore(path):
+    if not can_restore(spec.sweep_dir):
         raise UserError(f"{spec.sweep_dir}: no interrupted sweep to resume; run it without --resume")
     return Tuner.restore(path, trainable=_trainable(spec, worker_failures), resume_unfinished=True)
 

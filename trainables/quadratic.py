@@ -22,6 +22,7 @@ import numpy as np
 
 from analysis import metrics as M
 from trainables.config import BOUNDS, Bound, ConfigError, check_bounds, config_from_dict
+from trainables.row_log import RowLog
 from trainables.stopping import eval_status, status_after_step
 
 STATE_FILE = "quadratic_state.json"
@@ -115,6 +116,7 @@ def train_loop(cfg: QuadraticConfig, session) -> dict:
     h, c, theta = cfg.problem()
     rng = np.random.default_rng(cfg.seed)
     step, first_eval, train_seconds, status = 0, None, 0.0, M.STATUS_RUNNING
+    row_log = RowLog()  # every row reported, carried by checkpoints (trainables.row_log)
     with session.restore() as d:
         if d:
             with open(os.path.join(d, STATE_FILE)) as f:
@@ -122,9 +124,11 @@ def train_loop(cfg: QuadraticConfig, session) -> dict:
             theta, step, first_eval = np.asarray(s["theta"]), s["step"], s["first_eval"]
             train_seconds, status = s["train_seconds"], s["status"]
             rng.bit_generator.state = s["rng"]
+            row_log.load_state_dict(s.get("row_log"))
     startup = time.perf_counter() - t_start
     sd = np.sqrt(c / cfg.batch_size)
     rows: list[list] = []
+    resend = row_log.rows()  # after a restore: sent again once with the next report (watermarks drop duplicates)
     last: dict[str, float] = {}
 
     def evaluate() -> str:
@@ -138,6 +142,7 @@ def train_loop(cfg: QuadraticConfig, session) -> dict:
         return eval_status(loss, first_eval, cfg.divergence_factor, cfg.target_loss)
 
     def report(final: bool) -> None:
+        nonlocal resend
         metrics = {
             M.STEP: step,
             M.MICRO_STEP: step * cfg.accum,
@@ -148,9 +153,10 @@ def train_loop(cfg: QuadraticConfig, session) -> dict:
             "startup_seconds": startup,
             "worker_pid": os.getpid(),  # which process trained (a restarted worker shows a new pid)
             **last,
-            "rows": list(rows),
+            "rows": resend + rows,
         }
-        rows.clear()
+        row_log.add(rows)
+        resend, rows[:] = [], []
         if not (final or (cfg.checkpoint_every and step % cfg.checkpoint_every == 0)):
             session.report(metrics, None)
             return
@@ -162,6 +168,7 @@ def train_loop(cfg: QuadraticConfig, session) -> dict:
                 "train_seconds": train_seconds,
                 "status": status,
                 "rng": rng.bit_generator.state,
+                "row_log": row_log.state_dict(as_lists=True),
             }
             with open(os.path.join(d, STATE_FILE), "w") as f:
                 json.dump(state, f)
