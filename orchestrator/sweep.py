@@ -246,10 +246,24 @@ def reset_unstarted(spec: SweepSpec) -> None:
     if parent:
         from mlflow.tracking import MlflowClient
 
+        from orchestrator.tracking import PARENT_FILE
+
         client = MlflowClient(spec.mlflow_uri)
         exp = client.get_run(parent).info.experiment_id
         for run in client.search_runs([exp], filter_string=f"tags.`mlflow.parentRunId` = '{parent}'"):
             client.delete_run(run.info.run_id)
+        if _saved_spec_text(d) != spec.to_yaml():
+            # another spec starts here: the old parent (its params are the old spec's) ends; a new one is made
+            client.set_terminated(parent, status="KILLED")
+            os.remove(os.path.join(d, PARENT_FILE))
+
+
+def _saved_spec_text(sweep_dir: str) -> str | None:
+    try:
+        with open(os.path.join(sweep_dir, SPEC_FILE)) as f:
+            return f.read()
+    except OSError:
+        return None
 
 
 def recorded_parent(spec: SweepSpec) -> str | None:
