@@ -143,8 +143,11 @@ class MLflowTracking(Callback):
         path = os.path.join(self.sweep_dir, PARENT_FILE)
         if not os.path.exists(path):
             return {}
-        with open(path) as f:
-            saved = json.load(f)
+        try:
+            with open(path) as f:
+                saved = json.load(f)
+        except ValueError:  # garbled (written by hand?): treated as absent, a new parent is recorded
+            return {}
         return saved if isinstance(saved, dict) else {}
 
     def _write_parent_file(self, record: dict) -> None:
