@@ -1,13 +1,20 @@
 """``bcrit analyze``: runs → ``bcrit.json``, plots and ``report.md`` (and MLflow artifacts of the parent run).
 
 ``bcrit analyze SWEEP_DIR|--mlflow-experiment NAME [--metric eval/loss] [--targets a,b,..] [--bootstrap N]
-[--seed S] --out DIR``. User mistakes print one line ``bcrit analyze: error: ...`` and exit with status 2.
+[--seed S] [--no-mlflow] --out DIR``. User mistakes print one line ``bcrit analyze: error: ...`` and exit with
+status 2, before any compute (output directory, tracking store and parent run are checked first). Outputs are
+written to a private directory and moved into ``--out`` file by file (``os.replace``): a killed run leaves no
+partial file, and two runs on one sweep both finish with whole, identical files.
 """
 
 from __future__ import annotations
 
 import argparse
+import contextlib
+import os
+import shutil
 import sys
+import tempfile
 
 from analysis import metrics as m
 
@@ -39,7 +46,8 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--bootstrap", type=int, default=1000, help="bootstrap replicates for the interval")
     p.add_argument("--seed", type=int, default=0, help="seed of the bootstrap resampling")
     p.add_argument("--no-plots", action="store_true", help="write bcrit.json and report.md only")
-    p.add_argument("--out", required=True, help="output directory")
+    p.add_argument("--no-mlflow", action="store_true", help="do not log the results to the sweep's MLflow run")
+    p.add_argument("--out", required=True, help="output directory (files replaced atomically)")
 
 
 def register(subparsers) -> argparse.ArgumentParser:
@@ -52,41 +60,157 @@ def register(subparsers) -> argparse.ArgumentParser:
 
 def run(args: argparse.Namespace) -> int:
     """Execute ``bcrit analyze``; return the exit status (0 ok, 2 user error)."""
+    from analysis.mlflow_uri import TrackingUriError
     from analysis.pareto import TooFewBatchSizesError
     from analysis.schema import RunsTableError
 
     try:
         return _run(args)
-    except (UsageError, RunsTableError, TooFewBatchSizesError) as e:
+    except (UsageError, RunsTableError, TooFewBatchSizesError, TrackingUriError) as e:
         print(f"{PROG}: error: {e}", file=sys.stderr)
         return 2
 
 
+def check_out_dir(out: str) -> None:
+    """``--out`` must be a directory we can write (or create) -- checked before any compute, creating nothing."""
+    path = os.path.abspath(out)
+    if os.path.exists(path) and not os.path.isdir(path):
+        raise UsageError(f"--out {out}: exists and is not a directory; give a directory for the results")
+    probe = path
+    while not os.path.exists(probe):
+        probe = os.path.dirname(probe)
+    if not os.path.isdir(probe):
+        raise UsageError(f"--out {out}: {probe} is not a directory")
+    try:  # os.access says yes to root even on /proc: try it (a directory made and removed at once)
+        os.rmdir(tempfile.mkdtemp(prefix=".bcrit-write-test-", dir=probe))
+    except OSError as e:
+        what = "" if probe == path else f" (cannot create it in {probe})"
+        raise UsageError(f"--out {out}: not writable{what} ({e.strerror}); choose another output directory") from None
+
+
+def check_parent_run(tracking_uri: str | None, parent_run_id: str, source: str) -> str:
+    """The MLflow run the results are logged to must exist (a reachable store, checked within seconds). Returns
+    the resolved tracking URI. ``source`` says where the run id came from (for the message)."""
+    import mlflow
+    from mlflow.exceptions import MlflowException
+
+    from analysis.mlflow_uri import TrackingUriError, check_tracking_uri
+
+    uri = tracking_uri or mlflow.get_tracking_uri()
+    fix = "; pass --no-mlflow to analyse without logging to MLflow"
+    try:
+        check_tracking_uri(uri, create=False, what=f"the MLflow store of {source}")
+    except TrackingUriError as e:
+        raise UsageError(f"{e}{fix}") from None
+    try:
+        mlflow.MlflowClient(uri).get_run(parent_run_id)
+    except MlflowException:
+        raise UsageError(f"MLflow run {parent_run_id} ({source}) does not exist at {uri}{fix}") from None
+    return uri
+
+
+def check_metric(runs, metric: str, targets: list[float] | None) -> None:
+    """Clear messages for data the fit cannot use: every value non-finite, too few batch sizes with a finite
+    value, or a target at or above every trial's starting value (every trial meets it before training)."""
+    import numpy as np
+
+    from analysis.pareto import MIN_BATCH_SIZES
+    from analysis.steps import usable
+
+    s = runs.series(metric)
+    if len(s.value) == 0:
+        return  # analysis.report names the metrics that exist
+    finite = np.isfinite(s.value)
+    if not finite.any():
+        raise UsageError(
+            f"every {metric} value is NaN or infinite ({len(s.value)} values of {len(runs.trial_ids)} trials): "
+            "the trials diverged from the start or the metric was never computed; nothing to analyse"
+        )
+    ok = usable(runs)
+    keep = finite & ok[s.trial]
+    have = np.unique(runs.batch_size[np.unique(s.trial[keep])])
+    if len(have) < MIN_BATCH_SIZES:
+        none = sorted(set(np.unique(runs.batch_size).tolist()) - set(have.tolist()))
+        raise UsageError(
+            f"only batch sizes {have.tolist()} have a finite {metric} in a usable (not diverged or failed) trial; "
+            f"{none} have none (need >= {MIN_BATCH_SIZES} batch sizes)"
+        )
+    if targets:
+        t, v = s.trial[keep], s.value[keep]
+        first = np.ones(len(t), dtype=bool)
+        first[1:] = t[1:] != t[:-1]
+        top = float(v[first].max())
+        above = [x for x in targets if x >= top]
+        if above:
+            raise UsageError(
+                f"--targets {','.join(f'{x:g}' for x in above)}: at or above every trial's starting {metric} "
+                f"(the highest start is {top:.4g}), so every trial meets it before training; choose targets below "
+                f"{top:.4g}, or omit --targets for automatic ones"
+            )
+
+
 def _run(args: argparse.Namespace) -> int:
     from analysis import loaders, report
+    from analysis.mlflow_uri import check_tracking_uri
 
     if (args.sweep_dir is None) == (args.mlflow_experiment is None):
         raise UsageError("give exactly one of SWEEP_DIR or --mlflow-experiment NAME")
     targets = None if args.targets is None else parse_targets(args.targets)
     if args.bootstrap < 0:
         raise UsageError(f"--bootstrap must be >= 0, got {args.bootstrap}")
+    if not 0 <= args.seed < 2**63:
+        raise UsageError(f"--seed must be an integer >= 0, got {args.seed}")
+    check_out_dir(args.out)
+    if args.tracking_uri is not None:
+        check_tracking_uri(args.tracking_uri, create=False, what="--tracking-uri")
     if args.mlflow_experiment is not None:
+        if args.tracking_uri is None:  # MLflow's default store: it must exist (MLflow would create an empty one)
+            import mlflow
+
+            check_tracking_uri(mlflow.get_tracking_uri(), create=False, what="MLflow's default tracking URI")
         runs = loaders.load_mlflow(args.mlflow_experiment, args.tracking_uri, args.parent_run_id)
     else:
         runs = loaders.load_sweep_dir(args.sweep_dir)
-    if _is_branched(runs):
-        return _run_branched(runs, args)
-    result = report.analyze(
-        runs, args.metric, targets, args.out, bootstrap=args.bootstrap, seed=args.seed, plots=not args.no_plots
-    )
-    parent = args.parent_run_id or runs.parent_run_id
+    parent = None if args.no_mlflow else (args.parent_run_id or runs.parent_run_id)
+    uri = None
     if parent is not None:
-        report.log_to_mlflow(args.out, args.tracking_uri or runs.tracking_uri, parent)
+        source = "--parent-run-id" if args.parent_run_id else f"{args.sweep_dir}/{loaders.SWEEP_PARENT_FILE}"
+        uri = check_parent_run(args.tracking_uri or runs.tracking_uri, parent, source)
+    if _is_branched(runs):
+        return _run_branched(runs, args, parent, uri)
+    check_metric(runs, args.metric, targets)
+    with staging_dir(args.out) as tmp:
+        result = report.analyze(
+            runs, args.metric, targets, tmp, bootstrap=args.bootstrap, seed=args.seed, plots=not args.no_plots
+        )
+        if parent is not None:
+            report.log_to_mlflow(tmp, uri, parent)
+        publish(tmp, args.out, last=report.JSON_FILE)
     print("\n".join(report.summary_lines(result)))
     print(f"wrote {args.out}/bcrit.json, report.md" + ("" if args.no_plots else " and plots"))
     if parent is not None:
         print(f"logged them as artifacts (analysis/) of MLflow run {parent}")
     return 0
+
+
+@contextlib.contextmanager
+def staging_dir(out: str):
+    """A private directory next to the outputs (same file system), removed afterwards: the results are written
+    there in full, then `publish`-ed, so a killed or concurrent run never leaves a partial ``bcrit.json``."""
+    os.makedirs(out, exist_ok=True)
+    tmp = tempfile.mkdtemp(prefix=".partial-", dir=out)
+    try:
+        yield tmp
+    finally:
+        shutil.rmtree(tmp, ignore_errors=True)
+
+
+def publish(tmp: str, out: str, last: str) -> None:
+    """Move every file of ``tmp`` into ``out`` with ``os.replace`` (atomic per file), ``last`` after the others
+    so that a ``bcrit.json`` newer than the other files never exists."""
+    names = sorted(n for n in os.listdir(tmp) if os.path.isfile(os.path.join(tmp, n)))
+    for name in [n for n in names if n != last] + [n for n in names if n == last]:
+        os.replace(os.path.join(tmp, name), os.path.join(out, name))
 
 
 def _fmt(x: float | None) -> str:
@@ -99,11 +223,16 @@ def _is_branched(runs) -> bool:
     return is_branched(runs)
 
 
-def _run_branched(runs, args: argparse.Namespace) -> int:
-    """A branched study (bcrit branch): analysis.branched_report, with the study's own settings."""
+def _run_branched(runs, args: argparse.Namespace, parent: str | None, uri: str | None) -> int:
+    """A branched study (bcrit branch): analysis.branched_report, with the study's own settings; written and logged
+    like a sweep's analysis (staged, then published)."""
     from analysis import branched_report, report
 
-    result = branched_report.analyze(runs, args.out, bootstrap=args.bootstrap, seed=args.seed, plots=not args.no_plots)
+    with staging_dir(args.out) as tmp:
+        result = branched_report.analyze(runs, tmp, bootstrap=args.bootstrap, seed=args.seed, plots=not args.no_plots)
+        if parent is not None:
+            report.log_to_mlflow(tmp, uri, parent)
+        publish(tmp, args.out, last=report.JSON_FILE)
     eps = result["epsilons"][0]
     for p in result["points"]:
         a = p["by_epsilon"][0]
@@ -113,9 +242,7 @@ def _run_branched(runs, args: argparse.Namespace) -> int:
             f"{branched_report._answer(a)}  interval [{_fmt(lo)}, {_fmt(hi)}]"
         )
     print(f"wrote {args.out}/bcrit.json, report.md" + ("" if args.no_plots else " and branched.png"))
-    parent = args.parent_run_id or runs.parent_run_id
     if parent is not None:
-        report.log_to_mlflow(args.out, args.tracking_uri or runs.tracking_uri, parent)
         print(f"logged them as artifacts (analysis/) of MLflow run {parent}")
     return 0
 

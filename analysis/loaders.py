@@ -180,6 +180,11 @@ def load_mlflow(experiment_name: str, tracking_uri: str | None = None, parent_ru
         if not parents:
             raise RunsTableError(f"MLflow experiment {experiment_name!r} has no parent run with nested child runs")
         parent_run_id = max(parents, key=lambda r: r.info.start_time or 0).info.run_id
+    elif not any(r.info.run_id == parent_run_id for r in runs):
+        raise RunsTableError(
+            f"MLflow run {parent_run_id} is not a run of experiment {experiment_name!r} at {client.tracking_uri}; "
+            "omit --parent-run-id to take the newest sweep of the experiment"
+        )
     kids = children.get(parent_run_id, [])
     if not kids:
         raise RunsTableError(f"MLflow run {parent_run_id} has no nested child runs (tag mlflow.parentRunId)")

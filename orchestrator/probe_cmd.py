@@ -25,13 +25,31 @@ def register(sub) -> None:
     p.set_defaults(func=probe_command)
 
 
-def probe_command(args) -> int:
+def check_output_file(path: str, flag: str) -> None:
+    """The file ``path`` can be written: checked before minutes of compute, leaving nothing behind."""
     import os
+    import tempfile
 
+    full = os.path.abspath(path)
+    directory = os.path.dirname(full)
+    if os.path.isdir(full):
+        raise UserError(f"{flag} {path}: is a directory; give a file name")
+    if not os.path.isdir(directory):
+        raise UserError(f"{flag} {path}: its directory does not exist")
+    try:  # os.access says yes to root even on /proc: try it
+        os.rmdir(tempfile.mkdtemp(prefix=".bcrit-write-test-", dir=directory))
+        if os.path.exists(full):
+            with open(full, "a"):
+                pass
+    except OSError as e:
+        raise UserError(f"{flag} {path}: not writable ({e.strerror}); choose another file") from None
+
+
+def probe_command(args) -> int:
     from trainables.probe import ProbeError, format_table, probe
 
-    if args.json and not os.path.isdir(os.path.dirname(os.path.abspath(args.json))):
-        raise UserError(f"--json {args.json}: its directory does not exist")
+    if args.json:
+        check_output_file(args.json, "--json")
     try:
         result = probe(
             args.checkpoint, bins=args.bins, b=args.b, B=args.B, reps=args.reps, ema=args.ema, seed=args.seed

@@ -175,14 +175,19 @@ def parse_spec(data: dict, *, sweep_dir: str | None = None, source: str = "spec"
 
     search, nuisance, trials_per_b = _nuisance(nui)
     name = name.strip()
-    storage = data.get("storage") or os.path.join("runs", name)
-    if not isinstance(storage, str):
+    storage = data.get("storage")
+    storage = os.path.join("runs", name) if storage is None else storage
+    if not isinstance(storage, str) or not storage.strip():
         raise UserError("storage must be a directory path, e.g. storage: ./runs/tiny")
     sweep_dir = os.path.abspath(sweep_dir or storage)
-    uri = track.get("mlflow_uri") or os.environ.get("MLFLOW_TRACKING_URI") or local_mlflow_uri(sweep_dir)
-    experiment = track.get("experiment") or "bcrit"
-    if not isinstance(experiment, str):
-        raise UserError("tracking.experiment must be a string (an MLflow experiment name)")
+    uri = track.get("mlflow_uri")
+    uri = (os.environ.get("MLFLOW_TRACKING_URI") or local_mlflow_uri(sweep_dir)) if uri is None else uri
+    if not isinstance(uri, str):
+        raise UserError(f"tracking.mlflow_uri must be a URI (sqlite:///PATH/mlflow.db or http://...), got {uri!r}")
+    experiment = track.get("experiment")
+    experiment = "bcrit" if experiment is None else experiment
+    if not isinstance(experiment, str) or not experiment.strip():
+        raise UserError("tracking.experiment must be a non-empty string (an MLflow experiment name)")
     return SweepSpec(
         name=name,
         workload=workload,

@@ -13,13 +13,15 @@ placement group from Train, so the trial's own request must not include them (th
 
 from __future__ import annotations
 
+import contextlib
+import glob
 import math
 import os
 import time
 from typing import Any
 
 from analysis import metrics as M
-from orchestrator.overrides import UserError
+from orchestrator.overrides import UserError, load_yaml
 from orchestrator.spec import SPEC_FILE, SweepSpec, load_spec, parse_spec
 from orchestrator.tune_trainable import OBJECTIVE, get_workload, make_trainable
 
@@ -27,42 +29,28 @@ TUNE_DIR = "tune"  # Tune experiment of the sweep: <sweep_dir>/tune
 
 
 # --- validation --------------------------------------------------------------------------------------------------
-def check_storage(sweep_dir: str) -> None:
+def check_storage(sweep_dir: str, what: str = "storage") -> None:
+    """The directory exists (created) and takes files; else one UserError line."""
+    if os.path.exists(sweep_dir) and not os.path.isdir(sweep_dir):
+        raise UserError(f"{what} {sweep_dir!r} is a file, not a directory; choose another storage path")
     try:
         os.makedirs(sweep_dir, exist_ok=True)
-        probe = os.path.join(sweep_dir, ".bcrit-write-test")
+        probe = os.path.join(sweep_dir, f".bcrit-write-test-{os.getpid()}")
         with open(probe, "w") as f:
             f.write("ok")
         os.remove(probe)
     except OSError as e:
-        raise UserError(f"storage {sweep_dir!r} is not writable ({e.strerror}); choose another storage path") from None
+        raise UserError(f"{what} {sweep_dir!r} is not writable ({e.strerror}); choose another storage path") from None
 
 
 def check_tracking(uri: str) -> None:
-    """The tracking URI must be usable now: a SQLite file we can create, or a server that answers."""
-    if uri.startswith("sqlite:///"):
-        directory = os.path.dirname(uri[len("sqlite:///") :]) or "."
-        if not os.path.isdir(directory) or not os.access(directory, os.W_OK):
-            raise UserError(f"tracking.mlflow_uri {uri!r}: directory {directory!r} is missing or not writable")
-        return
-    if uri.startswith(("http://", "https://")):
-        import urllib.request
+    """The tracking URI must be usable now: a SQLite file we can create, or a server that answers within seconds."""
+    from analysis.mlflow_uri import TrackingUriError, check_tracking_uri
 
-        try:
-            with urllib.request.urlopen(uri.rstrip("/") + "/health", timeout=5) as r:
-                if r.status >= 400:
-                    raise OSError(f"HTTP {r.status}")
-        except Exception as e:  # noqa: BLE001 - any failure means unreachable
-            raise UserError(
-                f"tracking.mlflow_uri {uri!r} is unreachable ({e}); start the server or unset it to use the "
-                "embedded SQLite store"
-            ) from None
-        return
-    if uri.startswith(("file:", "/", ".")) or "://" not in uri:
-        raise UserError(
-            f"tracking.mlflow_uri {uri!r}: MLflow 3 refuses the file store; use sqlite:///PATH/mlflow.db or "
-            "an http:// server"
-        )
+    try:
+        check_tracking_uri(uri, create=True, what="tracking.mlflow_uri")
+    except TrackingUriError as e:
+        raise UserError(f"{e} (or unset tracking.mlflow_uri to use the embedded SQLite store)") from None
 
 
 def check_spec(spec: SweepSpec, resources: dict | None = None) -> list[dict[str, Any]]:
@@ -75,20 +63,39 @@ def check_spec(spec: SweepSpec, resources: dict | None = None) -> list[dict[str,
         import ray
 
         resources = ray.cluster_resources()
+        where = f"the Ray cluster ({int(resources.get('CPU', 0))} CPUs, {int(resources.get('GPU', 0))} GPUs)"
+    else:
+        where = (
+            f"this machine ({os.cpu_count() or 1} cores, over-subscribed to {int(resources.get('CPU', 0))} logical "
+            f"CPUs, {int(resources.get('GPU', 0))} GPUs)"
+        )
     w = get_workload(spec.workload)
     from trainables.config import ConfigError
 
     out, checked = [], set()
     for raw in spec.trial_configs():
-        where = f"trial B={raw['batch_size']} split {raw['micro_batch_size']}x{raw['grad_accum']}x{raw['num_workers']}"
+        trial = f"trial B={raw['batch_size']} split {raw['micro_batch_size']}x{raw['grad_accum']}x{raw['num_workers']}"
         try:
             cfg = w.config_cls.from_dict(raw)
-            key = tuple(sorted((k, str(v)) for k, v in cfg.to_dict().items() if k not in ("lr", "seed")))
-            if key not in checked:
-                w.check(cfg, resources)
-                checked.add(key)
         except (ConfigError, TypeError) as e:
-            raise UserError(f"{where}: {e}") from None
+            raise UserError(f"{trial}: {e}") from None
+        need = trial_need(cfg.to_dict())
+        for kind, n in need.items():
+            if n > resources.get(kind, 0.0):
+                raise UserError(
+                    f"{trial} needs {n:g} {kind}s (1 Tune driver + {cfg.num_workers} workers x {cfg.cpus_per_worker})"
+                    f" but {where} has {resources.get(kind, 0.0):g}; lower num_workers or cpus_per_worker, or set "
+                    "RAY_ADDRESS to a bigger cluster"
+                    if kind == "CPU" and cfg.num_workers
+                    else f"{trial} needs {n:g} {kind}s but {where} has {resources.get(kind, 0.0):g}; lower its needs"
+                )
+        key = tuple(sorted((k, str(v)) for k, v in cfg.to_dict().items() if k not in ("lr", "seed")))
+        if key not in checked:
+            try:
+                w.check(cfg, resources)
+            except (ConfigError, TypeError) as e:
+                raise UserError(f"{trial}: {e}") from None
+            checked.add(key)
         out.append(cfg.to_dict())
     return out
 
@@ -122,10 +129,11 @@ def max_concurrent(configs: list[dict], resources: dict) -> int:
     return max(1, worst)
 
 
-def local_cpus(spec: SweepSpec) -> int:
-    """Logical CPUs of the embedded local Ray: over-subscribed (2 x cores), and room for two of the largest trial."""
-    biggest = max(trial_need(c)["CPU"] for c in spec.trial_configs())
-    return int(max(2 * (os.cpu_count() or 1), 2 * biggest))
+def local_cpus(spec: SweepSpec | None = None) -> int:
+    """Logical CPUs of the embedded local Ray: this machine's cores over-subscribed twice (each Tune driver takes
+    a CPU besides its workers; REFERENCE.md), at least 4. Not grown to fit the spec: a trial larger than the
+    machine is refused by `check_spec` (say what the machine has), not run at a crawl."""
+    return max(4, 2 * (os.cpu_count() or 1))
 
 
 # --- the Tuner ---------------------------------------------------------------------------------------------------
@@ -139,11 +147,12 @@ def _trainable(spec: SweepSpec, worker_failures: int):
 
 def callbacks(spec: SweepSpec) -> list:
     """The driver-side callbacks every bcrit sweep needs: MLflow tracking, the Parquet tables, summary lines."""
+    from orchestrator.faults import fault_callbacks
     from orchestrator.tables import TablesCallback
     from orchestrator.tracking import MLflowTracking
 
     tracking = MLflowTracking(spec.mlflow_uri, spec.experiment, spec.name, spec.sweep_dir, spec.to_yaml())
-    return [tracking, TablesCallback(spec.sweep_dir), SummaryCallback()]
+    return [*fault_callbacks(), tracking, TablesCallback(spec.sweep_dir), SummaryCallback()]
 
 
 def build_tuner(
@@ -190,21 +199,127 @@ def build_tuner(
     )
 
 
-def can_restore(sweep_dir: str) -> bool:
-    from ray.tune import Tuner
+# --- what a sweep directory holds (checked before Ray starts) -------------------------------------------------
+NO_SWEEP, UNSTARTED, RESTORABLE = "none", "unstarted", "restorable"
 
-    return Tuner.can_restore(os.path.join(os.path.abspath(sweep_dir), TUNE_DIR))
+
+def sweep_state(sweep_dir: str) -> str:
+    """`RESTORABLE`: Tune saved its experiment state (``Tuner.restore`` works); `UNSTARTED`: the driver died
+    after writing ``tuner.pkl`` but before Tune's first ``experiment_state-*.json`` (``Tuner.can_restore`` says
+    yes, then ``Tuner.restore`` fails with ``KeyError: 'trial'``); `NO_SWEEP`: no Tune experiment at all."""
+    tune_dir = os.path.join(os.path.abspath(sweep_dir), TUNE_DIR)
+    if not os.path.isfile(os.path.join(tune_dir, "tuner.pkl")):
+        return NO_SWEEP
+    if glob.glob(os.path.join(tune_dir, "experiment_state-*.json")):
+        return RESTORABLE
+    return UNSTARTED
+
+
+def can_restore(sweep_dir: str) -> bool:
+    return sweep_state(sweep_dir) == RESTORABLE
+
+
+def has_results(sweep_dir: str) -> bool:
+    """Metric rows of an earlier sweep in the directory (the tables or their parts)."""
+    d = os.path.abspath(sweep_dir)
+    return bool(glob.glob(os.path.join(d, "parts", "*", "m-*.parquet"))) or os.path.exists(
+        os.path.join(d, "metrics.parquet")
+    )
+
+
+def reset_unstarted(spec: SweepSpec) -> None:
+    """Clear what a sweep killed before Tune's first state file left behind -- Tune and Train directories, table
+    parts, and the child runs under the MLflow parent (the parent itself is kept and adopted) -- so that it starts
+    again from scratch with nothing stale mixed in."""
+    import shutil
+
+    from orchestrator.tables import PARTS
+    from orchestrator.tune_trainable import TRAIN_DIR
+
+    d = spec.sweep_dir
+    for sub in (TUNE_DIR, TRAIN_DIR, PARTS):
+        shutil.rmtree(os.path.join(d, sub), ignore_errors=True)
+    for name in ("trials.parquet", "metrics.parquet"):
+        with contextlib.suppress(FileNotFoundError):
+            os.remove(os.path.join(d, name))
+    parent = recorded_parent(spec)
+    if parent:
+        from mlflow.tracking import MlflowClient
+
+        from orchestrator.tracking import PARENT_FILE
+
+        client = MlflowClient(spec.mlflow_uri)
+        exp = client.get_run(parent).info.experiment_id
+        for run in client.search_runs([exp], filter_string=f"tags.`mlflow.parentRunId` = '{parent}'"):
+            client.delete_run(run.info.run_id)
+        if _saved_spec_text(d) != spec.to_yaml():
+            # another spec starts here: the old parent (its params are the old spec's) ends; a new one is made
+            client.set_terminated(parent, status="KILLED")
+            os.remove(os.path.join(d, PARENT_FILE))
+
+
+def _saved_spec_text(sweep_dir: str) -> str | None:
+    try:
+        with open(os.path.join(sweep_dir, SPEC_FILE)) as f:
+            return f.read()
+    except OSError:
+        return None
+
+
+def recorded_parent(spec: SweepSpec) -> str | None:
+    """The MLflow parent run id the sweep dir recorded for the spec's tracking URI (None: none yet)."""
+    import json
+
+    from orchestrator.tracking import PARENT_FILE
+
+    path = os.path.join(spec.sweep_dir, PARENT_FILE)
+    try:
+        with open(path) as f:
+            saved = json.load(f)
+    except (OSError, ValueError):
+        return None
+    if not isinstance(saved, dict) or saved.get("tracking_uri") != spec.mlflow_uri:
+        return None
+    return saved.get("run_id")
+
+
+def check_resumable_tracking(spec: SweepSpec) -> None:
+    """The MLflow parent a resumed sweep continues must still exist -- checked before Ray starts, touching
+    nothing (a deleted SQLite store is not re-created empty)."""
+    from analysis.mlflow_uri import sqlite_path
+    from orchestrator.tracking import PARENT_FILE
+
+    parent = recorded_parent(spec)
+    if not parent:
+        return
+    fix = (
+        f"restore it, or delete {os.path.join(spec.sweep_dir, PARENT_FILE)} to resume with a new MLflow parent run "
+        "(the metric histories logged so far are then not in MLflow; the Parquet tables keep them)"
+    )
+    db = sqlite_path(spec.mlflow_uri)
+    if db is not None and not os.path.exists(db):
+        raise UserError(f"the sweep's MLflow store {db} is gone; {fix}")
+    from mlflow.exceptions import MlflowException
+    from mlflow.tracking import MlflowClient
+
+    try:
+        MlflowClient(spec.mlflow_uri).get_run(parent)
+    except MlflowException:
+        raise UserError(f"the sweep's MLflow parent run {parent} is not in {spec.mlflow_uri}; {fix}") from None
 
 
 def restore_spec(sweep_dir: str) -> SweepSpec:
     """The spec an existing sweep dir was started with."""
-    import yaml
-
     path = os.path.join(os.path.abspath(sweep_dir), SPEC_FILE)
     if not os.path.exists(path):
         raise UserError(f"{sweep_dir}: not a bcrit sweep directory (no {SPEC_FILE}); pass the spec YAML instead")
-    with open(path) as f:
-        return parse_spec(yaml.safe_load(f), sweep_dir=sweep_dir, source=path)
+    try:
+        return parse_spec(load_yaml(path, allow_empty=False), sweep_dir=sweep_dir, source=path)
+    except UserError as e:
+        raise UserError(
+            f"{e} -- {SPEC_FILE} is the spec this sweep was started with; restore it (it is also an artifact of "
+            "the sweep's MLflow parent run) or start the sweep again in a new storage directory"
+        ) from None
 
 
 def restore_tuner(spec: SweepSpec, worker_failures: int = 3):
@@ -212,7 +327,7 @@ def restore_tuner(spec: SweepSpec, worker_failures: int = 3):
     from ray.tune import Tuner
 
     path = os.path.join(spec.sweep_dir, TUNE_DIR)
-    if not Tuner.can_restore(path):
+    if not can_restore(spec.sweep_dir):
         raise UserError(f"{spec.sweep_dir}: no interrupted sweep to resume; run it without --resume")
     return Tuner.restore(path, trainable=_trainable(spec, worker_failures), resume_unfinished=True)
 

@@ -20,7 +20,7 @@ def register(sub) -> None:
 def run(args) -> int:
     from orchestrator.overrides import UserError
     from orchestrator.spec import load_spec
-    from orchestrator.sweep import can_restore, restore_spec
+    from orchestrator.sweep import restore_spec
 
     if os.path.isdir(args.spec):
         if not args.resume:
@@ -38,12 +38,49 @@ def run(args) -> int:
                     f"`bcrit sweep {spec.sweep_dir} --resume`, or start the new spec in another storage directory"
                 )
             spec = saved
-        elif can_restore(spec.sweep_dir):
+    return _run(spec, args.resume)
+
+
+def plan_start(spec, resume: bool) -> bool:
+    """Decide, before Ray starts, how the sweep dir is used; returns whether to ``Tuner.restore``. A sweep
+    killed before Tune's first state file is started again from scratch (its leftovers cleared); a fresh start
+    is refused only for a directory holding a restorable sweep or results of an earlier one."""
+    from orchestrator.overrides import UserError
+    from orchestrator.sweep import (
+        NO_SWEEP,
+        RESTORABLE,
+        UNSTARTED,
+        check_resumable_tracking,
+        has_results,
+        reset_unstarted,
+        sweep_state,
+    )
+
+    state = sweep_state(spec.sweep_dir)
+    if state == RESTORABLE:
+        if not resume:
             raise UserError(
                 f"{spec.sweep_dir} already holds a sweep; add --resume to continue it, or set storage to a new "
                 "directory"
             )
-    return _run(spec, args.resume)
+        check_resumable_tracking(spec)
+        return True
+    if state == UNSTARTED:
+        print(
+            f"[bcrit] {spec.sweep_dir}: the sweep was stopped before Tune saved its first state; starting it again "
+            "from scratch"
+        )
+        reset_unstarted(spec)
+        return False
+    assert state == NO_SWEEP
+    if has_results(spec.sweep_dir):
+        raise UserError(
+            f"{spec.sweep_dir} holds results of an earlier sweep but no Tune state ({spec.sweep_dir}/tune is gone)"
+            ", so it cannot be resumed; start the sweep in a new storage directory"
+        )
+    if resume:
+        raise UserError(f"{spec.sweep_dir}: no interrupted sweep to resume; run it without --resume")
+    return False
 
 
 def _run(spec, resume: bool) -> int:
@@ -53,6 +90,7 @@ def _run(spec, resume: bool) -> int:
 
     # validate before anything starts: against the local Ray we would start, or the cluster at RAY_ADDRESS
     configs = check_spec(spec, None if os.environ.get("RAY_ADDRESS") else local_resources(spec))
+    resume = plan_start(spec, resume)
     start_ray(spec)
     if os.environ.get("RAY_ADDRESS"):
         configs = check_spec(spec)

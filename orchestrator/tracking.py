@@ -19,6 +19,7 @@ import os
 import platform
 import socket
 import time
+import uuid
 from importlib import metadata
 from typing import Any
 
@@ -26,6 +27,7 @@ from ray.tune import Callback
 
 from analysis import metrics as M
 from analysis.loaders import SWEEP_PARENT_FILE
+from orchestrator.faults import fault_point
 
 PARENT_FILE = SWEEP_PARENT_FILE  # read back by analysis.loaders.load_sweep_dir
 WATERMARK_TAG = "bcrit.watermark"
@@ -84,26 +86,43 @@ class MLflowTracking(Callback):
         self.open_parent()
 
     def open_parent(self) -> str:
-        """Create the parent run, or reopen the one this sweep dir recorded (resume)."""
+        """Create the parent run, or reopen the one this sweep dir recorded (resume).
+
+        Crash-safe: ``mlflow_parent.json`` is written (atomically) with a fresh ``sweep_uid`` and no ``run_id``
+        *before* the run is created with tag ``bcrit.sweep_uid``; a driver killed in between leaves that pending
+        record, and the next start finds the run by its tag and adopts it -- one parent per sweep, never a second
+        one, never one left RUNNING once the sweep is resumed."""
         if self.parent_id:
             return self.parent_id
-        path = os.path.join(self.sweep_dir, PARENT_FILE)
-        if os.path.exists(path):
-            with open(path) as f:
-                saved = json.load(f)
-            if saved.get("tracking_uri") == self.tracking_uri:
-                self.experiment_id, self.parent_id = saved["experiment_id"], saved["run_id"]
-                self.client.update_run(self.parent_id, status="RUNNING")
-                self.client.set_tag(self.parent_id, "bcrit.resumed_at", time.strftime("%Y-%m-%dT%H:%M:%S"))
-                return self.parent_id
+        saved = self._read_parent_file()
+        if saved.get("tracking_uri") == self.tracking_uri and saved.get("run_id"):
+            self.experiment_id, self.parent_id = saved["experiment_id"], saved["run_id"]
+            self.client.update_run(self.parent_id, status="RUNNING")
+            self.client.set_tag(self.parent_id, "bcrit.resumed_at", time.strftime("%Y-%m-%dT%H:%M:%S"))
+            return self.parent_id
         exp = self.client.get_experiment_by_name(self.experiment)
         self.experiment_id = exp.experiment_id if exp else self.client.create_experiment(self.experiment)
-        run = self.client.create_run(
-            self.experiment_id,
-            run_name=self.sweep_name,
-            tags={"bcrit.role": "sweep", "bcrit.sweep_dir": self.sweep_dir, "bcrit.sweep": self.sweep_name},
-        )
-        self.parent_id = run.info.run_id
+        uid = saved.get("sweep_uid") if saved.get("tracking_uri") == self.tracking_uri else None
+        found = self._find_parent(uid) if uid else None
+        if found is not None:  # created by a driver killed before it recorded the run id: adopt it
+            self.parent_id = found
+            self.client.update_run(found, status="RUNNING")
+            self.client.set_tag(found, "bcrit.resumed_at", time.strftime("%Y-%m-%dT%H:%M:%S"))
+        else:
+            uid = uid or uuid.uuid4().hex
+            self._write_parent_file({"sweep_uid": uid, "run_id": None})
+            run = self.client.create_run(
+                self.experiment_id,
+                run_name=self.sweep_name,
+                tags={
+                    "bcrit.role": "sweep",
+                    "bcrit.sweep_dir": self.sweep_dir,
+                    "bcrit.sweep": self.sweep_name,
+                    "bcrit.sweep_uid": uid,
+                },
+            )
+            self.parent_id = run.info.run_id
+            fault_point("parent_created")
         from mlflow.entities import Param
 
         params = [Param(f"env.{k}", v) for k, v in environment().items()]
@@ -113,15 +132,38 @@ class MLflowTracking(Callback):
             spec = flatten(yaml.safe_load(self.spec_yaml) or {}, "spec.")
             params += [Param(k, str(v)[:6000]) for k, v in spec.items()]
             self.client.log_text(self.parent_id, self.spec_yaml, "sweep_spec.yaml")
+        logged = self.client.get_run(self.parent_id).data.params if found is not None else {}
+        params = [p for p in params if p.key not in logged]  # an adopted run may hold some already
         for i in range(0, len(params), MAX_PARAMS):
             self.client.log_batch(self.parent_id, params=params[i : i + MAX_PARAMS])
+        self._write_parent_file({"sweep_uid": uid, "run_id": self.parent_id})
+        return self.parent_id
+
+    def _read_parent_file(self) -> dict:
+        path = os.path.join(self.sweep_dir, PARENT_FILE)
+        if not os.path.exists(path):
+            return {}
+        try:
+            with open(path) as f:
+                saved = json.load(f)
+        except ValueError:  # garbled (written by hand?): treated as absent, a new parent is recorded
+            return {}
+        return saved if isinstance(saved, dict) else {}
+
+    def _write_parent_file(self, record: dict) -> None:
+        path = os.path.join(self.sweep_dir, PARENT_FILE)
         os.makedirs(self.sweep_dir, exist_ok=True)
         with open(path + ".tmp", "w") as f:
-            json.dump(
-                {"tracking_uri": self.tracking_uri, "experiment_id": self.experiment_id, "run_id": self.parent_id}, f
-            )
+            json.dump({"tracking_uri": self.tracking_uri, "experiment_id": self.experiment_id, **record}, f)
+            f.flush()
+            os.fsync(f.fileno())
         os.replace(path + ".tmp", path)
-        return self.parent_id
+
+    def _find_parent(self, uid: str) -> str | None:
+        found = self.client.search_runs(
+            [self.experiment_id], filter_string=f"tags.`bcrit.sweep_uid` = '{uid}'", max_results=2
+        )
+        return found[0].info.run_id if found else None
 
     # --- children ---------------------------------------------------------------------------------------------
     def child(self, trial_id: str, cfg: dict) -> str:

@@ -45,7 +45,7 @@ def format_summary(summary: dict, num_bins: int) -> str:
 def train_command(args) -> int:
     from trainables.config import ConfigError, TrialConfig
 
-    data = apply_overrides(load_yaml(args.config), args.set)
+    data = apply_overrides(load_yaml(args.config, allow_empty=bool(args.set)), args.set)
     try:
         cfg = TrialConfig.from_dict(data)
         from trainables.trial import check_trial
@@ -53,10 +53,19 @@ def train_command(args) -> int:
         check_trial(cfg)
     except (ConfigError, TypeError) as e:
         raise UserError(str(e)) from None
+    from orchestrator.sweep import check_storage
     from trainables.trial import run_trial
 
     name = args.name or time.strftime("train-%Y%m%d-%H%M%S")
-    summary = run_trial(cfg, name=name, storage_path=args.storage)
+    if not name.strip() or "/" in name or name in (".", ".."):
+        raise UserError(f"--name {name!r}: a run name is one non-empty path component, e.g. --name base")
+    check_storage(args.storage, what="--storage")
+    try:
+        summary = run_trial(cfg, name=name, storage_path=args.storage)
+    except ConfigError as e:  # a resumed run's checkpoint is damaged or its config may not continue it
+        raise UserError(str(e)) from None
+    if summary.get("note"):
+        print(f"bcrit train: warning: {summary['note']}")
     print(format_summary(summary, cfg.timestep_bins))
     print(f"run    {summary['path']}")
     print(f"checkpoint {summary['checkpoint']}")

@@ -4,6 +4,7 @@ and all of it is logged (MLflow params, checkpoint, summary)."""
 from __future__ import annotations
 
 import dataclasses
+import math
 import os
 from dataclasses import dataclass, field, fields
 from typing import Any
@@ -119,8 +120,10 @@ class TrialConfig:
 def config_from_dict(cls, data: dict[str, Any], what: str = "config"):
     """Build a frozen config dataclass from YAML / ``--set`` data: unknown keys rejected, values coerced to the
     fields' types, each mistake one `ConfigError` line."""
+    if not isinstance(data, dict):
+        raise ConfigError(f"a {what} must be a mapping of keys to values, got {type(data).__name__}")
     types = {f.name: str(f.type) for f in fields(cls)}
-    unknown = sorted(set(data) - set(types))
+    unknown = sorted(set(map(str, data)) - set(types))
     if "gns_ema_beta" in unknown and "gns_window" in types:
         raise ConfigError("gns_ema_beta was replaced by gns_window: B_simple now averages the last N steps; drop it")
     if unknown:
@@ -129,43 +132,146 @@ def config_from_dict(cls, data: dict[str, Any], what: str = "config"):
 
 
 def _coerce(key: str, kind: str, value: Any) -> Any:
-    """Coerce YAML / ``--set`` values to the field's type, with a clear error."""
+    """Coerce YAML / ``--set`` values to the field's type, with a clear error. Numbers may come as strings
+    (YAML reads ``1e-3`` as a string); booleans are never numbers and numbers never booleans."""
     if value is None or key == "extra":
         return value
+    base = kind.split(" ")[0]
     try:
-        if kind.startswith("bool"):
-            if isinstance(value, str):
-                if value.lower() not in ("true", "false", "1", "0", "yes", "no"):
-                    raise ValueError
+        if base == "bool":
+            if isinstance(value, str) and value.lower() in ("true", "false", "1", "0", "yes", "no"):
                 return value.lower() in ("true", "1", "yes")
-            return bool(value)
-        if kind.startswith("int"):
+            if isinstance(value, bool) or (isinstance(value, int) and value in (0, 1)):
+                return bool(value)
+            raise ValueError
+        if base in ("int", "float"):
+            if isinstance(value, bool) or not isinstance(value, (int, float, str)):
+                raise ValueError
+            if base == "float":
+                return float(value)
+            if isinstance(value, str):
+                value = float(value) if any(c in value for c in ".eE") else int(value)
             if isinstance(value, float) and not value.is_integer():
                 raise ValueError
             return int(value)
-        if kind.startswith("float"):
-            return float(value)
-    except (TypeError, ValueError):
-        raise ConfigError(f"config key {key!r} must be {kind.split(' ')[0]}, got {value!r}") from None
+    except (TypeError, ValueError, OverflowError):
+        raise ConfigError(f"config key {key!r} must be {base}, got {value!r}") from None
     return value
 
 
+# --- bounds: one table, checked for every field of every config class --------------------------------------------
+@dataclass(frozen=True)
+class Bound:
+    """The values one config field accepts: a type (``int``, ``float``, ``bool``, ``str``, ``dict``, or ``list``
+    of step counts), an interval for numbers (``lo``/``hi`` inclusive unless ``*_open``; ``None`` = unbounded), and
+    whether ``None`` is allowed. Numbers must be finite."""
+
+    kind: str
+    lo: float | None = None
+    hi: float | None = None
+    lo_open: bool = False
+    hi_open: bool = False
+    optional: bool = False
+
+    def describe(self) -> str:
+        if self.kind == "list":
+            return "a list of integers >= 0"
+        if self.kind not in ("int", "float"):
+            return f"a {self.kind}"
+        fmt = "{:d}" if self.kind == "int" else "{:g}"
+        lo, hi = (None if x is None else fmt.format(x) for x in (self.lo, self.hi))
+        if lo is not None and hi is not None:
+            interval = f"in {'(' if self.lo_open else '['}{lo}, {hi}{')' if self.hi_open else ']'}"
+        elif lo is not None:
+            interval = f"{'>' if self.lo_open else '>='} {lo}"
+        elif hi is not None:
+            interval = f"{'<' if self.hi_open else '<='} {hi}"
+        else:
+            interval = "finite"
+        return f"{'an integer' if self.kind == 'int' else 'a number'} {interval}" + (" (or null)" * self.optional)
+
+    def accepts(self, v: Any) -> bool:
+        if v is None:
+            return self.optional
+        if self.kind == "bool":
+            return isinstance(v, bool)
+        if self.kind == "str":
+            return isinstance(v, str) and bool(v.strip())
+        if self.kind == "dict":
+            return isinstance(v, dict)
+        if self.kind == "list":  # a list of step counts (e.g. keep_steps)
+            return isinstance(v, list) and all(isinstance(x, int) and not isinstance(x, bool) and x >= 0 for x in v)
+        if isinstance(v, bool) or not isinstance(v, (int, float)) or (self.kind == "int" and not isinstance(v, int)):
+            return False
+        if not math.isfinite(v):
+            return False
+        if self.lo is not None and (v < self.lo or (self.lo_open and v == self.lo)):
+            return False
+        return not (self.hi is not None and (v > self.hi or (self.hi_open and v == self.hi)))
+
+
+MAX_INT = 2**31 - 1
+POS = Bound("int", 1, MAX_INT)  # a positive count
+COUNT = Bound("int", 0, MAX_INT)  # a count where 0 means off / default
+UNIT = Bound("float", 0, 1, hi_open=True)  # a probability or decay in [0, 1)
+# Every TrialConfig field; a field without a row is a bug (tests/trainables/test_config.py checks the table is full).
+BOUNDS: dict[str, Bound] = {
+    "preset": Bound("str"),
+    "dataset": Bound("str"),
+    "eval_size": POS,
+    "batch_size": POS,
+    "micro_batch_size": POS,
+    "num_workers": Bound("int", 0, 4096),
+    "grad_accum": Bound("int", 1, MAX_INT, optional=True),
+    "lr": Bound("float", 0, lo_open=True),
+    "warmup_steps": COUNT,
+    "beta1": UNIT,
+    "beta2": UNIT,
+    "weight_decay": Bound("float", 0),
+    "adam_eps": Bound("float", 0, lo_open=True),
+    "grad_clip": Bound("float", 0),
+    "ema_decay": UNIT,
+    "class_dropout": UNIT,
+    "seed": Bound("int", 0, 2**32 - 1),  # numpy's seed range
+    "max_steps": POS,
+    "target_loss": Bound("float", 0, lo_open=True, optional=True),
+    "divergence_factor": Bound("float", 1, lo_open=True),
+    "eval_every": POS,
+    "eval_repeats": POS,
+    "eval_ema": Bound("bool"),
+    "timestep_bins": Bound("int", 1, 1000),
+    "gns": Bound("bool"),
+    "gns_window": COUNT,
+    "gns_every": COUNT,
+    "gns_bin_examples": COUNT,
+    "report_every": COUNT,
+    "checkpoint_every": COUNT,
+    "use_gpu": Bound("bool"),
+    "bf16": Bound("bool"),
+    "cpus_per_worker": Bound("int", 1, 1024),
+    "threads_per_worker": Bound("int", 0, 1024),
+    "init_from": Bound("str", optional=True),
+    "keep_dir": Bound("str", optional=True),
+    "keep_steps": Bound("list"),
+    "extra": Bound("dict"),
+}
+
+
+def check_bounds(config: Any, bounds: dict[str, Bound]) -> None:
+    """Raise one ConfigError naming the first field outside its row of ``bounds`` (the value and what is valid)."""
+    for f in fields(config):
+        b = bounds[f.name]
+        v = getattr(config, f.name)
+        if not b.accepts(v):
+            raise ConfigError(f"{f.name} must be {b.describe()}, got {v!r}")
+
+
 def validate(c: TrialConfig) -> None:
-    """Raise one ConfigError for the first impossible setting, before any worker starts."""
+    """Raise one ConfigError for the first impossible setting, before any worker starts: each field against its
+    row of `BOUNDS`, then the settings that depend on each other."""
+    check_bounds(c, BOUNDS)
     if c.preset not in PRESETS:
         raise ConfigError(f"unknown preset {c.preset!r}; choose one of {list(PRESETS)}")
-    for name in (
-        "batch_size",
-        "micro_batch_size",
-        "max_steps",
-        "eval_every",
-        "eval_repeats",
-        "cpus_per_worker",
-    ):
-        if getattr(c, name) < 1:
-            raise ConfigError(f"{name} must be >= 1, got {getattr(c, name)}")
-    if c.num_workers < 0:
-        raise ConfigError(f"num_workers must be >= 0 (0 = in-process), got {c.num_workers}")
     per_step = c.micro_batch_size * c.world_size
     if c.batch_size % per_step:
         raise ConfigError(
@@ -173,32 +279,16 @@ def validate(c: TrialConfig) -> None:
             f"pick a batch size that is a multiple of {per_step}"
         )
     if c.grad_accum is not None:
-        if c.grad_accum < 1:
-            raise ConfigError(f"grad_accum must be >= 1, got {c.grad_accum}")
         if c.grad_accum != c.accum:
             raise ConfigError(
                 f"batch_size {c.batch_size} != micro_batch_size {c.micro_batch_size} x grad_accum {c.grad_accum}"
                 f" x workers {c.world_size}; fix one of them (or drop grad_accum to derive it)"
             )
-    if not c.lr > 0:
-        raise ConfigError(f"lr must be > 0, got {c.lr}")
-    if not 0 <= c.ema_decay < 1:
-        raise ConfigError(f"ema_decay must be in [0, 1), got {c.ema_decay}")
-    if not 0 <= c.class_dropout < 1:
-        raise ConfigError(f"class_dropout must be in [0, 1), got {c.class_dropout}")
-    if c.gns_window < 0:
-        raise ConfigError(f"gns_window must be >= 0 steps (0 = auto), got {c.gns_window}")
     if c.gns_window and 0 < c.gns_every <= c.max_steps and c.gns_window < 2 * c.gns_every:
         raise ConfigError(
             f"gns_window {c.gns_window} steps holds fewer than 2 per-bin GNS measurements (gns_every "
             f"{c.gns_every}), too few for a standard error; set gns_window >= {2 * c.gns_every} (or 0 = auto)"
         )
-    if c.divergence_factor <= 1:
-        raise ConfigError(f"divergence_factor must be > 1, got {c.divergence_factor}")
-    if not 1 <= c.timestep_bins <= 1000:
-        raise ConfigError(f"timestep_bins must be in 1..1000, got {c.timestep_bins}")
-    if c.report_every < 0 or c.checkpoint_every < 0 or c.gns_every < 0 or c.gns_bin_examples < 0:
-        raise ConfigError("report_every, checkpoint_every, gns_every and gns_bin_examples must be >= 0")
     if c.gns_every and c.bin_examples < 2:
         raise ConfigError("per-bin GNS needs gns_bin_examples >= 2 (two halves of at least one example)")
     if c.gns_every and c.bin_examples % 2:

@@ -28,6 +28,7 @@ from trainables.diffusion import make_scheduler
 from trainables.evaluation import HeldOutEval
 from trainables.gns_stats import LocalGradNormHook
 from trainables.presets import build_dit
+from trainables.row_log import RowLog
 from trainables.step import TrainStep, global_gns_available
 from trainables.stopping import eval_status, status_after_step
 
@@ -93,6 +94,7 @@ def train_loop(cfg: TrialConfig, session: Session) -> dict:
     # 2. restore
     step, first_eval, train_seconds, status = 0, None, 0.0, M.STATUS_RUNNING
     last: dict[str, float] = {}
+    row_log = RowLog()  # every row reported, carried by checkpoints (trainables.row_log)
     with session.restore() as ckpt_dir:
         if ckpt_dir:
             state = checkpoint.load(ckpt_dir, rank)
@@ -106,6 +108,7 @@ def train_loop(cfg: TrialConfig, session: Session) -> dict:
                 bin_gns.load_state_dict(state["bin_gns"])
             step, first_eval, train_seconds = state["step"], state["first_eval"], state["train_seconds"]
             last = state["last"]
+            row_log.load_state_dict(state.get("row_log"))
             # a finished trial re-run (e.g. by Tune after a driver crash) trains no further; a larger max_steps
             # extends a trial whose budget was spent
             status = state.get("status", M.STATUS_RUNNING)
@@ -117,6 +120,7 @@ def train_loop(cfg: TrialConfig, session: Session) -> dict:
         print(f"bcrit: {GNS_UNAVAILABLE}", flush=True)
     startup_seconds = time.perf_counter() - t_start
     rows: list[list] = []
+    resend = row_log.rows()  # after a restore: sent again once with the next report (watermarks drop duplicates)
 
     def record(name: str, value: float) -> None:
         rows.append([step, step * cfg.batch_size, name, float(value), train_seconds])
@@ -137,6 +141,7 @@ def train_loop(cfg: TrialConfig, session: Session) -> dict:
         return eval_status(loss, first_eval, cfg.divergence_factor, cfg.target_loss)
 
     def report(final: bool, save: bool | None = None) -> None:
+        nonlocal resend
         if save is None:
             save = final or (cfg.checkpoint_every and step % cfg.checkpoint_every == 0)
         metrics = {
@@ -148,9 +153,10 @@ def train_loop(cfg: TrialConfig, session: Session) -> dict:
             "train_seconds": train_seconds,
             "startup_seconds": startup_seconds,
             **last,
-            "rows": list(rows),
+            "rows": resend + rows,
         }
-        rows.clear()
+        row_log.add(rows)
+        resend, rows[:] = [], []
         if not save:
             session.report(metrics, None)
             return
@@ -171,6 +177,7 @@ def train_loop(cfg: TrialConfig, session: Session) -> dict:
                     "status": status,
                     "config": cfg.to_dict(),
                     "dataset_info": vars(info),
+                    "row_log": row_log.state_dict(),
                 }
             checkpoint.save(d, rank, state)
             branching.keep_checkpoint(cfg.keep_dir, cfg.keep_steps, step, d)

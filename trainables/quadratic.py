@@ -22,7 +22,8 @@ import numpy as np
 
 from analysis import metrics as M
 from trainables.branching import keep_checkpoint, start_quadratic
-from trainables.config import ConfigError, config_from_dict
+from trainables.config import BOUNDS, COUNT, Bound, ConfigError, check_bounds, config_from_dict
+from trainables.row_log import RowLog
 from trainables.stopping import eval_status, status_after_step
 
 STATE_FILE = "quadratic_state.json"
@@ -63,19 +64,15 @@ class QuadraticConfig:
     extra: dict = field(default_factory=dict, compare=False, repr=False)
 
     def __post_init__(self) -> None:
+        check_bounds(self, QUADRATIC_BOUNDS)
         per = self.micro_batch_size * max(1, self.num_workers)
-        for name in ("dim", "batch_size", "micro_batch_size", "max_steps", "eval_every", "cpus_per_worker"):
-            if getattr(self, name) < 1:
-                raise ConfigError(f"{name} must be >= 1, got {getattr(self, name)}")
         if self.batch_size % per or (self.grad_accum is not None and self.grad_accum * per != self.batch_size):
             raise ConfigError(
                 f"batch_size {self.batch_size} != micro_batch_size {self.micro_batch_size} x grad_accum "
                 f"{self.grad_accum} x workers {max(1, self.num_workers)}; fix the split"
             )
-        if self.noise_unit < 0 or (self.noise_unit and self.batch_size % self.noise_unit):
-            raise ConfigError(f"noise_unit {self.noise_unit} must be >= 0 and divide batch_size {self.batch_size}")
-        if not self.lr > 0 or self.divergence_factor <= 1 or self.num_workers < 0:
-            raise ConfigError("lr must be > 0, divergence_factor > 1 and num_workers >= 0")
+        if self.noise_unit and self.batch_size % self.noise_unit:
+            raise ConfigError(f"noise_unit {self.noise_unit} must divide batch_size {self.batch_size}")
         if self.checkpoint_every and self.checkpoint_every % self.report_interval:
             raise ConfigError(f"checkpoint_every must be a multiple of report_every {self.report_interval}")
 
@@ -100,6 +97,21 @@ class QuadraticConfig:
         return config_from_dict(cls, data, "quadratic config")
 
 
+# the trial config's bounds (trainables.config.BOUNDS) for the shared keys, plus the problem's own
+QUADRATIC_BOUNDS: dict[str, Bound] = {
+    **{k: BOUNDS[k] for k in ("batch_size", "micro_batch_size", "num_workers", "grad_accum", "lr", "seed")},
+    **{k: BOUNDS[k] for k in ("max_steps", "target_loss", "divergence_factor", "eval_every", "report_every")},
+    **{k: BOUNDS[k] for k in ("checkpoint_every", "use_gpu", "cpus_per_worker", "extra")},
+    **{k: BOUNDS[k] for k in ("init_from", "keep_dir", "keep_steps")},
+    "noise_unit": COUNT,  # 0 = one noise draw per step
+    "dim": Bound("int", 1, 10**7),
+    "h_decay": Bound("float", 0),
+    "noise_scale": Bound("float", 0),
+    "theta0": Bound("float"),
+    "step_seconds": Bound("float", 0, 60),
+}
+
+
 def check_quadratic(cfg: QuadraticConfig, resources: dict | None = None) -> None:
     """Resources only (the problem needs no data)."""
     resources = resources or {"CPU": os.cpu_count() or 1}
@@ -116,6 +128,7 @@ def train_loop(cfg: QuadraticConfig, session) -> dict:
     h, c, theta = cfg.problem()
     rng = np.random.default_rng(cfg.seed)
     step, first_eval, train_seconds, status = 0, None, 0.0, M.STATUS_RUNNING
+    row_log = RowLog()  # every row reported, carried by checkpoints (trainables.row_log)
     with session.restore() as d:
         if d:
             with open(os.path.join(d, STATE_FILE)) as f:
@@ -123,6 +136,7 @@ def train_loop(cfg: QuadraticConfig, session) -> dict:
             theta, step, first_eval = np.asarray(s["theta"]), s["step"], s["first_eval"]
             train_seconds, status = s["train_seconds"], s["status"]
             rng.bit_generator.state = s["rng"]
+            row_log.load_state_dict(s.get("row_log"))
         elif cfg.init_from:  # a branch: the reference's theta, its own noise stream keyed by (seed, branch step)
             theta, branch_step = start_quadratic(cfg.init_from, STATE_FILE)
             rng = np.random.default_rng([cfg.seed, branch_step])
@@ -130,6 +144,7 @@ def train_loop(cfg: QuadraticConfig, session) -> dict:
     sd = np.sqrt(c / (cfg.noise_unit or cfg.batch_size))
     units = cfg.batch_size // cfg.noise_unit if cfg.noise_unit else 0
     rows: list[list] = []
+    resend = row_log.rows()  # after a restore: sent again once with the next report (watermarks drop duplicates)
     last: dict[str, float] = {}
 
     def evaluate() -> str:
@@ -143,6 +158,7 @@ def train_loop(cfg: QuadraticConfig, session) -> dict:
         return eval_status(loss, first_eval, cfg.divergence_factor, cfg.target_loss)
 
     def report(final: bool) -> None:
+        nonlocal resend
         metrics = {
             M.STEP: step,
             M.MICRO_STEP: step * cfg.accum,
@@ -153,9 +169,10 @@ def train_loop(cfg: QuadraticConfig, session) -> dict:
             "startup_seconds": startup,
             "worker_pid": os.getpid(),  # which process trained (a restarted worker shows a new pid)
             **last,
-            "rows": list(rows),
+            "rows": resend + rows,
         }
-        rows.clear()
+        row_log.add(rows)
+        resend, rows[:] = [], []
         if not (final or (cfg.checkpoint_every and step % cfg.checkpoint_every == 0)):
             session.report(metrics, None)
             return
@@ -167,6 +184,7 @@ def train_loop(cfg: QuadraticConfig, session) -> dict:
                 "train_seconds": train_seconds,
                 "status": status,
                 "rng": rng.bit_generator.state,
+                "row_log": row_log.state_dict(as_lists=True),
             }
             with open(os.path.join(d, STATE_FILE), "w") as f:
                 json.dump(state, f)

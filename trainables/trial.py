@@ -53,10 +53,13 @@ class LocalSession:
 
     rank, world_size = 0, 1
 
-    def __init__(self, root: str | None = None, resume_from: str | None = None, device: str = "cpu"):
+    def __init__(
+        self, root: str | None = None, resume_from: str | None = None, device: str = "cpu", keep: int | None = None
+    ):
         self.device = torch.device(device)
         self.root = root
         self.resume_from = resume_from
+        self.keep = keep  # newest checkpoints kept under root (None: all)
         self.reports: list[dict] = []
         self.checkpoints: list[str] = []
 
@@ -64,8 +67,20 @@ class LocalSession:
         self.reports.append(metrics)
         if checkpoint_dir and self.root:
             dest = os.path.join(self.root, f"checkpoint_step{metrics['step']:08d}")
-            shutil.copytree(checkpoint_dir, dest, dirs_exist_ok=True)
+            tmp = f"{dest}.tmp"  # copied whole, then renamed: a kill never leaves a partial checkpoint_* dir
+            shutil.rmtree(tmp, ignore_errors=True)
+            shutil.copytree(checkpoint_dir, tmp)
+            if os.path.exists(dest):
+                shutil.rmtree(dest)
+            os.replace(tmp, dest)
+            if dest in self.checkpoints:
+                self.checkpoints.remove(dest)
             self.checkpoints.append(dest)
+            if self.keep:
+                for old in self.checkpoints[: -self.keep]:
+                    if old != self.resume_from:
+                        shutil.rmtree(old, ignore_errors=True)
+                self.checkpoints = self.checkpoints[-self.keep :]
 
     @contextlib.contextmanager
     def restore(self):
@@ -170,14 +185,28 @@ def ensure_ray(num_cpus: int | None = None) -> None:
 
 
 def run_trial(cfg: TrialConfig, *, name: str, storage_path: str | None = None, max_failures: int = 0) -> dict:
-    """Validate, then fit the trial with Ray Train; returns rank 0's summary."""
+    """Validate, then fit the trial; returns rank 0's summary. Checkpoints live under ``<storage>/<name>`` for
+    every ``num_workers`` (in-process too), and a run of the same name resumes -- if its config may continue it
+    (trainables.resume). ``summary["note"]``: a damaged checkpoint that was skipped, else absent."""
+    from trainables.resume import resume_point
+
     check_trial(cfg)
     storage_path = os.path.abspath(storage_path or os.path.join(tempfile.gettempdir(), "bcrit-runs"))
-    if cfg.num_workers > 0:
+    run_dir = os.path.join(storage_path, name)
+    resume_from, note = resume_point(run_dir, cfg.to_dict(), can_fall_back=cfg.num_workers == 0)
+    if cfg.num_workers == 0:  # in-process: Ray Train's local mode writes nothing under storage_path
+        os.makedirs(run_dir, exist_ok=True)
+        session = LocalSession(run_dir, resume_from, "cuda" if cfg.use_gpu else "cpu", keep=2)
+        summary = dict(train_loop(cfg, session))
+        summary["path"] = run_dir
+        summary["checkpoint"] = session.checkpoints[-1] if session.checkpoints else resume_from
+    else:
         ensure_ray()
-    trainer = build_trainer(cfg, name=name, storage_path=storage_path, max_failures=max_failures)
-    result = trainer.fit()
-    summary = dict(result.return_value or {})
-    summary["path"] = result.path
-    summary["checkpoint"] = result.checkpoint.path if result.checkpoint else None
+        trainer = build_trainer(cfg, name=name, storage_path=storage_path, max_failures=max_failures)
+        result = trainer.fit()
+        summary = dict(result.return_value or {})
+        summary["path"] = result.path
+        summary["checkpoint"] = result.checkpoint.path if result.checkpoint else None
+    if note:
+        summary["note"] = note
     return summary

@@ -87,8 +87,8 @@ def test_load_mlflow_errors(store):
     uri, parent = store
     with pytest.raises(RunsTableError, match="experiment 'nope' not found"):
         load_mlflow("nope", tracking_uri=uri)
-    with pytest.raises(RunsTableError, match="has no nested child runs"):
-        load_mlflow("sweep", tracking_uri=uri, parent_run_id="0" * 32)
+    with pytest.raises(RunsTableError, match="is not a run of experiment 'sweep'"):
+        load_mlflow("sweep", tracking_uri=uri, parent_run_id="0" * 32)  # issue 14: not "has no child runs"
 
 
 def test_log_to_mlflow_attaches_artifacts_to_parent(store, tmp_path):

@@ -100,6 +100,8 @@ def bad_checkpoints(ckpt, tmp_path_factory) -> dict[str, str]:
         (["{unknown}"], "dataset"),
         (["{no_ema}", "--ema"], "no EMA"),
         (["{ckpt}", "--json", "/no/such/dir/p.json"], "--json"),
+        (["{ckpt}", "--json", "/proc/p.json"], "not writable"),  # issue 14: refused before computing
+        (["{ckpt}", "--json", "{empty}"], "is a directory"),
     ],
 )
 def test_bad_input_one_line_exit_2(argv, needle, ckpt, bad_checkpoints, tmp_path, capsys) -> None:

@@ -14,12 +14,12 @@ def test_defaults_and_derived_accum():
     [
         (dict(batch_size=30, micro_batch_size=8), "not divisible"),
         (dict(batch_size=32, micro_batch_size=8, num_workers=3), "not divisible"),
-        (dict(batch_size=32, micro_batch_size=8, grad_accum=0), "grad_accum must be >= 1"),
+        (dict(batch_size=32, micro_batch_size=8, grad_accum=0), r"grad_accum must be an integer in \[1, "),
         (dict(batch_size=32, micro_batch_size=8, grad_accum=2), "fix one of them"),
         (dict(preset="DiT-Q/7"), "unknown preset"),
         (dict(dataset="/nonexistent/latents"), "neither 'digits' nor an existing"),
-        (dict(lr=0.0), "lr must be > 0"),
-        (dict(num_workers=-1), "num_workers must be >= 0"),
+        (dict(lr=0.0), "lr must be a number > 0"),
+        (dict(num_workers=-1), r"num_workers must be an integer in \[0, 4096\]"),
         (dict(eval_every=5, report_every=5, checkpoint_every=7), "multiple of report_every"),
         (dict(gns_every=10, gns_bin_examples=3), "must be even"),
     ],
@@ -73,8 +73,84 @@ def test_gns_window_is_in_steps_and_holds_two_per_bin_measurements():
     assert TrialConfig(gns_every=300, max_steps=5000).to_dict()["gns_window"] == 1200  # the resolved value is logged
     with pytest.raises(ConfigError, match="gns_window >= 10"):
         TrialConfig(gns_every=5, gns_window=9, max_steps=60)
-    with pytest.raises(ConfigError, match="gns_window must be >= 0"):
+    with pytest.raises(ConfigError, match="gns_window must be an integer >= 0"):
         TrialConfig(gns_window=-1)
     with pytest.raises(ConfigError, match="replaced by gns_window"):
         TrialConfig.from_dict({"gns_ema_beta": 0.95})
     assert TrialConfig.from_saved({"gns_ema_beta": 0.95, "lr": 0.01}).lr == 0.01  # old checkpoints still load
+
+
+# --- the bounds table (trainables.config.BOUNDS), field by field ------------------------------------------------
+from dataclasses import fields  # noqa: E402
+
+from trainables.config import BOUNDS, Bound  # noqa: E402
+from trainables.quadratic import QUADRATIC_BOUNDS, QuadraticConfig  # noqa: E402
+
+
+def bad_values(b: Bound) -> list:
+    """Values the row must refuse: the wrong types, non-finite numbers, and one step past each end."""
+    out: list = {"dict": [[1], "x", 3], "list": [{"a": 1}, "x", 3, [-1], [1.5], ["a"]]}.get(b.kind, [[1], {"a": 1}])
+    if b.kind in ("int", "float"):
+        out += ["abc", True, float("nan"), float("inf")]
+        step = 1 if b.kind == "int" else 1e-9
+        if b.lo is not None:
+            out.append(b.lo if b.lo_open else b.lo - step)
+        if b.hi is not None:
+            out.append(b.hi if b.hi_open else b.hi + step)
+        if b.kind == "int":
+            out.append(1.5)
+    elif b.kind == "bool":
+        out += ["maybe", 2, 0.5]
+    elif b.kind == "str":
+        out += [5, ""]
+    if not b.optional and b.kind != "dict":
+        out.append(None)
+    return out
+
+
+def good_values(b: Bound) -> list:
+    """Values at the closed ends of the row (the open ends just inside)."""
+    if b.kind == "int":
+        return [b.lo + (1 if b.lo_open else 0)] + ([] if b.hi is None else [b.hi - (1 if b.hi_open else 0)])
+    if b.kind == "float":
+        lo = 0.0 if b.lo is None else b.lo + (1e-6 if b.lo_open else 0.0)
+        return [lo] + ([] if b.hi is None else [b.hi - (1e-6 if b.hi_open else 0.0)])
+    return []
+
+
+def test_bounds_table_covers_every_field():
+    assert {f.name for f in fields(TrialConfig)} == set(BOUNDS)
+    assert {f.name for f in fields(QuadraticConfig)} == set(QUADRATIC_BOUNDS)
+
+
+@pytest.mark.parametrize("name", sorted(BOUNDS))
+def test_each_trial_field_refuses_out_of_range_and_wrong_type(name):
+    b = BOUNDS[name]
+    for v in bad_values(b):
+        with pytest.raises(ConfigError, match=name) as e:
+            TrialConfig.from_dict({name: v})
+        assert "\n" not in str(e.value), (name, v)
+    assert all(b.accepts(v) for v in good_values(b)), name
+
+
+@pytest.mark.parametrize("name", sorted(QUADRATIC_BOUNDS))
+def test_each_quadratic_field_refuses_out_of_range_and_wrong_type(name):
+    for v in bad_values(QUADRATIC_BOUNDS[name]):
+        with pytest.raises(ConfigError, match=name):
+            QuadraticConfig.from_dict({name: v})
+
+
+@pytest.mark.parametrize(
+    "key, value",
+    [("beta2", 1.5), ("weight_decay", -1), ("threads_per_worker", -3), ("warmup_steps", -10), ("seed", -1)],
+)
+def test_issue_14_values_torch_would_reject_deep_inside(key, value):
+    with pytest.raises(ConfigError, match=f"{key} must be"):
+        TrialConfig.from_dict({key: value})
+
+
+def test_numbers_as_yaml_strings_still_coerce():
+    c = TrialConfig.from_dict({"lr": "1e-3", "max_steps": "20", "seed": "3", "target_loss": "0.5"})
+    assert (c.lr, c.max_steps, c.seed, c.target_loss) == (1e-3, 20, 3, 0.5)
+    with pytest.raises(ConfigError, match="must be int"):
+        TrialConfig.from_dict({"max_steps": "2.5"})
