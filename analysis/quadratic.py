@@ -279,6 +279,8 @@ def simulate_sweep(
         }
     )  # fmt: skip
     return runs_from_tables(trials, metrics, source="nqm-simulated")
+
+
 # --- the branched critical batch size (Merrill et al. 2025; analysis.branched) in closed form ---------------------
 def branch_losses(
     h: np.ndarray,
