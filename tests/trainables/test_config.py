@@ -73,7 +73,7 @@ def test_gns_window_is_in_steps_and_holds_two_per_bin_measurements():
     assert TrialConfig(gns_every=300, max_steps=5000).to_dict()["gns_window"] == 1200  # the resolved value is logged
     with pytest.raises(ConfigError, match="gns_window >= 10"):
         TrialConfig(gns_every=5, gns_window=9, max_steps=60)
-    with pytest.raises(ConfigError, match="gns_window must be an integer >= 0"):
+    with pytest.raises(ConfigError, match=r"gns_window must be an integer in \[0, "):
         TrialConfig(gns_window=-1)
     with pytest.raises(ConfigError, match="replaced by gns_window"):
         TrialConfig.from_dict({"gns_ema_beta": 0.95})
