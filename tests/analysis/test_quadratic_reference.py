@@ -86,9 +86,10 @@ def test_expected_steps_edge_cases_and_arrays() -> None:
 
 
 def test_default_lrs_span_the_stable_range() -> None:
-    lrs = q.default_lrs(H)
-    assert len(lrs) == 200 and len(q.default_lrs(H, 7)) == 7
-    top = 2.0 / H.max()  # lr h_max < 2 is stable
+    h = 4.0 * H  # h_max = 8, so that 2/h_max is not 1 (x top and / top would agree at 1)
+    lrs = q.default_lrs(h)
+    assert len(lrs) == 200 and len(q.default_lrs(h, 7)) == 7
+    top = 2.0 / h.max()  # lr h_max < 2 is stable
     assert lrs[0] == pytest.approx(1e-4 * top, rel=1e-12) and lrs[-1] == pytest.approx(0.999 * top, rel=1e-12)
     np.testing.assert_allclose(np.diff(np.log(lrs)), np.log(lrs[1] / lrs[0]), rtol=1e-9)  # geometric
 

@@ -61,3 +61,21 @@ def test_state_round_trips_tensors(tmp_path) -> None:
     back = checkpoint.load(str(tmp_path / "nested" / "dir"), 0)
     assert torch.equal(back["model"]["w"], state["model"]["w"]) and back["last"] == state["last"]
     assert back["first_eval"] is None
+
+
+@pytest.mark.gpu
+def test_cuda_rng_restored_and_cpu_checkpoints_load_on_gpu(tmp_path, monkeypatch) -> None:
+    """(Runs only with CUDA; not run on the CPU machine this was written on.)"""
+    torch.cuda.manual_seed_all(3)
+    torch.rand(2, device="cuda")
+    checkpoint.save(str(tmp_path / "gpu"), 0, {"step": 0})
+    expected = torch.rand(4, device="cuda").tolist()
+    torch.cuda.manual_seed_all(99)
+    checkpoint.load(str(tmp_path / "gpu"), 0)
+    assert torch.rand(4, device="cuda").tolist() == expected
+    with monkeypatch.context() as m:  # a checkpoint written on a CPU-only machine has no CUDA RNG state
+        m.setattr(torch.cuda, "is_available", lambda: False)
+        checkpoint.save(str(tmp_path / "cpu"), 0, {"step": 1})
+    before = torch.cuda.get_rng_state_all()
+    assert checkpoint.load(str(tmp_path / "cpu"), 0) == {"step": 1}  # loads on a GPU machine, CUDA RNG untouched
+    assert all(torch.equal(a, b) for a, b in zip(torch.cuda.get_rng_state_all(), before, strict=True))
