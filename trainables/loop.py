@@ -5,8 +5,9 @@ so the same loop runs inside a Ray Train worker (`trainables.trial`) and in-proc
 
 Every report carries the counters (``step``, ``micro_step``, ``examples``, ``epoch``), ``status``, the latest
 scalars, and ``rows``: every value recorded since the previous report as ``[step, examples, metric, value,
-wall_time]`` (the long format of ``metrics.parquet``). A trial stops itself -- budget spent, target reached,
-diverged -- so the trainer returns normally (REFERENCE.md: the placement-group leak when Tune stops trials).
+wall_time, unix_time]`` (the long format of ``metrics.parquet``; ``unix_time``: when it was measured, for
+MLflow). A trial stops itself -- budget spent, target reached, diverged -- so the trainer returns normally
+(REFERENCE.md: the placement-group leak when Tune stops trials).
 """
 
 from __future__ import annotations
@@ -111,13 +112,11 @@ def train_loop(cfg: TrialConfig, session: Session) -> dict:
             status = state.get("status", M.STATUS_RUNNING)
             if status == M.STATUS_BUDGET_SPENT and step < cfg.max_steps:
                 status = M.STATUS_RUNNING
-    if rank == 0 and cfg.gns and not global_gns_available(world, cfg.accum):
-        print(f"bcrit: {GNS_UNAVAILABLE}", flush=True)
     startup_seconds = time.perf_counter() - t_start
     rows: list[list] = []
 
     def record(name: str, value: float) -> None:
-        rows.append([step, step * cfg.batch_size, name, float(value), train_seconds])
+        rows.append([step, step * cfg.batch_size, name, float(value), train_seconds, time.time()])
         last[name] = float(value)
 
     def evaluate() -> str:

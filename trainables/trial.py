@@ -72,6 +72,14 @@ class LocalSession:
         yield self.resume_from
 
 
+def quiet_report_log() -> None:
+    """Ray Train logs every report at INFO with its whole payload (our ``rows``: lines of thousands of characters),
+    from a logger named after the file rather than the module, which Train's ``LoggingConfig`` does not reach."""
+    from ray.train.v2._internal.execution import context
+
+    logging.getLogger(context.__file__).setLevel(logging.WARNING)
+
+
 class RaySession:
     """Session of a Ray Train worker (V2 API)."""
 
@@ -79,6 +87,7 @@ class RaySession:
         import ray.train
         import ray.train.torch
 
+        quiet_report_log()
         ctx = ray.train.get_context()
         self.rank, self.world_size = ctx.get_world_rank(), ctx.get_world_size()
         try:
@@ -116,19 +125,25 @@ def run_local(cfg: TrialConfig, checkpoint_root: str | None = None, resume_from:
 
 def train_func(config: dict) -> dict:
     """What each Ray Train worker runs."""
-    # Ray Train logs every report at INFO with its full payload (our `rows`): keep worker logs readable.
-    logging.getLogger("ray.train.v2._internal.execution.context").setLevel(logging.WARNING)
     return train_loop(TrialConfig.from_dict(config["trial"]), RaySession())
 
 
 def build_trainer(
-    cfg: TrialConfig, *, name: str, storage_path: str, callbacks=(), max_failures: int = 0, train_loop=None
+    cfg: TrialConfig,
+    *,
+    name: str,
+    storage_path: str,
+    callbacks=(),
+    max_failures: int = 0,
+    train_loop=None,
+    log_level: str = "WARNING",
 ):
     """A ``TorchTrainer`` for the trial. A run of the same ``name`` in ``storage_path`` resumes from its
     latest checkpoint (Ray Train V2), which is how a retried or restored Tune trial continues. ``train_loop``:
     the per-worker function taking ``{"trial": cfg.to_dict()}`` (default: the DiT trial's `train_func`; another
-    workload, e.g. ``trainables.quadratic.train_func``, with a config of the same resource fields)."""
-    from ray.train import CheckpointConfig, FailureConfig, RunConfig, ScalingConfig
+    workload, e.g. ``trainables.quadratic.train_func``, with a config of the same resource fields). ``log_level``:
+    Ray Train's console logging (INFO shows worker-group set-up and checkpoint lines)."""
+    from ray.train import CheckpointConfig, FailureConfig, LoggingConfig, RunConfig, ScalingConfig
     from ray.train.torch import TorchConfig, TorchTrainer
 
     scaling = ScalingConfig(
@@ -142,6 +157,7 @@ def build_trainer(
         failure_config=FailureConfig(max_failures=max_failures),
         checkpoint_config=CheckpointConfig(num_to_keep=2),
         callbacks=list(callbacks),
+        logging_config=LoggingConfig(log_level=log_level),
     )
     return TorchTrainer(
         train_loop or train_func,
