@@ -44,11 +44,30 @@ def train_command(args) -> int:
         check_trial(cfg)
     except (ConfigError, TypeError) as e:
         raise UserError(str(e)) from None
-    from trainables.trial import run_trial
-
     name = args.name or time.strftime("train-%Y%m%d-%H%M%S")
-    summary = run_trial(cfg, name=name, storage_path=args.storage)
+    summary = _run_with_progress(cfg, name, args.storage, getattr(args, "verbose", False))
     print(format_summary(summary, cfg.timestep_bins))
     print(f"run    {summary['path']}")
     print(f"checkpoint {summary['checkpoint']}")
     return 0
+
+
+def _run_with_progress(cfg, name: str, storage: str, verbose: bool) -> dict:
+    """``run_trial`` with a live progress bar (drawn from the file Train's controller rewrites after each report;
+    an in-process trial, ``num_workers: 0``, runs without Train's callbacks and shows no bar)."""
+    import os
+    import tempfile
+
+    from orchestrator.progress import ProgressFileCallback, TrainProgress
+    from trainables.trial import run_trial
+
+    with tempfile.TemporaryDirectory(prefix="bcrit-progress-") as d:
+        path = os.path.join(d, "progress.json")
+        with TrainProgress(path, cfg.max_steps, cfg.target_loss):
+            return run_trial(
+                cfg,
+                name=name,
+                storage_path=storage,
+                callbacks=[ProgressFileCallback(path)],
+                log_level="INFO" if verbose else "WARNING",
+            )

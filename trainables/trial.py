@@ -185,13 +185,24 @@ def ensure_ray(num_cpus: int | None = None) -> None:
         ray.init(address="local", num_cpus=num_cpus or max(4, (os.cpu_count() or 1) * 2), log_to_driver=True)
 
 
-def run_trial(cfg: TrialConfig, *, name: str, storage_path: str | None = None, max_failures: int = 0) -> dict:
-    """Validate, then fit the trial with Ray Train; returns rank 0's summary."""
+def run_trial(
+    cfg: TrialConfig,
+    *,
+    name: str,
+    storage_path: str | None = None,
+    max_failures: int = 0,
+    callbacks=(),
+    log_level: str = "WARNING",
+) -> dict:
+    """Validate, then fit the trial with Ray Train; returns rank 0's summary. ``callbacks``: Ray Train
+    ``UserCallback``s (e.g. orchestrator.progress.ProgressFileCallback)."""
     check_trial(cfg)
     storage_path = os.path.abspath(storage_path or os.path.join(tempfile.gettempdir(), "bcrit-runs"))
     if cfg.num_workers > 0:
         ensure_ray()
-    trainer = build_trainer(cfg, name=name, storage_path=storage_path, max_failures=max_failures)
+    trainer = build_trainer(
+        cfg, name=name, storage_path=storage_path, max_failures=max_failures, callbacks=callbacks, log_level=log_level
+    )
     result = trainer.fit()
     summary = dict(result.return_value or {})
     summary["path"] = result.path
