@@ -36,5 +36,7 @@ test-all: $(STAMP)
 lint: $(STAMP)
 	$(VENV)/bin/ruff check . && $(VENV)/bin/ruff format --check .
 
+# Everything the demo, the tests, `mlflow ui` and the linters write in the checkout (not the venv).
 clean:
-	rm -rf runs demo-runs .pytest_cache
+	rm -rf runs demo-runs mlruns mlartifacts mlflow.db .pytest_cache .ruff_cache
+	find . -path ./$(VENV) -prune -o -name __pycache__ -type d -prune -exec rm -rf {} +
