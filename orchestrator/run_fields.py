@@ -30,6 +30,8 @@ TAG_GIT_COMMIT = "mlflow.source.git.commit"  # MLflow's own tag: the UI shows it
 TAG_GIT_DIRTY = "bcrit.git_dirty"
 TAG_DESCRIPTION = "mlflow.note.content"  # the run's description in the UI (markdown)
 ARTIFACTS_DIR = "mlartifacts"
+# MLflow 3's UI opens an experiment by its kind: without this tag, on the GenAI traces overview, not the runs table
+EXPERIMENT_TAGS = {"mlflow.experimentKind": "custom_model_development"}
 
 
 def numeric_copies(cfg: dict) -> dict[str, float]:

@@ -134,7 +134,7 @@ class MLflowTracking(Callback):
 
     def _create_experiment(self) -> str:
         loc = F.artifact_location(self.tracking_uri, self.sweep_dir, self.experiment)
-        return self.client.create_experiment(self.experiment, artifact_location=loc)
+        return self.client.create_experiment(self.experiment, artifact_location=loc, tags=F.EXPERIMENT_TAGS)
 
     def _parent_tags(self) -> dict[str, str]:
         import yaml

@@ -169,6 +169,7 @@ def test_artifacts_live_in_the_sweep_dir(tracking, tmp_path):
     exp = tracking.client.get_experiment(tracking.experiment_id)
     sweep = str(tmp_path / "sweep")
     assert exp.artifact_location.replace("file://", "").startswith(sweep)
+    assert exp.tags["mlflow.experimentKind"] == "custom_model_development"  # the UI opens on the runs table
     run = tracking.client.get_run(tracking._children["t_a"])
     assert os.path.exists(os.path.join(run.info.artifact_uri.replace("file://", ""), "trial_config.json"))
     parent = tracking.client.get_run(tracking.parent_id)
