@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import io
 import json
+import os
 from types import SimpleNamespace
 
 from analysis import metrics as M
@@ -135,3 +136,28 @@ def test_train_progress_file_and_text(tmp_path):
     text = train_status_text(p, max_steps=150, target=0.22, elapsed=9.0)
     want = "[#####...................] step 30/150  eval/loss 0.25 (target 0.22)  9 s elapsed, ETA <= 24 s (budget)"
     assert text == want
+
+
+def test_verbose_switches_tunes_own_output_and_logs(monkeypatch):
+    import logging
+
+    from orchestrator.cli import build_parser
+    from orchestrator.sweep import quiet_driver_logs
+
+    monkeypatch.delenv("RAY_AIR_NEW_OUTPUT", raising=False)
+    slow = logging.LogRecord("ray.tune.utils.util", logging.WARNING, "", 0, "x took 0.6 s, which may be a "
+                             "performance bottleneck.", None, None)  # fmt: skip
+    util = logging.getLogger("ray.tune.utils.util")
+    try:
+        quiet_driver_logs(False)  # the default: classic Tune output at verbosity 0 prints no boxes
+        assert os.environ["RAY_AIR_NEW_OUTPUT"] == "0"
+        assert logging.getLogger("ray.tune").level == logging.WARNING and not util.filter(slow)
+        quiet_driver_logs(True)  # --verbose: Tune's new output, INFO logs, slow-callback warnings
+        assert os.environ["RAY_AIR_NEW_OUTPUT"] == "1"
+        assert logging.getLogger("ray.tune").level == logging.INFO and util.filter(slow)
+    finally:
+        quiet_driver_logs(False)
+    parser = build_parser()
+    assert parser.parse_args(["sweep", "s.yaml", "--verbose"]).verbose
+    assert parser.parse_args(["train", "c.yaml", "--verbose"]).verbose
+    assert not parser.parse_args(["sweep", "s.yaml"]).verbose
