@@ -161,3 +161,17 @@ def test_verbose_switches_tunes_own_output_and_logs(monkeypatch):
     assert parser.parse_args(["sweep", "s.yaml", "--verbose"]).verbose
     assert parser.parse_args(["train", "c.yaml", "--verbose"]).verbose
     assert not parser.parse_args(["sweep", "s.yaml"]).verbose
+
+
+def test_global_gns_note_is_one_line_per_sweep():
+    from orchestrator.sweep_cmd import gns_note
+
+    def dit(w: int, a: int, gns: bool = True) -> dict:
+        return {"dataset": "digits", "num_workers": w, "grad_accum": a, "gns": gns}
+
+    assert gns_note([dit(0, 1), dit(2, 1), dit(0, 2), dit(1, 1)]) == (
+        "[bcrit] global GNS: unavailable for 2 of 4 trials (it needs num_workers x grad_accum >= 2); their per-bin "
+        "GNS is unaffected"
+    )
+    assert gns_note([dit(2, 1), dit(0, 1, gns=False)]) is None  # all have it, or asked for none
+    assert gns_note([{"dim": 10, "num_workers": 0, "grad_accum": 1}]) is None  # the quadratic workload has no GNS
