@@ -86,9 +86,12 @@ def _run(args: argparse.Namespace) -> int:
             f"target {t['target']:.4g}: B_crit = {_fmt(t['b_crit'])}  90% CI [{_fmt(lo)}, {_fmt(hi)}]  "
             f"({len(t['points'])} batch sizes)"
         )
-    print(f"wrote {args.out}/bcrit.json, report.md" + ("" if args.no_plots else " and plots"))
+    print(f"wrote {args.out}/bcrit.json, report.md, report.html" + ("" if args.no_plots else " and plots"))
     if parent is not None:
-        print(f"logged them as artifacts (analysis/) of MLflow run {parent}")
+        print(
+            f"logged to MLflow run {parent}: B_crit per target as metrics (b_crit/<target>, ...), the table "
+            "analysis/headline.json, the report analysis/report.html"
+        )
     return 0
 
 
