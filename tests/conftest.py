@@ -24,6 +24,17 @@ def nothing_written_in_the_checkout():
 
 
 @pytest.fixture(scope="session")
+def empty_mlflow_db(tmp_path_factory) -> Path:
+    """An MLflow SQLite file with its schema created once per session (the migrations take seconds; a copy
+    takes none): ``shutil.copy(empty_mlflow_db, dir / "mlflow.db")``."""
+    from mlflow.tracking import MlflowClient
+
+    path = tmp_path_factory.mktemp("mlflow-template") / "mlflow.db"
+    MlflowClient(f"sqlite:///{path}").search_experiments()
+    return path
+
+
+@pytest.fixture(scope="session")
 def ray_local():
     """One local Ray for the whole test session (ray.init costs ~3 s)."""
     import ray

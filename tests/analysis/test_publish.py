@@ -5,8 +5,6 @@ from __future__ import annotations
 import json
 import shutil
 
-import pytest
-
 from analysis import publish
 from analysis.html_report import render_html
 from analysis.report import render_markdown
@@ -98,19 +96,10 @@ def test_report_html_embeds_the_plots(tmp_path):
     assert "<table>" in page and "<h1>" in page and "![" not in page
 
 
-@pytest.fixture(scope="module")
-def empty_store(tmp_path_factory):
+def test_log_analysis_twice_replaces_table_and_description(tmp_path, empty_mlflow_db):
     from mlflow.tracking import MlflowClient
 
-    path = tmp_path_factory.mktemp("store") / "mlflow.db"
-    MlflowClient(f"sqlite:///{path}").search_experiments()
-    return path
-
-
-def test_log_analysis_twice_replaces_table_and_description(tmp_path, empty_store):
-    from mlflow.tracking import MlflowClient
-
-    shutil.copy(empty_store, tmp_path / "mlflow.db")
+    shutil.copy(empty_mlflow_db, tmp_path / "mlflow.db")
     uri = f"sqlite:///{tmp_path}/mlflow.db"
     client = MlflowClient(uri)
     exp = client.create_experiment("e", artifact_location=str(tmp_path / "art"))

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import json
 import os
+import shutil
 import socket
 import subprocess
 import sys
@@ -22,8 +23,6 @@ from analysis import metrics as M
 from orchestrator.spec import parse_spec
 from orchestrator.sweep import build_tuner, run
 from tests.orchestrator.conftest import quadratic_spec
-
-pytestmark = pytest.mark.ray
 
 
 def free_port() -> int:
@@ -163,7 +162,7 @@ class FlaskUI:
         return r.get_json()
 
 
-def fake_sweep(tmp_path) -> tuple[str, str, int]:
+def fake_sweep(tmp_path, empty_db) -> tuple[str, str, int]:
     """The tracking and tables callbacks fed with fake Tune results (no Ray): 4 batch sizes x 2 lrs, eval/loss
     falling to the target 0.3 at ``S = 20 + 4000/B`` steps (lr 1e-3) or never (lr 1e-4), then ``bcrit analyze``."""
     from types import SimpleNamespace
@@ -174,6 +173,7 @@ def fake_sweep(tmp_path) -> tuple[str, str, int]:
 
     sweep = str(tmp_path / "sweep")
     os.makedirs(sweep)
+    shutil.copy(empty_db, os.path.join(sweep, "mlflow.db"))
     uri = f"sqlite:///{sweep}/mlflow.db"
     tracking, tables = MLflowTracking(uri, "ui-fast", "fast", sweep, "name: fast\n"), TablesCallback(sweep)
     tracking.setup()
@@ -205,10 +205,10 @@ def fake_sweep(tmp_path) -> tuple[str, str, int]:
     return sweep, uri, n
 
 
-def test_ui_calls_on_a_tracked_store(tmp_path, monkeypatch):
+def test_ui_calls_on_a_tracked_store(tmp_path, monkeypatch, empty_mlflow_db):
     """Fast (no Ray, no socket): the same REST calls against the server's Flask handlers."""
     monkeypatch.chdir(tmp_path)
-    sweep, uri, n = fake_sweep(tmp_path)
+    sweep, uri, n = fake_sweep(tmp_path, empty_mlflow_db)
     # --no-plots: report.html has no image; add one so the viewer check has something to embed
     from analysis.html_report import render_html
     from analysis.plots import steps_vs_batch
@@ -244,6 +244,7 @@ def small_sweep(tmp_path) -> dict:
     )
 
 
+@pytest.mark.ray
 @pytest.mark.slow  # a Ray sweep, `bcrit analyze` and an `mlflow server` process: 1-3 min on 2 busy cores
 def test_user_reads_the_answer_in_the_mlflow_ui(tmp_path, ray_local, no_ray_address, capsys, monkeypatch):
     monkeypatch.chdir(tmp_path)  # anything written relative to the working directory stays in tmp

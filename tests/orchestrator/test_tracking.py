@@ -53,22 +53,12 @@ def rows_for(steps, batch_size: int, t0: float = T0, with_time: bool = True) -> 
     return out
 
 
-@pytest.fixture(scope="module")
-def empty_store(tmp_path_factory):
-    """An MLflow SQLite file with its schema created once (the migrations take seconds; copying takes none)."""
-    from mlflow.tracking import MlflowClient
-
-    path = tmp_path_factory.mktemp("store") / "mlflow.db"
-    MlflowClient(f"sqlite:///{path}").search_experiments()
-    return path
-
-
 @pytest.fixture
-def tracking(tmp_path, empty_store):
+def tracking(tmp_path, empty_mlflow_db):
     sweep = tmp_path / "sweep"
     uri = f"sqlite:///{sweep}/mlflow.db"
     os.makedirs(sweep)
-    shutil.copy(empty_store, sweep / "mlflow.db")
+    shutil.copy(empty_mlflow_db, sweep / "mlflow.db")
     cb = MLflowTracking(uri, "exp", "demo", str(sweep), "name: demo\nworkload: dit\nscientific: {batch_sizes: [4]}\n")
     cb.setup()
     return cb
