@@ -45,5 +45,7 @@ mutate: $(STAMP)
 	$(VENV)/bin/mutmut run --max-children $(MUTATE_JOBS) $(MUTATE)
 	$(PY) -m tests.mutation_scores
 
+# Everything the demo, the tests, `make mutate`, `mlflow ui` and the linters write in the checkout (not the venv).
 clean:
-	rm -rf runs demo-runs .pytest_cache mutants .hypothesis
+	rm -rf runs demo-runs mlruns mlartifacts mlflow.db .pytest_cache .ruff_cache mutants .hypothesis
+	find . -path ./$(VENV) -prune -o -name __pycache__ -type d -prune -exec rm -rf {} +

@@ -187,9 +187,12 @@ def _run(args: argparse.Namespace) -> int:
             report.log_to_mlflow(tmp, uri, parent)
         publish(tmp, args.out, last=report.JSON_FILE)
     print("\n".join(report.summary_lines(result)))
-    print(f"wrote {args.out}/bcrit.json, report.md" + ("" if args.no_plots else " and plots"))
+    print(f"wrote {args.out}/bcrit.json, report.md, report.html" + ("" if args.no_plots else " and plots"))
     if parent is not None:
-        print(f"logged them as artifacts (analysis/) of MLflow run {parent}")
+        print(
+            f"logged to MLflow run {parent}: B_crit per target as metrics (b_crit/<target>, ...), the table "
+            "analysis/headline.json, the report analysis/report.html"
+        )
     return 0
 
 

@@ -237,7 +237,7 @@ def _tables_from_runs(client, kids: list) -> tuple[pa.Table, pa.Table]:
             v.extend([None] * (i + 1 - len(v)))
         start = r.info.start_time or 0
         for key in sorted(r.data.metrics):
-            if key in (m.STEP, m.EXAMPLES):
+            if key in m.TRACKING_ONLY:  # counters, sortable copies, outcomes: not reported rows
                 continue
             last: dict[int, object] = {}  # one value per step: a re-logged step keeps the latest
             for h in sorted(client.get_metric_history(r.info.run_id, key), key=lambda h: h.timestamp):

@@ -62,6 +62,15 @@ def gns_names(k: int | None = None) -> dict[str, str]:
     return {role: name.replace("gns/", f"gns/bin{k}/", 1) for role, name in glob.items()}
 
 
+# --- MLflow child runs only (orchestrator.tracking): sortable copies and the outcome of each trial ------------
+WALL_TIME = "wall_time"  # training seconds of the trial when the row was measured (metrics.parquet `wall_time`)
+STEPS_TO_TARGET = "steps_to_target"  # step of the first eval at or below the target (reached_target trials only)
+EXAMPLES_TO_TARGET = "examples_to_target"  # = steps_to_target x batch_size
+SECONDS_TO_TARGET = "seconds_to_target"  # training seconds until then (start-up excluded)
+SCIENTIFIC = ("batch_size", "micro_batch_size", "grad_accum", "num_workers", "lr")  # numeric copies of the params
+TRACKING_ONLY = (STEP, EXAMPLES, WALL_TIME, STEPS_TO_TARGET, EXAMPLES_TO_TARGET, SECONDS_TO_TARGET, *SCIENTIFIC)
+
+
 def per_bin(template: str, k: int) -> str:
     """Name of a per-bin metric, e.g. ``per_bin(EVAL_LOSS_BIN, 3) == "eval/loss/bin3"``."""
     return template.format(k=k)
@@ -101,12 +110,28 @@ METRIC_DOCS: dict[str, str] = {
 }
 
 
-def markdown_table() -> str:
-    """The README's metric table (``python -m analysis.metrics``)."""
+TRACKING_DOCS: dict[str, str] = {
+    "batch_size": "effective batch size `B = micro x A x W` (numeric copy of the param, at step 0)",
+    "micro_batch_size": "examples per forward/backward on one worker",
+    "grad_accum": "`A`, micro-batches accumulated per optimizer step",
+    "num_workers": "`W`, data-parallel world size (1 for an in-process trial)",
+    "lr": "peak learning rate",
+    EXAMPLES: "`step x batch_size`, at every step a row was reported (x-axis for charts)",
+    WALL_TIME: "training seconds of the trial at that row (start-up and evaluation excluded)",
+    STEPS_TO_TARGET: "optimizer steps to the first eval at or below `target_loss` (only when reached)",
+    EXAMPLES_TO_TARGET: "`steps_to_target x batch_size`",
+    SECONDS_TO_TARGET: "training seconds to the target (start-up excluded)",
+}
+
+
+def markdown_table(docs: dict[str, str] | None = None) -> str:
+    """The README's metric table (``python -m analysis.metrics``; ``--tracking``: the MLflow child-run table)."""
     lines = ["| name | meaning |", "| --- | --- |"]
-    lines += [f"| `{name}` | {doc} |" for name, doc in METRIC_DOCS.items()]
+    lines += [f"| `{name}` | {doc} |" for name, doc in (METRIC_DOCS if docs is None else docs).items()]
     return "\n".join(lines)
 
 
 if __name__ == "__main__":
-    print(markdown_table())
+    import sys
+
+    print(markdown_table(TRACKING_DOCS if "--tracking" in sys.argv[1:] else None))

@@ -29,6 +29,19 @@ def _figure(ncols: int = 1, width: float = 6.4, height: float = 4.6):
     return fig, fig.subplots(1, ncols, squeeze=False)[0]
 
 
+def _grid(n: int, width: float = 4.2, height: float = 3.6):
+    """``n`` panels on a near-square grid (``ceil(sqrt(n))`` columns), unused cells hidden: a page, not a strip."""
+    from matplotlib.figure import Figure
+
+    ncols = max(1, int(np.ceil(np.sqrt(n))))
+    nrows = int(np.ceil(n / ncols))
+    fig = Figure(figsize=(width * ncols, height * nrows), layout="constrained")
+    axes = list(fig.subplots(nrows, ncols, squeeze=False).ravel())
+    for ax in axes[n:]:
+        ax.set_visible(False)
+    return fig, axes[:n]
+
+
 def _colors(n: int):
     from matplotlib import colormaps
 
@@ -157,7 +170,7 @@ def gns_training(result: dict, runs: Runs, path: Path, window: int | None = None
     keep = [i for i, tr in enumerate(traces) if any(x is not None for x in tr)]
     if not keep:
         return None
-    fig, axes = _figure(ncols=len(keep), width=4.2, height=3.8)
+    fig, axes = _grid(len(keep))
     colors = _colors(len(picks))
     for ax, i in zip(axes, keep, strict=True):
         for (bsz, _), tr, c in zip(picks, traces[i], colors, strict=True):

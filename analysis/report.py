@@ -1,4 +1,5 @@
-"""From runs to the answer: ``bcrit.json``, plots and a one-page ``report.md`` (and MLflow artifacts).
+"""From runs to the answer: ``bcrit.json``, plots, a one-page ``report.md`` and ``report.html`` (plots embedded),
+and the sweep's MLflow parent run (analysis.publish).
 
 Pipeline per metric (McCandlish et al. 2018; Shallue et al. 2018):
 1. steps-to-target of every trial for every target (interpolated, censored = never reached);
@@ -177,8 +178,12 @@ def write_outputs(result: dict, runs: Runs, out: Path, plots: bool = True, gns_w
         from analysis import plots as pl
 
         pngs = pl.make_all(result, runs, out, gns_window=gns_window)
-    (out / REPORT_FILE).write_text(render_markdown(result, [p.name for p in pngs]))
-    return [*paths, *pngs, out / REPORT_FILE]
+    md = render_markdown(result, [p.name for p in pngs])
+    (out / REPORT_FILE).write_text(md)
+    from analysis.html_report import HTML_FILE, render_html
+
+    (out / HTML_FILE).write_text(render_html(md, out, title=f"Critical batch size: {result['metric']}"))
+    return [*paths, *pngs, out / REPORT_FILE, out / HTML_FILE]
 
 
 def _fmt(x: float | None) -> str:
@@ -276,7 +281,9 @@ def _short(x: float | None) -> str:
 
 
 def log_to_mlflow(out_dir: str | Path, tracking_uri: str | None, parent_run_id: str) -> None:
-    """Log everything in ``out_dir`` as artifacts (under ``analysis/``) of the sweep's parent run."""
-    from mlflow.tracking import MlflowClient
+    """Log the analysis to the sweep's parent run: every file of ``out_dir`` as artifacts under ``analysis/``,
+    the headline per target as metrics and as an MLflow table, the report's first lines as its description
+    (analysis.publish)."""
+    from analysis.publish import log_analysis
 
-    MlflowClient(tracking_uri).log_artifacts(parent_run_id, str(out_dir), artifact_path="analysis")
+    log_analysis(out_dir, tracking_uri, parent_run_id)

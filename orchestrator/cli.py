@@ -15,6 +15,7 @@ def _train_parser(sub) -> None:
     p.add_argument("--set", action="append", default=[], metavar="KEY=VALUE", help="override a config key")
     p.add_argument("--name", default=None, help="run name (a run of the same name in --storage resumes)")
     p.add_argument("--storage", default="runs", help="Ray Train storage path for checkpoints (default: ./runs)")
+    p.add_argument("--verbose", action="store_true", help="Ray Train's INFO logs (worker group, checkpoints)")
     p.set_defaults(func=_train)
 
 

@@ -20,10 +20,9 @@ import os
 import time
 from typing import Any
 
-from analysis import metrics as M
 from orchestrator.overrides import UserError, load_yaml
 from orchestrator.spec import SPEC_FILE, SweepSpec, load_spec, parse_spec
-from orchestrator.tune_trainable import OBJECTIVE, get_workload, make_trainable
+from orchestrator.tune_trainable import get_workload, make_trainable
 
 TUNE_DIR = "tune"  # Tune experiment of the sweep: <sweep_dir>/tune
 
@@ -137,22 +136,29 @@ def local_cpus(spec: SweepSpec | None = None) -> int:
 
 
 # --- the Tuner ---------------------------------------------------------------------------------------------------
-def _trainable(spec: SweepSpec, worker_failures: int):
+def _trainable(spec: SweepSpec, worker_failures: int, verbose: bool = False):
     from ray import tune
     from ray.tune.execution.placement_groups import PlacementGroupFactory
 
-    fn = make_trainable(spec.workload, spec.sweep_dir, worker_failures)
+    fn = make_trainable(spec.workload, spec.sweep_dir, worker_failures, verbose=verbose)
     return tune.with_resources(fn, lambda config: PlacementGroupFactory([trial_bundle(config["trial"])]))
 
 
-def callbacks(spec: SweepSpec) -> list:
-    """The driver-side callbacks every bcrit sweep needs: MLflow tracking, the Parquet tables, summary lines."""
+def callbacks(spec: SweepSpec, verbose: bool = False) -> list:
+    """The driver-side callbacks every bcrit sweep needs: MLflow tracking, the Parquet tables, the terminal
+    (event lines; the live bar unless ``verbose``); fault injection for tests (orchestrator.faults)."""
     from orchestrator.faults import fault_callbacks
+    from orchestrator.progress import SweepProgress
     from orchestrator.tables import TablesCallback
     from orchestrator.tracking import MLflowTracking
 
     tracking = MLflowTracking(spec.mlflow_uri, spec.experiment, spec.name, spec.sweep_dir, spec.to_yaml())
-    return [*fault_callbacks(), tracking, TablesCallback(spec.sweep_dir), SummaryCallback()]
+    return [
+        *fault_callbacks(),
+        tracking,
+        TablesCallback(spec.sweep_dir),
+        SweepProgress(spec.num_trials(), live=not verbose),
+    ]
 
 
 def build_tuner(
@@ -162,11 +168,16 @@ def build_tuner(
     worker_failures: int = 3,
     trial_retries: int = 2,
     extra_callbacks: list | tuple = (),
+    verbose: bool = False,
 ):
     """A ``Tuner`` for the spec (saves the resolved spec in the sweep dir, where ``restore_tuner`` reads it).
-    ``extra_callbacks``: your own Tune callbacks, after bcrit's (tracking, tables, summary lines)."""
+    ``extra_callbacks``: your own Tune callbacks, after bcrit's (tracking, tables, terminal); they still see each
+    result's ``rows``, which a last callback then drops (orchestrator.progress.StripRows). ``verbose``: Tune's
+    own tables and Ray Train's INFO logs instead of bcrit's progress bar."""
     import ray
     from ray import tune
+
+    from orchestrator.progress import StripRows
 
     configs = configs if configs is not None else check_spec(spec)
     with open(os.path.join(spec.sweep_dir, SPEC_FILE), "w") as f:
@@ -178,8 +189,9 @@ def build_tuner(
 
         search_alg = GroupedOptunaSearch.from_spec(spec)
         param_space, num_samples = {}, search_alg.total_trials
+    quiet_driver_logs(verbose)
     return tune.Tuner(
-        _trainable(spec, worker_failures),
+        _trainable(spec, worker_failures, verbose),
         param_space=param_space,
         tune_config=tune.TuneConfig(
             search_alg=search_alg,
@@ -191,10 +203,9 @@ def build_tuner(
         run_config=tune.RunConfig(
             name=TUNE_DIR,
             storage_path=spec.sweep_dir,
-            callbacks=[*callbacks(spec), *extra_callbacks],
+            callbacks=[*callbacks(spec, verbose), *extra_callbacks, StripRows()],
             failure_config=tune.FailureConfig(max_failures=trial_retries),
-            progress_reporter=progress_reporter(),
-            verbose=1,
+            verbose=1 if verbose else 0,  # 0: none of Tune's boxes (Ray 2.60's output ignores progress_reporter)
         ),
     )
 
@@ -322,14 +333,17 @@ def restore_spec(sweep_dir: str) -> SweepSpec:
         ) from None
 
 
-def restore_tuner(spec: SweepSpec, worker_failures: int = 3):
-    """``Tuner.restore`` of the sweep: finished trials stay finished, unfinished ones resume from checkpoints."""
+def restore_tuner(spec: SweepSpec, worker_failures: int = 3, verbose: bool = False):
+    """``Tuner.restore`` of the sweep: finished trials stay finished, unfinished ones resume from checkpoints.
+    (The run config, callbacks included, is the one the sweep was started with: ``verbose`` sets the trainable
+    and the driver's logs.)"""
     from ray.tune import Tuner
 
     path = os.path.join(spec.sweep_dir, TUNE_DIR)
     if not can_restore(spec.sweep_dir):
         raise UserError(f"{spec.sweep_dir}: no interrupted sweep to resume; run it without --resume")
-    return Tuner.restore(path, trainable=_trainable(spec, worker_failures), resume_unfinished=True)
+    quiet_driver_logs(verbose)
+    return Tuner.restore(path, trainable=_trainable(spec, worker_failures, verbose), resume_unfinished=True)
 
 
 def run(tuner, spec: SweepSpec):
@@ -366,59 +380,43 @@ def start_ray(spec: SweepSpec) -> None:
 
 
 # --- output ------------------------------------------------------------------------------------------------------
-def progress_reporter():
-    from ray import tune
-
-    return tune.CLIReporter(
-        metric_columns={M.STEP: "step", M.EVAL_LOSS: "eval/loss", "status": "status", OBJECTIVE: "objective"},
-        parameter_columns={
-            "trial/batch_size": "B",
-            "trial/micro_batch_size": "micro",
-            "trial/grad_accum": "A",
-            "trial/num_workers": "W",
-            "trial/lr": "lr",
-            "trial/seed": "seed",
-        },
-        max_report_frequency=30,
-        print_intermediate_tables=True,
-    )
+QUIET_LOGGERS = (
+    "ray.tune",  # "Wrote the latest version of all result files ..." and other per-sweep INFO lines
+    "ray.train",
+    "mlflow.store.db.utils",  # "Creating initial MLflow database tables..."
+    "alembic",
+)
 
 
-def summary_line(trial_id: str, cfg: dict, result: dict) -> str:
-    status = result.get("status", "?")
-    split = f"{cfg['micro_batch_size']}x{cfg.get('grad_accum')}x{max(1, int(cfg['num_workers']))}"
-    what = f"{status} at step {result.get(M.STEP)}"
-    if status == M.STATUS_REACHED_TARGET:
-        what = f"reached eval/loss <= {cfg.get('target_loss')} in {result.get(M.STEP)} steps"
-    return (
-        f"[bcrit] {trial_id}  B={cfg['batch_size']:<5d} split {split:<9s} lr={cfg['lr']:.3g}  seed={cfg.get('seed', 0)}"
-        f"  {what}  ({result.get(M.EXAMPLES)} examples, train {result.get('train_seconds', 0.0):.1f}s,"
-        f" start-up {result.get('startup_seconds', 0.0):.1f}s)"
-    )
+class _DropSlowWarnings:
+    """Tune's "The `callbacks.on_trial_result` operation took 0.5 s, which may be a performance bottleneck": our
+    own driver-side writers (MLflow on SQLite, Parquet parts) on a busy machine; nothing a user can act on."""
+
+    def filter(self, record) -> bool:
+        return "performance bottleneck" not in record.getMessage()
 
 
-def _callback_base():
-    from ray.tune import Callback
-
-    return Callback
+_DROP_SLOW = _DropSlowWarnings()
 
 
-class SummaryCallback(_callback_base()):
-    """One line per finished trial: batch size, split, lr, status, steps to target."""
+def quiet_driver_logs(verbose: bool) -> None:
+    """The driver's output without ``--verbose``: none of Tune's boxes and tables (Ray 2.60's new output prints its
+    experiment box even at ``verbose=0`` and ignores a ``progress_reporter``: the classic output at verbosity 0
+    prints nothing), no INFO logs of Tune, Train and MLflow's store set-up, no slow-callback warnings."""
+    import logging
 
-    def on_trial_result(self, iteration, trials, trial, result, **info) -> None:
-        if result.get("status", M.STATUS_RUNNING) != M.STATUS_RUNNING:
-            print(summary_line(trial.trial_id, trial.config["trial"], result), flush=True)
+    os.environ["RAY_AIR_NEW_OUTPUT"] = "1" if verbose else "0"  # read by Tune when fit() starts
+    for name in QUIET_LOGGERS:
+        logging.getLogger(name).setLevel(logging.INFO if verbose else logging.WARNING)
+    slow = logging.getLogger("ray.tune.utils.util")
+    (slow.addFilter if not verbose else slow.removeFilter)(_DROP_SLOW)
 
-    def on_trial_error(self, iteration, trials, trial, **info) -> None:
-        print(f"[bcrit] {trial.trial_id}  {M.STATUS_FAILED}: {trial.error_file or 'see the Tune log'}", flush=True)
 
-
-def sweep(path: str, overrides: list[str] | None = None, *, resume: bool = False):
+def sweep(path: str, overrides: list[str] | None = None, *, resume: bool = False, verbose: bool = False):
     """Load, validate, run (or resume) a sweep; returns (spec, ResultGrid, wall seconds)."""
     spec = restore_spec(path) if os.path.isdir(path) else load_spec(path, overrides)
     start_ray(spec)
     t0 = time.perf_counter()
-    tuner = restore_tuner(spec) if resume else build_tuner(spec)
+    tuner = restore_tuner(spec, verbose=verbose) if resume else build_tuner(spec, verbose=verbose)
     results = run(tuner, spec)
     return spec, results, time.perf_counter() - t0

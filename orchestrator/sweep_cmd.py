@@ -14,6 +14,9 @@ def register(sub) -> None:
     p.add_argument("spec", help="sweep spec YAML, or with --resume the sweep directory")
     p.add_argument("--set", action="append", default=[], metavar="KEY=VALUE", help="override a spec key (dotted)")
     p.add_argument("--resume", action="store_true", help="continue an interrupted sweep (Tuner.restore)")
+    p.add_argument(
+        "--verbose", action="store_true", help="Ray Tune's own trial tables and Ray's INFO logs (no progress bar)"
+    )
     p.set_defaults(func=run)
 
 
@@ -38,7 +41,7 @@ def run(args) -> int:
                     f"`bcrit sweep {spec.sweep_dir} --resume`, or start the new spec in another storage directory"
                 )
             spec = saved
-    return _run(spec, args.resume)
+    return _run(spec, args.resume, getattr(args, "verbose", False))
 
 
 def plan_start(spec, resume: bool) -> bool:
@@ -83,9 +86,22 @@ def plan_start(spec, resume: bool) -> bool:
     return False
 
 
-def _run(spec, resume: bool) -> int:
-    import time
+def gns_note(configs: list[dict]) -> str | None:
+    """One line for the trials without global GNS (``W x A < 2``) instead of one per trial."""
+    off = [
+        c
+        for c in configs
+        if c.get("gns", True) and max(1, int(c.get("num_workers", 0))) * int(c.get("grad_accum") or 1) < 2
+    ]
+    if not off or "dataset" not in configs[0]:
+        return None
+    return (
+        f"[bcrit] global GNS: unavailable for {len(off)} of {len(configs)} trials (it needs num_workers x grad_accum "
+        ">= 2); their per-bin GNS is unaffected"
+    )
 
+
+def _run(spec, resume: bool, verbose: bool = False) -> int:
     from orchestrator.sweep import build_tuner, check_spec, local_resources, restore_tuner, run, start_ray
 
     # validate before anything starts: against the local Ray we would start, or the cluster at RAY_ADDRESS
@@ -99,12 +115,15 @@ def _run(spec, resume: bool) -> int:
         f"({spec.search} search), workload {spec.workload}"
     )
     print(f"[bcrit] sweep dir {spec.sweep_dir}\n[bcrit] MLflow {spec.mlflow_uri} (experiment {spec.experiment!r})")
-    t0 = time.perf_counter()
-    tuner = restore_tuner(spec) if resume else build_tuner(spec, configs=configs)
+    note = gns_note(configs)
+    if note:
+        print(note)
+    tuner = restore_tuner(spec, verbose=verbose) if resume else build_tuner(spec, configs=configs, verbose=verbose)
     results = run(tuner, spec)
-    wall = time.perf_counter() - t0
     errors = sum(1 for r in results if r.error is not None)
-    print(f"[bcrit] done: {len(results)} trials ({errors} failed) in {wall:.0f}s")
+    if errors:
+        print(f"[bcrit] {errors} trial(s) failed: their errors are in {spec.sweep_dir}/tune/<trial_id>/error.txt")
     print(f"[bcrit] results: {spec.sweep_dir}/trials.parquet, {spec.sweep_dir}/metrics.parquet")
+    print(f"[bcrit] next: bcrit analyze {spec.sweep_dir} --out {spec.sweep_dir}/analysis")
     print(f"[bcrit] browse: mlflow ui --backend-store-uri {spec.mlflow_uri}")
     return 0

@@ -98,13 +98,14 @@ class RunsTables:
         return pq.read_table(path, columns=["status"]).column("status")[0].as_py()
 
     def add_rows(self, trial_id: str, rows: list) -> int:
-        """Write the rows ``[step, examples, metric, value, wall_time]`` past the watermark; returns how many."""
+        """Write the rows ``[step, examples, metric, value, wall_time(, unix_time)]`` past the watermark; returns
+        how many (``unix_time`` is MLflow's, not a column here)."""
         mark = self.watermark(trial_id)
         new = [r for r in rows if int(r[0]) > mark]
         if not new:
             return 0
         last = max(int(r[0]) for r in new)
-        cols = list(zip(*new, strict=True))
+        cols = list(zip(*(r[:5] for r in new), strict=True))
         table = pa.table(
             {
                 "trial_id": [trial_id] * len(new),

@@ -10,6 +10,9 @@ one SQLite writer; ``MLflowLoggerCallback`` duplicates runs after restore and do
   continues it; rows at or below the child's ``bcrit.watermark`` tag (set in the same ``log_batch`` as the rows)
   are not logged again.
 - Every run ends terminal: FINISHED (trial ended itself), FAILED (trial error), KILLED (driver interrupted).
+- What else each run carries (sortable numeric copies, ``examples``/``wall_time`` per step at the time of the
+  measurement, outcome metrics, trial-dir/checkpoint/git tags, dataset input, description): orchestrator.run_fields.
+- A new experiment keeps its artifacts beside its SQLite store (in the sweep directory for the embedded store).
 """
 
 from __future__ import annotations
@@ -27,6 +30,7 @@ from ray.tune import Callback
 
 from analysis import metrics as M
 from analysis.loaders import SWEEP_PARENT_FILE
+from orchestrator import run_fields as F
 from orchestrator.faults import fault_point
 
 PARENT_FILE = SWEEP_PARENT_FILE  # read back by analysis.loaders.load_sweep_dir
@@ -101,7 +105,7 @@ class MLflowTracking(Callback):
             self.client.set_tag(self.parent_id, "bcrit.resumed_at", time.strftime("%Y-%m-%dT%H:%M:%S"))
             return self.parent_id
         exp = self.client.get_experiment_by_name(self.experiment)
-        self.experiment_id = exp.experiment_id if exp else self.client.create_experiment(self.experiment)
+        self.experiment_id = exp.experiment_id if exp else self._create_experiment()
         uid = saved.get("sweep_uid") if saved.get("tracking_uri") == self.tracking_uri else None
         found = self._find_parent(uid) if uid else None
         if found is not None:  # created by a driver killed before it recorded the run id: adopt it
@@ -119,6 +123,7 @@ class MLflowTracking(Callback):
                     "bcrit.sweep_dir": self.sweep_dir,
                     "bcrit.sweep": self.sweep_name,
                     "bcrit.sweep_uid": uid,
+                    **self._parent_tags(),
                 },
             )
             self.parent_id = run.info.run_id
@@ -165,8 +170,18 @@ class MLflowTracking(Callback):
         )
         return found[0].info.run_id if found else None
 
+    def _create_experiment(self) -> str:
+        loc = F.artifact_location(self.tracking_uri, self.sweep_dir, self.experiment)
+        return self.client.create_experiment(self.experiment, artifact_location=loc, tags=F.EXPERIMENT_TAGS)
+
+    def _parent_tags(self) -> dict[str, str]:
+        import yaml
+
+        spec = (yaml.safe_load(self.spec_yaml) if self.spec_yaml else None) or {}
+        return {**F.code_tags(), F.TAG_DESCRIPTION: F.parent_description(self.sweep_name, self.sweep_dir, spec)}
+
     # --- children ---------------------------------------------------------------------------------------------
-    def child(self, trial_id: str, cfg: dict) -> str:
+    def child(self, trial_id: str, cfg: dict, trial_dir: str | None = None) -> str:
         """The child run of a trial: cached, else found by tag ``trial_id`` under the parent, else created."""
         if trial_id in self._children:
             return self._children[trial_id]
@@ -190,39 +205,70 @@ class MLflowTracking(Callback):
         run = self.client.create_run(
             self.experiment_id,
             run_name=f"{name}-lr{cfg['lr']:.3g}-s{cfg.get('seed', 0)}-{trial_id}",
-            tags={"mlflow.parentRunId": parent, "trial_id": trial_id, "status": M.STATUS_RUNNING},
+            tags={
+                "mlflow.parentRunId": parent,
+                "trial_id": trial_id,
+                "status": M.STATUS_RUNNING,
+                **F.code_tags(),
+                **({F.TAG_TRIAL_DIR: trial_dir} if trial_dir else {}),
+                F.TAG_DESCRIPTION: F.child_description(trial_id, cfg, self.sweep_name, trial_dir),
+            },
         )
         run_id = run.info.run_id
         params = [Param(k, str(v)[:6000]) for k, v in flatten(cfg).items()]
+        now = int(time.time() * 1000)
+        numeric = F.metric_entities((k, v, now, 0) for k, v in F.numeric_copies(cfg).items())
         for i in range(0, len(params), MAX_PARAMS):
-            self.client.log_batch(run_id, params=params[i : i + MAX_PARAMS])
+            self.client.log_batch(run_id, params=params[i : i + MAX_PARAMS], metrics=numeric if i == 0 else [])
+        inputs = F.dataset_inputs(cfg)
+        if inputs:
+            self.client.log_inputs(run_id, datasets=inputs)
         self.client.log_dict(run_id, cfg, "trial_config.json")
         self._children[trial_id], self._marks[trial_id], self._status[trial_id] = run_id, -1, M.STATUS_RUNNING
         return run_id
 
-    def log_rows(self, trial_id: str, rows: list, status: str | None = None) -> int:
-        """Log rows past the watermark, whole steps per ``log_batch`` (rows + watermark tag in one call)."""
-        from mlflow.entities import Metric, RunTag
+    def log_rows(
+        self,
+        trial_id: str,
+        rows: list,
+        status: str | None = None,
+        result: dict | None = None,
+        extra_tags: dict[str, str] | None = None,
+    ) -> int:
+        """Log rows past the watermark, whole steps per ``log_batch`` (rows + watermark tag in one call), each
+        step with ``examples`` and ``wall_time``, stamped with the time of the measurement. The last batch also
+        carries the status tag, ``extra_tags`` and, for a trial that reached its target, the outcome metrics."""
+        from mlflow.entities import RunTag
 
+        result = result or {}
         run_id, mark = self._children[trial_id], self._marks.get(trial_id, -1)
-        new = sorted((r for r in rows if int(r[0]) > mark), key=lambda r: int(r[0]))
+        new = [r for r in rows if int(r[0]) > mark]
         now = int(time.time() * 1000)
+        groups = F.step_groups(new, F.row_times_ms(new, result, now))
+        final_metrics = F.metric_entities((k, v, now, int(result.get(M.STEP, 0))) for k, v in F.outcome(result).items())
+        final_tags = [RunTag(k, v) for k, v in {**(extra_tags or {}), **({"status": status} if status else {})}.items()]
         batch: list = []
         written = 0
-        for i, (step, _examples, name, value, _wall) in enumerate(new):
-            batch.append(Metric(name, float(value), now, int(step)))
-            last_of_step = i + 1 == len(new) or int(new[i + 1][0]) != int(step)
-            if len(batch) >= MAX_BATCH or (last_of_step and i + 1 == len(new)):
-                done = int(step) if last_of_step else int(step) - 1
-                tags = [RunTag(WATERMARK_TAG, str(done))]
-                if status and i + 1 == len(new):
-                    tags.append(RunTag("status", status))
-                self.client.log_batch(run_id, metrics=batch, tags=tags)
-                written += len(batch)
-                self._marks[trial_id] = done
-                batch = []
-        if status and not new:
-            self.client.set_tag(run_id, "status", status)
+
+        def flush(done: int, last: bool) -> None:
+            nonlocal batch, written
+            tags = [RunTag(WATERMARK_TAG, str(done)), *(final_tags if last else [])]
+            self.client.log_batch(run_id, metrics=batch + (final_metrics if last else []), tags=tags)
+            written += len(batch)
+            self._marks[trial_id] = done
+            batch = []
+
+        room = MAX_BATCH - len(final_metrics)
+        for i, (step, values) in enumerate(groups):
+            for j in range(0, len(values), room):  # a step larger than one batch is split (rare)
+                chunk = values[j : j + room]
+                if batch and len(batch) + len(chunk) > room:
+                    flush(step - 1, last=False)
+                batch += F.metric_entities((n, v, ms, step) for n, v, ms in chunk)
+            if i + 1 == len(groups):
+                flush(step, last=True)
+        if not groups and (final_tags or final_metrics):
+            self.client.log_batch(run_id, metrics=final_metrics, tags=final_tags)
         return written
 
     def end_child(self, trial_id: str, status: str, run_status: str) -> None:
@@ -235,12 +281,14 @@ class MLflowTracking(Callback):
 
     # --- Tune callback hooks ----------------------------------------------------------------------------------
     def on_trial_start(self, iteration, trials, trial, **info) -> None:
-        self.child(trial.trial_id, trial.config["trial"])
+        self.child(trial.trial_id, trial.config["trial"], trial.path)
 
     def on_trial_result(self, iteration, trials, trial, result, **info) -> None:
-        self.child(trial.trial_id, trial.config["trial"])
+        self.child(trial.trial_id, trial.config["trial"], trial.path)
         status = result.get("status", M.STATUS_RUNNING)
-        self.log_rows(trial.trial_id, result.get("rows") or [], status)
+        ckpt = F.checkpoint_path(trial.path, result)
+        tags = {F.TAG_CHECKPOINT: ckpt} if ckpt else {}
+        self.log_rows(trial.trial_id, result.get("rows") or [], status, result=result, extra_tags=tags)
         if status != M.STATUS_RUNNING:
             self.end_child(trial.trial_id, status, "FINISHED")
 
@@ -251,7 +299,7 @@ class MLflowTracking(Callback):
             self.end_child(trial.trial_id, final, "FINISHED" if final != M.STATUS_FAILED else "FAILED")
 
     def on_trial_error(self, iteration, trials, trial, **info) -> None:
-        self.child(trial.trial_id, trial.config["trial"])
+        self.child(trial.trial_id, trial.config["trial"], trial.path)
         self.end_child(trial.trial_id, M.STATUS_FAILED, "FAILED")
 
     def on_experiment_end(self, trials, **info) -> None:

@@ -54,14 +54,13 @@ def train_command(args) -> int:
     except (ConfigError, TypeError) as e:
         raise UserError(str(e)) from None
     from orchestrator.sweep import check_storage
-    from trainables.trial import run_trial
 
     name = args.name or time.strftime("train-%Y%m%d-%H%M%S")
     if not name.strip() or "/" in name or name in (".", ".."):
         raise UserError(f"--name {name!r}: a run name is one non-empty path component, e.g. --name base")
     check_storage(args.storage, what="--storage")
     try:
-        summary = run_trial(cfg, name=name, storage_path=args.storage)
+        summary = _run_with_progress(cfg, name, args.storage, getattr(args, "verbose", False))
     except ConfigError as e:  # a resumed run's checkpoint is damaged or its config may not continue it
         raise UserError(str(e)) from None
     if summary.get("note"):
@@ -70,3 +69,24 @@ def train_command(args) -> int:
     print(f"run    {summary['path']}")
     print(f"checkpoint {summary['checkpoint']}")
     return 0
+
+
+def _run_with_progress(cfg, name: str, storage: str, verbose: bool) -> dict:
+    """``run_trial`` with a live progress bar (drawn from the file Train's controller rewrites after each report;
+    an in-process trial, ``num_workers: 0``, runs without Train's callbacks and shows no bar)."""
+    import os
+    import tempfile
+
+    from orchestrator.progress import ProgressFileCallback, TrainProgress
+    from trainables.trial import run_trial
+
+    with tempfile.TemporaryDirectory(prefix="bcrit-progress-") as d:
+        path = os.path.join(d, "progress.json")
+        with TrainProgress(path, cfg.max_steps, cfg.target_loss):
+            return run_trial(
+                cfg,
+                name=name,
+                storage_path=storage,
+                callbacks=[ProgressFileCallback(path)],
+                log_level="INFO" if verbose else "WARNING",
+            )

@@ -105,12 +105,20 @@ def objective_report_callback(target_loss: float | None, max_steps: int):
     return ObjectiveReportCallback()
 
 
-def make_trainable(workload: str, sweep_dir: str, worker_failures: int = 3) -> Callable[[dict], None]:
-    """The function Tune runs per trial. ``config["trial"]`` is the full trial-config dict."""
+def make_trainable(
+    workload: str, sweep_dir: str, worker_failures: int = 3, verbose: bool = False
+) -> Callable[[dict], None]:
+    """The function Tune runs per trial. ``config["trial"]`` is the full trial-config dict. Not ``verbose``:
+    the trial's INFO logs (a line per checkpoint, Train's worker-group set-up) stay out of the driver's output."""
     train_storage = os.path.join(os.path.abspath(sweep_dir), TRAIN_DIR)
 
     def bcrit_trial(config: dict) -> None:
+        import logging
+
         from ray import tune
+
+        if not verbose:  # "Checkpoint successfully created at: ..." per Tune checkpoint of an in-process trial
+            logging.getLogger("ray.train._internal.storage").setLevel(logging.WARNING)
 
         w = get_workload(workload)
         cfg = w.config_cls.from_dict(config["trial"])
@@ -129,6 +137,7 @@ def make_trainable(workload: str, sweep_dir: str, worker_failures: int = 3) -> C
             callbacks=[cb],
             max_failures=worker_failures,
             train_loop=w.train_func,
+            log_level="INFO" if verbose else "WARNING",
         )
         trainer.fit()
 

@@ -5,8 +5,9 @@ so the same loop runs inside a Ray Train worker (`trainables.trial`) and in-proc
 
 Every report carries the counters (``step``, ``micro_step``, ``examples``, ``epoch``), ``status``, the latest
 scalars, and ``rows``: every value recorded since the previous report as ``[step, examples, metric, value,
-wall_time]`` (the long format of ``metrics.parquet``). A trial stops itself -- budget spent, target reached,
-diverged -- so the trainer returns normally (REFERENCE.md: the placement-group leak when Tune stops trials).
+wall_time, unix_time]`` (the long format of ``metrics.parquet``; ``unix_time``: when it was measured, for
+MLflow). A trial stops itself -- budget spent, target reached, diverged -- so the trainer returns normally
+(REFERENCE.md: the placement-group leak when Tune stops trials).
 """
 
 from __future__ import annotations
@@ -116,14 +117,12 @@ def train_loop(cfg: TrialConfig, session: Session) -> dict:
                 status = M.STATUS_RUNNING
         elif cfg.init_from:  # a branch of a branched study: counters start at 0 (trainables.branching)
             branching.start_dit(cfg.init_from, cfg.lr, model, opt, ema)
-    if rank == 0 and cfg.gns and not global_gns_available(world, cfg.accum):
-        print(f"bcrit: {GNS_UNAVAILABLE}", flush=True)
     startup_seconds = time.perf_counter() - t_start
     rows: list[list] = []
     resend = row_log.rows()  # after a restore: sent again once with the next report (watermarks drop duplicates)
 
     def record(name: str, value: float) -> None:
-        rows.append([step, step * cfg.batch_size, name, float(value), train_seconds])
+        rows.append([step, step * cfg.batch_size, name, float(value), train_seconds, time.time()])
         last[name] = float(value)
 
     def evaluate() -> str:

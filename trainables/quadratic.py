@@ -152,7 +152,7 @@ def train_loop(cfg: QuadraticConfig, session) -> dict:
         with np.errstate(over="ignore", invalid="ignore"):
             loss = float(0.5 * (h * theta**2).sum())
         loss = loss if math.isfinite(loss) else math.inf
-        rows.append([step, step * cfg.batch_size, M.EVAL_LOSS, loss, train_seconds])
+        rows.append([step, step * cfg.batch_size, M.EVAL_LOSS, loss, train_seconds, time.time()])
         last[M.EVAL_LOSS] = loss
         first_eval = loss if first_eval is None else first_eval
         return eval_status(loss, first_eval, cfg.divergence_factor, cfg.target_loss)

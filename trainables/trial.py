@@ -87,6 +87,14 @@ class LocalSession:
         yield self.resume_from
 
 
+def quiet_report_log() -> None:
+    """Ray Train logs every report at INFO with its whole payload (our ``rows``: lines of thousands of characters),
+    from a logger named after the file rather than the module, which Train's ``LoggingConfig`` does not reach."""
+    from ray.train.v2._internal.execution import context
+
+    logging.getLogger(context.__file__).setLevel(logging.WARNING)
+
+
 class RaySession:
     """Session of a Ray Train worker (V2 API)."""
 
@@ -94,6 +102,7 @@ class RaySession:
         import ray.train
         import ray.train.torch
 
+        quiet_report_log()
         ctx = ray.train.get_context()
         self.rank, self.world_size = ctx.get_world_rank(), ctx.get_world_size()
         try:
@@ -131,19 +140,25 @@ def run_local(cfg: TrialConfig, checkpoint_root: str | None = None, resume_from:
 
 def train_func(config: dict) -> dict:
     """What each Ray Train worker runs."""
-    # Ray Train logs every report at INFO with its full payload (our `rows`): keep worker logs readable.
-    logging.getLogger("ray.train.v2._internal.execution.context").setLevel(logging.WARNING)
     return train_loop(TrialConfig.from_dict(config["trial"]), RaySession())
 
 
 def build_trainer(
-    cfg: TrialConfig, *, name: str, storage_path: str, callbacks=(), max_failures: int = 0, train_loop=None
+    cfg: TrialConfig,
+    *,
+    name: str,
+    storage_path: str,
+    callbacks=(),
+    max_failures: int = 0,
+    train_loop=None,
+    log_level: str = "WARNING",
 ):
     """A ``TorchTrainer`` for the trial. A run of the same ``name`` in ``storage_path`` resumes from its
     latest checkpoint (Ray Train V2), which is how a retried or restored Tune trial continues. ``train_loop``:
     the per-worker function taking ``{"trial": cfg.to_dict()}`` (default: the DiT trial's `train_func`; another
-    workload, e.g. ``trainables.quadratic.train_func``, with a config of the same resource fields)."""
-    from ray.train import CheckpointConfig, FailureConfig, RunConfig, ScalingConfig
+    workload, e.g. ``trainables.quadratic.train_func``, with a config of the same resource fields). ``log_level``:
+    Ray Train's console logging (INFO shows worker-group set-up and checkpoint lines)."""
+    from ray.train import CheckpointConfig, FailureConfig, LoggingConfig, RunConfig, ScalingConfig
     from ray.train.torch import TorchConfig, TorchTrainer
 
     scaling = ScalingConfig(
@@ -157,6 +172,7 @@ def build_trainer(
         failure_config=FailureConfig(max_failures=max_failures),
         checkpoint_config=CheckpointConfig(num_to_keep=2),
         callbacks=list(callbacks),
+        logging_config=LoggingConfig(log_level=log_level),
     )
     return TorchTrainer(
         train_loop or train_func,
@@ -184,10 +200,20 @@ def ensure_ray(num_cpus: int | None = None) -> None:
         ray.init(address="local", num_cpus=num_cpus or max(4, (os.cpu_count() or 1) * 2), log_to_driver=True)
 
 
-def run_trial(cfg: TrialConfig, *, name: str, storage_path: str | None = None, max_failures: int = 0) -> dict:
+def run_trial(
+    cfg: TrialConfig,
+    *,
+    name: str,
+    storage_path: str | None = None,
+    max_failures: int = 0,
+    callbacks=(),
+    log_level: str = "WARNING",
+) -> dict:
     """Validate, then fit the trial; returns rank 0's summary. Checkpoints live under ``<storage>/<name>`` for
     every ``num_workers`` (in-process too), and a run of the same name resumes -- if its config may continue it
-    (trainables.resume). ``summary["note"]``: a damaged checkpoint that was skipped, else absent."""
+    (trainables.resume). ``summary["note"]``: a damaged checkpoint that was skipped, else absent. ``callbacks``:
+    Ray Train ``UserCallback``s (e.g. orchestrator.progress.ProgressFileCallback; Ray Train runs only with
+    ``num_workers >= 1``); ``log_level``: Ray Train's console logging."""
     from trainables.resume import resume_point
 
     check_trial(cfg)
@@ -202,7 +228,14 @@ def run_trial(cfg: TrialConfig, *, name: str, storage_path: str | None = None, m
         summary["checkpoint"] = session.checkpoints[-1] if session.checkpoints else resume_from
     else:
         ensure_ray()
-        trainer = build_trainer(cfg, name=name, storage_path=storage_path, max_failures=max_failures)
+        trainer = build_trainer(
+            cfg,
+            name=name,
+            storage_path=storage_path,
+            max_failures=max_failures,
+            callbacks=callbacks,
+            log_level=log_level,
+        )
         result = trainer.fit()
         summary = dict(result.return_value or {})
         summary["path"] = result.path

@@ -16,3 +16,10 @@ def test_readme_metric_table_is_current():
 def test_per_bin_names():
     assert M.per_bin(M.EVAL_LOSS_BIN, 3) == "eval/loss/bin3"
     assert M.per_bin(M.GNS_BIN_B_SIMPLE, 0) == "gns/bin0/b_simple"
+
+
+def test_readme_tracking_table_is_current():
+    readme = (Path(__file__).parents[2] / "README.md").read_text()
+    table = M.markdown_table(M.TRACKING_DOCS)
+    assert table in readme, "README MLflow metric table is stale: paste `python -m analysis.metrics --tracking`"
+    assert set(M.TRACKING_DOCS) == set(M.TRACKING_ONLY) - {M.STEP}  # every tracking-only name documented

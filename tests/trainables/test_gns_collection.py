@@ -165,8 +165,8 @@ def _losses(session, name: str = M.TRAIN_LOSS) -> list[tuple[int, float]]:
 
 def test_w1_a1_says_global_gns_unavailable(capsys) -> None:
     s = run_local(TrialConfig(**{**TINY, "max_steps": 2}, batch_size=8, micro_batch_size=8, gns=True, gns_every=0))
-    assert s.summary["gns_global"] == GNS_UNAVAILABLE
-    assert GNS_UNAVAILABLE in capsys.readouterr().out
+    assert s.summary["gns_global"] == GNS_UNAVAILABLE  # `bcrit train` prints it; a sweep says it once, not per trial
+    assert GNS_UNAVAILABLE not in capsys.readouterr().out
     assert not [r for rep in s.reports for r in rep["rows"] if r[2].startswith("gns/")]
 
 
