@@ -19,7 +19,7 @@ class ConfigError(ValueError):
 class TrialConfig:
     # --- model and data --------------------------------------------------------------------------------
     preset: str = "tiny"  # key of trainables.presets.PRESETS
-    dataset: str = "digits"  # "digits" (ships with the package) or a fast-DiT latent folder path
+    dataset: str = "digits"  # "digits" (ships with the package), a packed latent store or a fast-DiT latent folder
     eval_size: int = 297  # held-out examples (digits: the last 297 of a seeded shuffle; latents: last files)
     # --- the scientific variable and how it is split ------------------------------------------------------
     batch_size: int = 32  # effective B = micro_batch_size * grad_accum * num_workers
@@ -59,6 +59,7 @@ class TrialConfig:
     bf16: bool = True  # bf16 autocast when on GPU (ignored on CPU)
     cpus_per_worker: int = 1
     threads_per_worker: int = 0  # torch intra-op threads per worker; 0 = cpus_per_worker
+    prefetch: int = 2  # micro-batches gathered ahead by a background thread; 0 = in the step (same results)
     extra: dict = field(default_factory=dict, compare=False, repr=False)  # free-form tags (not used by training)
 
     # ---------------------------------------------------------------------------------------------------
@@ -142,6 +143,8 @@ def validate(c: TrialConfig) -> None:
             raise ConfigError(f"{name} must be >= 1, got {getattr(c, name)}")
     if c.num_workers < 0:
         raise ConfigError(f"num_workers must be >= 0 (0 = in-process), got {c.num_workers}")
+    if not 0 <= c.prefetch <= 64:
+        raise ConfigError(f"prefetch must be in 0..64 micro-batches (0 = no background gather), got {c.prefetch}")
     per_step = c.micro_batch_size * c.world_size
     if c.batch_size % per_step:
         raise ConfigError(
@@ -182,6 +185,6 @@ def validate(c: TrialConfig) -> None:
         raise ConfigError(f"eval_size {c.eval_size} must be >= timestep_bins {c.timestep_bins}")
     if c.dataset != "digits" and not os.path.isdir(c.dataset):
         raise ConfigError(
-            f"dataset {c.dataset!r} is neither 'digits' nor an existing fast-DiT latent folder "
-            "(with imagenet256_features/ and imagenet256_labels/)"
+            f"dataset {c.dataset!r} is neither 'digits' nor an existing packed latent store (bcrit pack-latents) "
+            "or fast-DiT latent folder (with imagenet256_features/ and imagenet256_labels/)"
         )
