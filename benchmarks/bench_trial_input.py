@@ -1,0 +1,111 @@
+"""Trial examples/s with prefetch on vs off, on a packed store vs a latent folder, vs a bare PyTorch loop whose
+data already sits on the device; side by side in one run (interleaved repetitions, medians).
+
+Synthetic fast-DiT latents at the real shape (32x32x4; ``--n`` of them, written to a folder and packed float32).
+Every variant trains the same preset, global batch and precision for ``--steps`` steps, with one torch thread:
+
+- **bare**: a batch already in memory, ``torch.randn`` noise, uniform timesteps, AdamW (no data path at all);
+- **trial**: `run_local` (the real `train_loop`: pipeline, on-device draws, one host read per step), GNS off,
+  one evaluation at the end (excluded, as are start-up and model build: examples / ``train_seconds``), with
+  ``prefetch`` 2 (a background thread gathers the next micro-batches) or 0 (gathered inside the step).
+
+Ratios: trial / bare examples/s (the issue's target >= 0.95), and prefetch on / off.
+
+    PYTHONPATH=. .venv/bin/python benchmarks/bench_trial_input.py --preset tiny --batch 64 --steps 30 --reps 3
+    PYTHONPATH=. .venv/bin/python benchmarks/bench_trial_input.py --preset DiT-S/2 --batch 8 --steps 4 --reps 2
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import statistics
+import tempfile
+import time
+
+import numpy as np
+import torch
+
+from trainables.config import TrialConfig
+from trainables.data import load_dataset
+from trainables.data.latent_store import pack
+from trainables.diffusion import make_scheduler, per_example_loss
+from trainables.presets import build_dit
+from trainables.trial import run_local
+
+
+def make_folder(root: str, n: int) -> None:
+    os.makedirs(os.path.join(root, "imagenet256_features"))
+    os.makedirs(os.path.join(root, "imagenet256_labels"))
+    rng = np.random.default_rng(0)
+    for i in range(n):
+        np.save(os.path.join(root, "imagenet256_features", f"{i}.npy"), rng.standard_normal((1, 4, 32, 32), np.float32))
+        np.save(os.path.join(root, "imagenet256_labels", f"{i}.npy"), np.array([i % 1000], np.int64))
+
+
+def bare_loop(preset: str, dataset: str, batch: int, steps: int) -> float:
+    """examples/s of a plain loop on one fixed batch already in memory."""
+    torch.set_num_threads(1)
+    data = load_dataset(dataset, 16)
+    info = data.info
+    torch.manual_seed(0)
+    model = build_dit(preset, sample_size=info.image_size, in_channels=info.channels, num_classes=info.num_classes)
+    opt = torch.optim.AdamW(model.parameters(), lr=1e-4)
+    sched = make_scheduler()
+    x, y = data.get(np.arange(batch))
+    t0 = time.perf_counter()
+    for _ in range(steps):
+        t = torch.randint(0, 1000, (batch,))
+        noise = torch.randn_like(x)
+        per_example_loss(model, sched, x, y, t, noise).mean().backward()
+        opt.step()
+        opt.zero_grad(set_to_none=True)
+    return batch * steps / (time.perf_counter() - t0)
+
+
+def trial(preset: str, dataset: str, batch: int, steps: int, prefetch: int) -> float:
+    cfg = TrialConfig(
+        preset=preset, dataset=dataset, eval_size=16, batch_size=batch, micro_batch_size=batch, max_steps=steps,
+        eval_every=steps, eval_repeats=1, gns=False, gns_every=0, threads_per_worker=1, prefetch=prefetch, lr=1e-4,
+    )  # fmt: skip
+    s = run_local(cfg).summary
+    return s["examples"] / s["train_seconds"]
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--preset", default="tiny")
+    ap.add_argument("--batch", type=int, default=64)
+    ap.add_argument("--steps", type=int, default=30)
+    ap.add_argument("--reps", type=int, default=3)
+    ap.add_argument("--n", type=int, default=4096, help="synthetic latents")
+    ap.add_argument("--dir", default=None)
+    args = ap.parse_args()
+    with tempfile.TemporaryDirectory(dir=args.dir) as tmp:
+        folder, store = os.path.join(tmp, "lat"), os.path.join(tmp, "store")
+        make_folder(folder, args.n)
+        pack(folder, store, progress=False)
+        variants = {
+            "bare (data in memory)": lambda: bare_loop(args.preset, store, args.batch, args.steps),
+            "trial store prefetch 2": lambda: trial(args.preset, store, args.batch, args.steps, 2),
+            "trial store prefetch 0": lambda: trial(args.preset, store, args.batch, args.steps, 0),
+            "trial folder prefetch 2": lambda: trial(args.preset, folder, args.batch, args.steps, 2),
+            "trial folder prefetch 0": lambda: trial(args.preset, folder, args.batch, args.steps, 0),
+        }
+        out: dict[str, list[float]] = {k: [] for k in variants}
+        for r in range(args.reps):
+            for k, fn in variants.items():
+                out[k].append(fn())
+            print(f"rep {r}: " + "  ".join(f"{k} {v[-1]:.1f}" for k, v in out.items()), flush=True)
+    med = {k: statistics.median(v) for k, v in out.items()}
+    bare = med["bare (data in memory)"]
+    print(f"\npreset {args.preset}, latents 4x32x32, batch {args.batch}, {args.steps} steps, medians of {args.reps}:")
+    for k, v in med.items():
+        print(f"  {k:26s} {v:8.1f} ex/s   ratio to bare {v / bare:.3f}")
+    for src in ("store", "folder"):
+        on, off = med[f"trial {src} prefetch 2"], med[f"trial {src} prefetch 0"]
+        print(f"prefetch on / off ({src}): {on / off:.3f}")
+
+
+if __name__ == "__main__":
+    main()
