@@ -80,6 +80,11 @@ def example_draws(
     return torch.cat(ts), torch.cat(us), torch.stack(noise)
 
 
+def step_key(seed: int, step: int) -> int:
+    """Seed of the generator of training step ``step``'s draws (stream ``STREAM_EXAMPLE``)."""
+    return mix(seed, STREAM_EXAMPLE, step)
+
+
 def step_draws(
     seed: int,
     step: int,
@@ -95,7 +100,7 @@ def step_draws(
     rows. ``generator`` (on ``device``) is re-seeded and reused when given (saves creating one per step)."""
     device = torch.device(device)
     g = generator if generator is not None else torch.Generator(device=device)
-    g.manual_seed(mix(seed, STREAM_EXAMPLE, step))
+    g.manual_seed(step_key(seed, step))
     t = torch.randint(0, num_timesteps, (batch_size,), generator=g, device=device)  # (B,)
     u = torch.rand(batch_size, generator=g, device=device)  # (B,)
     noise = torch.randn((batch_size, *shape), generator=g, device=device)  # (B, *shape)

@@ -24,7 +24,7 @@ from trainables.diffusion import NUM_TIMESTEPS, make_scheduler, per_example_loss
 from trainables.evaluation import EVAL_SEED, HeldOutEval
 from trainables.gns_bins import draw_examples, measurement_key
 from trainables.presets import build_dit
-from trainables.randomness import STREAM_EVAL, STREAM_EXAMPLE, global_batch_indices, local_slice, mix, step_draws
+from trainables.randomness import STREAM_EVAL, global_batch_indices, local_slice, mix, step_draws, step_key
 from trainables.trial import run_local
 
 TINY = dict(preset="tiny", eval_every=3, eval_repeats=1, max_steps=6, timestep_bins=4)
@@ -89,7 +89,7 @@ def test_step_draws_depend_on_seed_and_step_only():
 
 def test_training_eval_and_bin_gns_streams_are_disjoint():
     seed, steps, bins = 0, range(40), range(10)
-    train = {mix(seed, STREAM_EXAMPLE, s) for s in steps}
+    train = {step_key(seed, s) for s in steps}
     gns = {measurement_key(seed, s, k) for s in steps for k in bins}
     evals = {mix(EVAL_SEED, STREAM_EVAL, p) for p in range(2000)}
     assert len(train) == 40 and len(gns) == 400 and len(evals) == 2000
