@@ -100,7 +100,7 @@ def main() -> None:
                 example_draws(0, STREAM_EXAMPLE, s, range(B), SHAPE, NUM_TIMESTEPS),
             ),
             "folder (checked np.load per file)": lambda idx, s: folder_ds.get(idx),
-            **{f"store {d}": (lambda d: lambda idx, s: stores[d].get(idx))(d) for d in stores},
+            **{f"store {d}": lambda idx, s, ds=ds: ds.get(idx) for d, ds in stores.items()},
             "draws old (per-example generator)": lambda idx, s: example_draws(
                 0, STREAM_EXAMPLE, s, range(B), SHAPE, NUM_TIMESTEPS
             ),
