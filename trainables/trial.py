@@ -16,7 +16,7 @@ import tempfile
 import torch
 
 from trainables.config import ConfigError, TrialConfig
-from trainables.data import DatasetError, describe_dataset
+from trainables.data import DatasetError, dataset_error_in, describe_dataset
 from trainables.loop import train_loop
 from trainables.presets import PRESETS
 
@@ -176,7 +176,13 @@ def run_trial(cfg: TrialConfig, *, name: str, storage_path: str | None = None, m
     if cfg.num_workers > 0:
         ensure_ray()
     trainer = build_trainer(cfg, name=name, storage_path=storage_path, max_failures=max_failures)
-    result = trainer.fit()
+    try:
+        result = trainer.fit()
+    except Exception as e:  # a bad latent file met mid-training: its one line, not a worker traceback
+        bad = dataset_error_in(e)
+        if bad is None:
+            raise
+        raise ConfigError(str(bad)) from None
     summary = dict(result.return_value or {})
     summary["path"] = result.path
     summary["checkpoint"] = result.checkpoint.path if result.checkpoint else None

@@ -72,3 +72,22 @@ def test_folder_spot_checks_when_opened(tmp_path):
     np.save(root / "imagenet256_labels" / "00039.npy", np.array([1000], np.int64))  # the last file
     with pytest.raises(DatasetError, match=r"00039\.npy: label 1000"):
         load_dataset(str(root), eval_size=4)
+
+
+def test_a_bad_file_is_found_inside_ray_trains_wrappers():
+    from ray.train.v2._internal.exceptions import UserExceptionWithTraceback
+    from ray.train.v2.api.exceptions import WorkerGroupError
+
+    from trainables.data import dataset_error_in
+
+    bad = DatasetError("/x/00006.npy: shape (1, 4, 32, 30) dtype float32, expected ...")
+    wrapped = WorkerGroupError("worker failed", {0: UserExceptionWithTraceback(bad, "Traceback ...")})
+    assert dataset_error_in(wrapped) is bad
+    try:
+        try:
+            raise bad
+        except DatasetError as e:
+            raise RuntimeError("in the loop") from e
+    except RuntimeError as chained:
+        assert dataset_error_in(chained) is bad
+    assert dataset_error_in(WorkerGroupError("oom", {0: MemoryError()})) is None
