@@ -47,7 +47,10 @@ def train_command(args) -> int:
     from trainables.trial import run_trial
 
     name = args.name or time.strftime("train-%Y%m%d-%H%M%S")
-    summary = run_trial(cfg, name=name, storage_path=args.storage)
+    try:
+        summary = run_trial(cfg, name=name, storage_path=args.storage)
+    except ConfigError as e:  # e.g. a bad latent file met mid-training
+        raise UserError(str(e)) from None
     print(format_summary(summary, cfg.timestep_bins))
     print(f"run    {summary['path']}")
     print(f"checkpoint {summary['checkpoint']}")
