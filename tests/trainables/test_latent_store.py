@@ -130,27 +130,3 @@ def test_trial_on_the_store_equals_the_trial_on_the_folder(folder, tmp_path):
     b = run_local(TrialConfig(dataset=str(tmp_path / "st"), **base))
     rows = [[(r[0], r[2], r[3]) for rep in s.reports for r in rep["rows"]] for s in (a, b)]
     assert rows[0] == rows[1] and any(name == M.TRAIN_LOSS for _, name, _ in rows[0])
-
-
-def _bcrit(*args):
-    env = {**os.environ, "PYTHONPATH": ROOT}
-    return subprocess.run(
-        [sys.executable, "-m", "orchestrator.cli", *args], env=env, capture_output=True, text=True, timeout=120
-    )
-
-
-def test_cli_packs_and_refuses_bad_input_in_one_line(folder, tmp_path):
-    r = _bcrit("pack-latents", str(folder), str(tmp_path / "st"), "--dtype", "float16")
-    assert r.returncode == 0, r.stderr
-    assert "40 latents" in r.stdout and "relative error" in r.stdout and "40/40" in r.stderr  # the progress bar
-    bad = make_latents(tmp_path / "bad", n=12)
-    np.save(bad / "imagenet256_features" / "00005.npy", np.zeros((1, 4, 32, 32), np.float64))
-    for args, msg in (
-        ((str(tmp_path / "nope"), str(tmp_path / "o1")), "no such folder"),
-        ((str(bad), str(tmp_path / "o2")), "00005.npy: shape (1, 4, 32, 32) dtype float64"),
-        ((str(folder), str(tmp_path / "st")), "other settings (dtype)"),
-    ):
-        r = _bcrit("pack-latents", *args, "--no-progress")
-        assert r.returncode == 2 and "Traceback" not in r.stderr, r.stderr
-        lines = r.stderr.strip().splitlines()
-        assert len(lines) == 1 and msg in lines[0], r.stderr
