@@ -38,11 +38,12 @@ class StepTimer:
         return seconds
 
     def flush(self, wait: bool = True) -> float:
-        """Seconds of the finished step not yet counted (waits for it when ``wait``); 0 on CPU."""
+        """Seconds of the last finished step not yet counted; 0 on CPU. ``wait=False`` (inside ``stop``): the
+        step's own host read has already waited for the previous step, so the event wait below returns at once;
+        ``wait=True`` (at a report) may wait for the device to finish the last step."""
         if not self.cuda or self._done is None:
             return 0.0
         start, end = self._done
-        if wait:
-            end.synchronize()
+        end.synchronize()  # elapsed_time raises on an unfinished event; a no-op wait when it is done
         self._done = None
         return start.elapsed_time(end) / 1000.0

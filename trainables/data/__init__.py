@@ -1,4 +1,4 @@
-"""Datasets of the trial: the shipped digits, and fast-DiT latent folders."""
+"""Datasets of the trial: the shipped digits, packed latent stores and fast-DiT latent folders."""
 
 from trainables.data.datasets import Dataset, DatasetError, dataset_error_in, describe_dataset, load_dataset
 
