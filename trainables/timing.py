@@ -33,14 +33,13 @@ class StepTimer:
             return time.perf_counter() - self._t0
         end = torch.cuda.Event(enable_timing=True)
         end.record()
-        seconds = self.flush(wait=False)
+        seconds = self.flush()  # the previous step: already finished (this step's host read waited for it)
         self._done = (self._open, end)
         return seconds
 
-    def flush(self, wait: bool = True) -> float:
-        """Seconds of the last finished step not yet counted; 0 on CPU. ``wait=False`` (inside ``stop``): the
-        step's own host read has already waited for the previous step, so the event wait below returns at once;
-        ``wait=True`` (at a report) may wait for the device to finish the last step."""
+    def flush(self) -> float:
+        """Seconds of the last step not yet counted (0 on CPU); at a report this may wait for the device to
+        finish that step, inside ``stop`` it returns at once."""
         if not self.cuda or self._done is None:
             return 0.0
         start, end = self._done
