@@ -9,7 +9,10 @@ Every variant trains the same preset, global batch and precision for ``--steps``
   one evaluation at the end (excluded, as are start-up and model build: examples / ``train_seconds``), with
   ``prefetch`` 2 (a background thread gathers the next micro-batches) or 0 (gathered inside the step).
 
-Ratios: trial / bare examples/s (the issue's target >= 0.95), and prefetch on / off. With ``--device cuda``
+Ratios: trial / bare examples/s (the issue's target >= 0.95), and prefetch on / off. ``--clock cpu`` counts CPU
+seconds of this process on both sides (the trial's `StepTimer` clock is swapped): robust on a shared machine, but
+it counts the prefetch thread's work too, so it measures work, not overlap; ``--clock wall`` (default) on an idle
+machine measures what prefetch hides. With ``--device cuda``
 (``make bench-gpu``) both sides run on the GPU with bf16 autocast (``--no-bf16`` for float32), and the bare loop
 also reports model FLOP utilisation (FLOPs counted by ``torch.utils.flop_counter`` on one step, over
 ``--peak-tflops``) and peak memory. Not yet run on a GPU: no GPU was lent while this was written.
@@ -32,6 +35,7 @@ import time
 import numpy as np
 import torch
 
+from trainables import timing
 from trainables.config import TrialConfig
 from trainables.data import load_dataset
 from trainables.data.latent_store import pack
@@ -72,12 +76,12 @@ def bare_loop(preset: str, dataset: str, batch: int, steps: int, device: str, bf
         opt.step()
         opt.zero_grad(set_to_none=True)
 
-    t0 = time.perf_counter()  # the first step included, as in the trial's train_seconds
+    t0 = timing.CLOCK()  # the first step included, as in the trial's train_seconds
     for _ in range(steps):
         step()
     if cuda:
         torch.cuda.synchronize()
-    seconds = time.perf_counter() - t0
+    seconds = timing.CLOCK() - t0
     if info_out is not None and cuda:
         from torch.utils.flop_counter import FlopCounterMode
 
@@ -108,10 +112,13 @@ def main() -> None:
     ap.add_argument("--n", type=int, default=4096, help="synthetic latents")
     ap.add_argument("--dir", default=None)
     ap.add_argument("--device", default="cpu", choices=["cpu", "cuda"])
+    ap.add_argument("--clock", default="wall", choices=["wall", "cpu"], help="CPU-side clock (see above)")
     ap.add_argument("--no-bf16", action="store_true", help="float32 on the GPU (default: bf16 autocast)")
     ap.add_argument("--peak-tflops", type=float, default=989.0, help="dense bf16 peak for MFU (H100 SXM: 989)")
     args = ap.parse_args()
     dev, bf16 = args.device, not args.no_bf16
+    if args.clock == "cpu":
+        timing.CLOCK = time.process_time
     gpu_info: dict = {}
     with tempfile.TemporaryDirectory(dir=args.dir) as tmp:
         folder, store = os.path.join(tmp, "lat"), os.path.join(tmp, "store")
@@ -133,7 +140,7 @@ def main() -> None:
     bare = med["bare (data in memory)"]
     precision = "bf16 autocast" if dev == "cuda" and bf16 else "float32"
     print(
-        f"\n{dev}, {precision}, preset {args.preset}, latents 4x32x32, batch {args.batch}, {args.steps} steps, "
+        f"\n{dev}, {precision}, {args.clock} clock, preset {args.preset}, latents 4x32x32, batch {args.batch}, {args.steps} steps, "
         f"medians of {args.reps}:"
     )
     for k, v in med.items():
