@@ -140,8 +140,8 @@ def main() -> None:
     bare = med["bare (data in memory)"]
     precision = "bf16 autocast" if dev == "cuda" and bf16 else "float32"
     print(
-        f"\n{dev}, {precision}, {args.clock} clock, preset {args.preset}, latents 4x32x32, batch {args.batch}, {args.steps} steps, "
-        f"medians of {args.reps}:"
+        f"\n{dev}, {precision}, {args.clock} clock, preset {args.preset}, latents 4x32x32, batch {args.batch}, "
+        f"{args.steps} steps, medians of {args.reps}:"
     )
     for k, v in med.items():
         print(f"  {k:26s} {v:8.1f} ex/s   ratio to bare {v / bare:.3f}")
