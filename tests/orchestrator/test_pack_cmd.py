@@ -26,21 +26,23 @@ def _bcrit(*args):
     )
 
 
-def test_cli_packs_and_refuses_bad_input_in_one_line(folder, tmp_path):
-    r = _bcrit("pack-latents", str(folder), str(tmp_path / "st"), "--dtype", "float16")
-    assert r.returncode == 0, r.stderr
-    assert "40 latents" in r.stdout and "relative error" in r.stdout and "40/40" in r.stderr  # the progress bar
+def test_cli_packs_and_refuses_bad_input_in_one_line(folder, tmp_path, capsys):
+    from orchestrator.cli import main
+
+    assert main(["pack-latents", str(folder), str(tmp_path / "st"), "--dtype", "float16"]) == 0
+    out, err = capsys.readouterr()
+    assert "40 latents" in out and "relative error" in out and "40/40" in err  # the progress bar
     bad = make_latents(tmp_path / "bad", n=12)
     np.save(bad / "imagenet256_features" / "00005.npy", np.zeros((1, 4, 32, 32), np.float64))
     for args, msg in (
         ((str(tmp_path / "nope"), str(tmp_path / "o1")), "no such folder"),
         ((str(bad), str(tmp_path / "o2")), "00005.npy: shape (1, 4, 32, 32) dtype float64"),
         ((str(folder), str(tmp_path / "st")), "other settings (dtype)"),
+        ((str(folder), str(tmp_path / "o3"), "--chunk", "0"), "--chunk must be >= 1"),
     ):
-        r = _bcrit("pack-latents", *args, "--no-progress")
-        assert r.returncode == 2 and "Traceback" not in r.stderr, r.stderr
-        lines = r.stderr.strip().splitlines()
-        assert len(lines) == 1 and msg in lines[0], r.stderr
+        assert main(["pack-latents", *args, "--no-progress"]) == 2
+        lines = capsys.readouterr().err.strip().splitlines()
+        assert len(lines) == 1 and lines[0].startswith("bcrit pack-latents: error: ") and msg in lines[0], lines
 
 
 def test_train_names_a_bad_file_met_mid_training(tmp_path):
