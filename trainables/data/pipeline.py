@@ -63,7 +63,10 @@ class MicroBatches:
         self._queue, self._stop = queue.Queue(maxsize=self.depth), threading.Event()
         args = (self.data, self.seed, self.batch_size, self.world, self.rank, self.accum, self.micro, self.pin)
         thread = threading.Thread(
-            target=_produce, args=(args, step, m, self._queue, self._stop), name="bcrit-prefetch", daemon=True
+            target=_produce,
+            args=(args, step, m, self._queue, self._stop, self.device),
+            name="bcrit-prefetch",
+            daemon=True,
         )
         thread.start()
         weakref.finalize(self, self._stop.set)  # an abandoned pipeline stops its producer
@@ -85,9 +88,11 @@ def _gather(data, seed, batch_size, world, rank, accum, micro, pin, step, m):
     return x, y
 
 
-def _produce(args, step: int, m: int, q: queue.Queue, stop: threading.Event) -> None:
+def _produce(args, step: int, m: int, q: queue.Queue, stop: threading.Event, device: torch.device) -> None:
     """Walk the keys ``(step, m), (step, m+1), ...`` and queue their host batches until stopped."""
     accum = args[5]
+    if device.type == "cuda" and device.index is not None:  # pin on this rank's GPU, not a context on cuda:0
+        torch.cuda.set_device(device)
     while not stop.is_set():
         try:
             item = _gather(*args, step, m)
