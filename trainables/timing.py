@@ -17,7 +17,8 @@ CLOCK = time.perf_counter  # the CPU-side clock (benchmarks on a shared machine 
 
 class StepTimer:
     def __init__(self, device: torch.device | str) -> None:
-        self.cuda = torch.device(device).type == "cuda"
+        self.device = torch.device(device)
+        self.cuda = self.device.type == "cuda"
         self._t0 = 0.0
         self._open: torch.cuda.Event | None = None  # start event of the running step
         self._done: tuple[torch.cuda.Event, torch.cuda.Event] | None = None  # last finished step, not yet read
@@ -27,14 +28,14 @@ class StepTimer:
             self._t0 = CLOCK()
             return
         self._open = torch.cuda.Event(enable_timing=True)
-        self._open.record()
+        self._open.record(torch.cuda.current_stream(self.device))  # the trial's device, whatever is current
 
     def stop(self) -> float:
         """Seconds to add to the training time now: this step's on CPU; on a GPU the previous step's (complete)."""
         if not self.cuda:
             return CLOCK() - self._t0
         end = torch.cuda.Event(enable_timing=True)
-        end.record()
+        end.record(torch.cuda.current_stream(self.device))
         seconds = self.flush()  # the previous step: already finished (this step's host read waited for it)
         self._done = (self._open, end)
         return seconds
