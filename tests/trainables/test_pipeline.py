@@ -191,3 +191,34 @@ def test_split_invariance_across_two_workers(store, tmp_path):
     w2 = {n: torch.tensor(v) for n, v in run_group(_split_worker, 2, tmp_path, 180.0)[0]["params"].items()}
     diff = _max_diff(_local_params(store, 16), w2)
     assert diff < 1e-4, diff
+
+
+def test_one_host_read_per_step(monkeypatch):
+    """A training step (W=1, A=2, global GNS on: the path with the most statistics) reads the device back once:
+    Python-level reads (``item``, ``tolist``, ``__bool__``, ``__float__``, ``__int__``, ``__index__``, ``numpy``,
+    ``cpu``) are counted during one step. (Syncs inside C++ kernels, e.g. ``nonzero``, are not seen here.)"""
+    import collections
+
+    from trainables.diffusion import make_scheduler
+    from trainables.step import TrainStep
+
+    cfg = TrialConfig(batch_size=16, micro_batch_size=8, gns=True)
+    data, sched = load_dataset("digits", 297), make_scheduler()
+    torch.manual_seed(0)
+    model = build_dit("tiny", sample_size=8, in_channels=1, num_classes=10).train()
+    step = TrainStep(cfg, model, model, data, sched, 0, 1, torch.device("cpu"), contextlib.nullcontext)
+    step(0)  # warm-up: the prefetch thread starts
+    reads = collections.Counter()
+    for name in ("item", "tolist", "__bool__", "__float__", "__int__", "__index__", "numpy", "cpu"):
+        original = getattr(torch.Tensor, name)
+
+        def counted(self, *a, _name=name, _original=original, **k):
+            reads[_name] += 1
+            return _original(self, *a, **k)
+
+        monkeypatch.setattr(torch.Tensor, name, counted)
+    stats = step(1)
+    monkeypatch.undo()
+    step.close()
+    assert reads == {"tolist": 1}, reads
+    assert stats.g2_small is not None and stats.b_small == 8
