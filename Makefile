@@ -5,7 +5,7 @@ PY     := $(VENV)/bin/python
 BCRIT  := $(VENV)/bin/bcrit
 STAMP  := $(VENV)/.installed
 
-.PHONY: install demo test test-all lint bench clean mutate
+.PHONY: install demo test test-all lint bench bench-gpu clean mutate
 
 # torch first, pinned to the local CPU wheel: an unpinned torch pulls a multi-GB CUDA build.
 $(STAMP): pyproject.toml
@@ -32,6 +32,11 @@ test: $(STAMP)
 
 test-all: $(STAMP)
 	$(PY) -m pytest -q; rc=$$?; if [ $$rc -eq 5 ]; then exit 1; fi; exit $$rc
+
+# On a GPU machine (a CUDA build of torch in the venv): the GPU tests, then the trial vs a bare loop, DiT-S/2 bf16.
+bench-gpu: $(STAMP)
+	$(PY) -m pytest -m gpu tests/trainables/test_gpu.py -q
+	PYTHONPATH=. $(PY) benchmarks/bench_trial_input.py --device cuda --preset DiT-S/2 --batch 256 --steps 50 --reps 3 --n 20000
 
 lint: $(STAMP)
 	$(VENV)/bin/ruff check . && $(VENV)/bin/ruff format --check .

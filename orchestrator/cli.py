@@ -29,7 +29,13 @@ def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="bcrit", description="Critical batch size of diffusion transformers.")
     sub = parser.add_subparsers(dest="command", required=True)
     _train_parser(sub)
-    for module in ("orchestrator.sweep_cmd", "analysis.cli", "orchestrator.probe_cmd", "orchestrator.branch_cmd"):
+    for module in (
+        "orchestrator.sweep_cmd",
+        "analysis.cli",
+        "orchestrator.probe_cmd",
+        "orchestrator.branch_cmd",
+        "orchestrator.pack_cmd",
+    ):
         try:
             mod = __import__(module, fromlist=["register"])
         except ImportError as e:

@@ -61,7 +61,7 @@ def train_command(args) -> int:
     check_storage(args.storage, what="--storage")
     try:
         summary = _run_with_progress(cfg, name, args.storage, getattr(args, "verbose", False))
-    except ConfigError as e:  # a resumed run's checkpoint is damaged or its config may not continue it
+    except ConfigError as e:  # a damaged checkpoint, a config that may not continue it, a bad latent file
         raise UserError(str(e)) from None
     if summary.get("note"):
         print(f"bcrit train: warning: {summary['note']}")

@@ -23,7 +23,7 @@ class ConfigError(ValueError):
 class TrialConfig:
     # --- model and data --------------------------------------------------------------------------------
     preset: str = "tiny"  # key of trainables.presets.PRESETS
-    dataset: str = "digits"  # "digits" (ships with the package) or a fast-DiT latent folder path
+    dataset: str = "digits"  # "digits" (ships with the package), a packed latent store or a fast-DiT latent folder
     eval_size: int = 297  # held-out examples (digits: the last 297 of a seeded shuffle; latents: last files)
     # --- the scientific variable and how it is split ------------------------------------------------------
     batch_size: int = 32  # effective B = micro_batch_size * grad_accum * num_workers
@@ -67,6 +67,7 @@ class TrialConfig:
     bf16: bool = True  # bf16 autocast when on GPU (ignored on CPU)
     cpus_per_worker: int = 1
     threads_per_worker: int = 0  # torch intra-op threads per worker; 0 = cpus_per_worker
+    prefetch: int = 2  # micro-batches gathered ahead by a background thread; 0 = in the step (same results)
     extra: dict = field(default_factory=dict, compare=False, repr=False)  # free-form tags (not used by training)
 
     # ---------------------------------------------------------------------------------------------------
@@ -250,6 +251,7 @@ BOUNDS: dict[str, Bound] = {
     "bf16": Bound("bool"),
     "cpus_per_worker": Bound("int", 1, 1024),
     "threads_per_worker": Bound("int", 0, 1024),
+    "prefetch": Bound("int", 0, 64),  # micro-batches gathered ahead (0 = no background gather)
     "init_from": Bound("str", optional=True),
     "keep_dir": Bound("str", optional=True),
     "keep_steps": Bound("list"),
@@ -301,6 +303,6 @@ def validate(c: TrialConfig) -> None:
         raise ConfigError(f"eval_size {c.eval_size} must be >= timestep_bins {c.timestep_bins}")
     if c.dataset != "digits" and not os.path.isdir(c.dataset):
         raise ConfigError(
-            f"dataset {c.dataset!r} is neither 'digits' nor an existing fast-DiT latent folder "
-            "(with imagenet256_features/ and imagenet256_labels/)"
+            f"dataset {c.dataset!r} is neither 'digits' nor an existing packed latent store (bcrit pack-latents) "
+            "or fast-DiT latent folder (with imagenet256_features/ and imagenet256_labels/)"
         )

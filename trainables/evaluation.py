@@ -5,6 +5,10 @@ Every trial of every sweep sees the same held-out examples, the same noise and t
 inside that bin and its noise standard normal, both from a generator keyed by a fixed seed and ``p``. Bin counts
 differ by at most one (the first ``(eval_size * repeats) mod K`` bins get one more), so ``eval/loss`` (the mean over
 all positions) weighs the bins alike up to that one example, as uniform timesteps do.
+
+The draws are made once per trial on the CPU (stream ``STREAM_EVAL``, disjoint from training's
+``STREAM_EXAMPLE`` and per-bin GNS's ``STREAM_GNS``), so they are the same on every device; the examples, noise
+and timesteps are then moved to the device once, and an evaluation reads its sums back once.
 """
 
 from __future__ import annotations
@@ -38,35 +42,28 @@ class HeldOutEval:
             lo, hi = bins[p % num_bins]
             ts.append(torch.randint(lo, hi + 1, (1,), generator=g))
             noise.append(torch.randn(x.shape[1:], generator=g))
-        self.x, self.y = x, y
-        self.t = torch.cat(ts) if ts else torch.zeros(0, dtype=torch.int64)
-        self.noise = torch.stack(noise) if noise else torch.zeros((0, *x.shape[1:]))
+        self.bin_of = self.bin_of.to(device)
+        self.x, self.y = x.to(device), y.to(device)
+        self.t = (torch.cat(ts) if ts else torch.zeros(0, dtype=torch.int64)).to(device)
+        self.noise = (torch.stack(noise) if noise else torch.zeros((0, *x.shape[1:]))).to(device)
 
     @torch.no_grad()
     def __call__(self, model, scheduler, autocast) -> tuple[float, list[float]]:
         """``(eval_loss, [eval_loss_bin_k])`` over all ranks (all-reduced when distributed)."""
         was_training = model.training
         model.eval()
-        sums = torch.zeros(self.num_bins, dtype=torch.float64)
-        counts = torch.zeros(self.num_bins, dtype=torch.float64)
+        sums = torch.zeros(self.num_bins, dtype=torch.float64, device=self.device)
+        counts = torch.zeros(self.num_bins, dtype=torch.float64, device=self.device)
         for s in range(0, len(self.t), EVAL_CHUNK):
             sl = slice(s, s + EVAL_CHUNK)
             with autocast():
-                loss = per_example_loss(
-                    model,
-                    scheduler,
-                    self.x[sl].to(self.device),
-                    self.y[sl].to(self.device),
-                    self.t[sl].to(self.device),
-                    self.noise[sl].to(self.device),
-                )
-            sums.index_add_(0, self.bin_of[sl], loss.double().cpu())
-            counts.index_add_(0, self.bin_of[sl], torch.ones_like(loss, dtype=torch.float64).cpu())
+                loss = per_example_loss(model, scheduler, self.x[sl], self.y[sl], self.t[sl], self.noise[sl])
+            sums.index_add_(0, self.bin_of[sl], loss.double())
+            counts.index_add_(0, self.bin_of[sl], torch.ones_like(loss, dtype=torch.float64))
         stats = torch.cat([sums, counts])
         if torch.distributed.is_available() and torch.distributed.is_initialized():
-            stats = stats.to(self.device)
             torch.distributed.all_reduce(stats)
-            stats = stats.cpu()
+        stats = stats.cpu()  # the evaluation's one host read
         sums, counts = stats[: self.num_bins], stats[self.num_bins :]
         model.train(was_training)
         per_bin = (sums / counts.clamp(min=1)).tolist()

@@ -79,11 +79,15 @@ class LocalGradNormHook:
 
     def pop(self) -> float:
         """Return and reset the accumulated local squared norm; raises if no bucket was reduced since."""
+        return float(self.pop_tensor().item())
+
+    def pop_tensor(self) -> torch.Tensor:
+        """`pop` as a float64 0-d tensor on the bucket device (no host synchronisation)."""
         if self._acc is None:
             raise RuntimeError(
                 "no gradient bucket was all-reduced since the last pop(): call it after the backward of "
                 "a synchronising micro-step (outside no_sync())"
             )
-        value = float(self._acc.item())
+        value = self._acc
         self._acc, self.buckets = None, 0
         return value

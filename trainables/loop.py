@@ -32,6 +32,7 @@ from trainables.presets import build_dit
 from trainables.row_log import RowLog
 from trainables.step import TrainStep, global_gns_available
 from trainables.stopping import eval_status, status_after_step
+from trainables.timing import StepTimer
 
 GNS_UNAVAILABLE = "unavailable: global GNS needs num_workers x grad_accum >= 2 (this trial has 1 x 1)"
 
@@ -188,8 +189,9 @@ def train_loop(cfg: TrialConfig, session: Session) -> dict:
     if step == 0 and first_eval is None:
         status = evaluate()
         report(final=status != M.STATUS_RUNNING)
+    timer = StepTimer(device)  # CUDA events on a GPU (no extra sync), wall clock on CPU
     while status == M.STATUS_RUNNING:
-        t0 = time.perf_counter()
+        timer.start()
         lr = lr_sched.get_last_lr()[0]
         s = train_step(step)
         if s.finite:
@@ -202,9 +204,7 @@ def train_loop(cfg: TrialConfig, session: Session) -> dict:
         opt.zero_grad(set_to_none=True)
         step += 1
         bin_values = bin_gns.measure(step) if bin_gns is not None and step % cfg.gns_every == 0 else {}
-        if device.type == "cuda":
-            torch.cuda.synchronize()
-        train_seconds += time.perf_counter() - t0  # training time includes the GNS measurements
+        train_seconds += timer.stop()  # training time includes the GNS measurements
         record(M.TRAIN_LOSS, s.loss)
         record(M.LR, lr)
         record(M.GRAD_NORM, s.g2_big**0.5)
@@ -218,7 +218,9 @@ def train_loop(cfg: TrialConfig, session: Session) -> dict:
             status = M.STATUS_DIVERGED
         final = status != M.STATUS_RUNNING
         if final or step % cfg.report_interval == 0:
+            train_seconds += timer.flush()
             report(final)
+    train_step.close()
 
     return {
         "status": status,

@@ -1,12 +1,21 @@
 """Split-invariant randomness.
 
 An example's timestep, noise and label drop depend only on ``(seed, step, j)`` where ``j`` is the example's
-position in the *global* batch, and the global batch's example indices come from one seeded permutation per
-epoch. Every worker and micro-step slices the same global batch, so one effective batch gives the same update
-however it is split into micro-batches, accumulation steps and workers (up to float summation order).
+position in the *global* batch (of the trial's fixed size ``B``), and the global batch's example indices come
+from one seeded permutation per epoch. Every worker and micro-step slices the same global batch, so one
+effective batch gives the same update however it is split into micro-batches, accumulation steps and workers
+(up to float summation order).
+
+Training draws (`step_draws`) come from one ``torch.Generator`` on the trial's device keyed by
+``(seed, STREAM_EXAMPLE, step)``: three calls draw the whole global batch's timesteps, uniforms and noise, and
+every rank slices its positions. The streams therefore differ between a CPU and a CUDA trial (different
+generators) but not between splits. `example_draws` is the earlier per-example CPU path (one generator re-seeded
+per example, ~45 us an example), kept as a reference and for `benchmarks/bench_input_pipeline.py`.
 """
 
 from __future__ import annotations
+
+import functools
 
 import numpy as np
 import torch
@@ -28,8 +37,12 @@ def mix(*keys: int) -> int:
 STREAM_EPOCH, STREAM_EXAMPLE, STREAM_EVAL, STREAM_GNS = 1, 2, 3, 4
 
 
+@functools.lru_cache(maxsize=4)
 def epoch_permutation(seed: int, epoch: int, n: int) -> np.ndarray:
-    return np.random.Generator(np.random.PCG64(mix(seed, STREAM_EPOCH, epoch))).permutation(n)
+    """The seeded order of epoch ``epoch`` (read-only; cached: 1.28M latents take ~20 ms to permute)."""
+    perm = np.random.Generator(np.random.PCG64(mix(seed, STREAM_EPOCH, epoch))).permutation(n)
+    perm.flags.writeable = False
+    return perm
 
 
 def global_batch_indices(seed: int, step: int, batch_size: int, train_size: int) -> np.ndarray:
@@ -65,3 +78,30 @@ def example_draws(
         us.append(torch.rand(1, generator=g))
         noise.append(torch.randn(shape, generator=g))
     return torch.cat(ts), torch.cat(us), torch.stack(noise)
+
+
+def step_key(seed: int, step: int) -> int:
+    """Seed of the generator of training step ``step``'s draws (stream ``STREAM_EXAMPLE``)."""
+    return mix(seed, STREAM_EXAMPLE, step)
+
+
+def step_draws(
+    seed: int,
+    step: int,
+    batch_size: int,
+    shape: tuple[int, ...],
+    num_timesteps: int,
+    device: torch.device | str = "cpu",
+    generator: torch.Generator | None = None,
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """The whole global batch's ``(timestep int64 [B], uniform float32 [B], noise float32 [B, *shape])`` of
+    training step ``step``, drawn on ``device`` by one generator keyed by ``(seed, STREAM_EXAMPLE, step)``.
+    Row ``j`` belongs to position ``j`` of the global batch; every rank draws the same tensors and slices its
+    rows. ``generator`` (on ``device``) is re-seeded and reused when given (saves creating one per step)."""
+    device = torch.device(device)
+    g = generator if generator is not None else torch.Generator(device=device)
+    g.manual_seed(step_key(seed, step))
+    t = torch.randint(0, num_timesteps, (batch_size,), generator=g, device=device)  # (B,)
+    u = torch.rand(batch_size, generator=g, device=device)  # (B,)
+    noise = torch.randn((batch_size, *shape), generator=g, device=device)  # (B, *shape)
+    return t, u, noise

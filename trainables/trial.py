@@ -16,7 +16,7 @@ import tempfile
 import torch
 
 from trainables.config import ConfigError, TrialConfig
-from trainables.data import DatasetError, describe_dataset
+from trainables.data import DatasetError, dataset_error_in, describe_dataset
 from trainables.loop import train_loop
 from trainables.presets import PRESETS
 
@@ -236,7 +236,13 @@ def run_trial(
             callbacks=callbacks,
             log_level=log_level,
         )
-        result = trainer.fit()
+        try:
+            result = trainer.fit()
+        except Exception as e:  # a bad latent file met mid-training: its one line, not a worker traceback
+            bad = dataset_error_in(e)
+            if bad is None:
+                raise
+            raise ConfigError(str(bad)) from None
         summary = dict(result.return_value or {})
         summary["path"] = result.path
         summary["checkpoint"] = result.checkpoint.path if result.checkpoint else None

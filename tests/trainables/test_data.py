@@ -52,3 +52,42 @@ def test_empty_latent_folder(tmp_path):
     (tmp_path / "imagenet256_labels").mkdir()
     with pytest.raises(DatasetError, match="no .npy files"):
         load_dataset(str(tmp_path), 1)
+
+
+def test_folder_names_a_bad_file_met_mid_training(tmp_path):
+    """Only a few files are checked when a folder is opened; any other bad one is named when it is read."""
+    root = make_latents(tmp_path / "lat", n=40)
+    np.save(root / "imagenet256_features" / "00006.npy", np.zeros((1, 4, 32, 30), np.float32))  # not spot-checked
+    np.save(root / "imagenet256_labels" / "00009.npy", np.array([5000], np.int64))
+    d = load_dataset(str(root), eval_size=4)
+    d.get(np.array([0, 5, 7]))  # good files still load
+    with pytest.raises(DatasetError, match=r"00006\.npy: shape \(1, 4, 32, 30\)"):
+        d.get(np.array([5, 6]))
+    with pytest.raises(DatasetError, match=r"00009\.npy: label 5000 is outside 0\.\.999"):
+        d.get(np.array([9]))
+
+
+def test_folder_spot_checks_when_opened(tmp_path):
+    root = make_latents(tmp_path / "lat", n=40)
+    np.save(root / "imagenet256_labels" / "00039.npy", np.array([1000], np.int64))  # the last file
+    with pytest.raises(DatasetError, match=r"00039\.npy: label 1000"):
+        load_dataset(str(root), eval_size=4)
+
+
+def test_a_bad_file_is_found_inside_ray_trains_wrappers():
+    from ray.train.v2._internal.exceptions import UserExceptionWithTraceback
+    from ray.train.v2.api.exceptions import WorkerGroupError
+
+    from trainables.data import dataset_error_in
+
+    bad = DatasetError("/x/00006.npy: shape (1, 4, 32, 30) dtype float32, expected ...")
+    wrapped = WorkerGroupError("worker failed", {0: UserExceptionWithTraceback(bad, "Traceback ...")})
+    assert dataset_error_in(wrapped) is bad
+    try:
+        try:
+            raise bad
+        except DatasetError as e:
+            raise RuntimeError("in the loop") from e
+    except RuntimeError as chained:
+        assert dataset_error_in(chained) is bad
+    assert dataset_error_in(WorkerGroupError("oom", {0: MemoryError()})) is None

@@ -27,7 +27,7 @@ from trainables.gns_bins import BinGNS
 from trainables.gns_stats import LocalGradNormHook
 from trainables.loop import GNS_UNAVAILABLE
 from trainables.presets import build_dit
-from trainables.randomness import STREAM_EXAMPLE, example_draws, global_batch_indices, local_slice
+from trainables.randomness import global_batch_indices, local_slice, step_draws
 from trainables.step import TrainStep
 from trainables.trial import run_local
 
@@ -51,12 +51,11 @@ def _explicit_local_grads(cfg: TrialConfig, ref, data, sched, rank: int, world: 
     idx = global_batch_indices(cfg.seed, STEP, cfg.batch_size, data.info.train_size)
     params = list(ref.parameters())
     out = []
+    draws = step_draws(cfg.seed, STEP, cfg.batch_size, (1, 8, 8), NUM_TIMESTEPS)  # the whole global batch's
     for m in range(cfg.accum):
         sl = local_slice(cfg.batch_size, world, rank, cfg.accum, MICRO, m)
         x, y = data.get(idx[sl])
-        t, u, noise = example_draws(
-            cfg.seed, STREAM_EXAMPLE, STEP, range(sl.start, sl.stop), x.shape[1:], NUM_TIMESTEPS
-        )
+        t, u, noise = (d[sl] for d in draws)
         y = torch.where(u < cfg.class_dropout, data.info.num_classes, y)
         loss = per_example_loss(ref, sched, x.double(), y, t, noise.double()).mean()
         out.append(torch.cat([g.reshape(-1) for g in torch.autograd.grad(loss, params)]))

@@ -1,17 +1,70 @@
-"""On a GPU: the trial runs with bf16 autocast and CUDA tensors (skipped without CUDA)."""
+"""On a GPU (skipped without CUDA; `make bench-gpu` runs these and the GPU benchmark): bf16 autocast, the input
+pipeline's pinned non-blocking copies, on-device draws, exact resume and both GNS paths on CUDA tensors.
+Written without a GPU at hand: not yet run on real hardware."""
 
+import numpy as np
 import pytest
+import torch
 
 from analysis import metrics as M
 from trainables.config import TrialConfig
+from trainables.data import load_dataset
+from trainables.data.pipeline import MicroBatches
+from trainables.diffusion import NUM_TIMESTEPS
+from trainables.randomness import global_batch_indices, local_slice, step_draws
 from trainables.trial import run_local
 
 pytestmark = pytest.mark.gpu
 
+TINY = dict(preset="tiny", batch_size=32, micro_batch_size=16, eval_every=5, eval_repeats=1, use_gpu=True)
+
+
+def _rows(session, name):
+    return [(r[0], r[3]) for rep in session.reports for r in rep["rows"] if r[2] == name]
+
 
 def test_tiny_trial_on_gpu_bf16():
-    cfg = TrialConfig(preset="tiny", batch_size=32, micro_batch_size=16, max_steps=10, eval_every=5, use_gpu=True)
-    s = run_local(cfg)
+    s = run_local(TrialConfig(**TINY, max_steps=10))
     assert s.reports[-1]["status"] == M.STATUS_BUDGET_SPENT
     assert s.summary["gns_global"] == "on"
     assert s.summary["last"][M.EVAL_LOSS] < s.reports[0][M.EVAL_LOSS]
+
+
+def test_bf16_loss_falls_like_fp32():
+    base = dict(TINY, max_steps=40, eval_every=20)
+    bf = [v for _, v in _rows(run_local(TrialConfig(**base, bf16=True)), M.EVAL_LOSS)]
+    fp = [v for _, v in _rows(run_local(TrialConfig(**base, bf16=False)), M.EVAL_LOSS)]
+    assert bf[0] == pytest.approx(fp[0], rel=2e-2)  # the same initial weights and held-out draws
+    assert bf[-1] < 0.9 * bf[0] and fp[-1] < 0.9 * fp[0]
+    assert bf[-1] == pytest.approx(fp[-1], rel=0.1)
+
+
+def test_resume_on_gpu_is_exact(tmp_path):
+    cfg = TrialConfig(**{**TINY, "max_steps": 20, "ema_decay": 0.9, "grad_clip": 1.0})
+    straight = run_local(cfg)
+    first = run_local(cfg.replace(max_steps=10), checkpoint_root=str(tmp_path))
+    resumed = run_local(cfg, resume_from=first.checkpoints[-1])
+    assert _rows(first, M.TRAIN_LOSS) + _rows(resumed, M.TRAIN_LOSS) == _rows(straight, M.TRAIN_LOSS)
+
+
+def test_pinned_prefetch_and_device_draws():
+    data = load_dataset("digits", 297)
+    mb = MicroBatches(data, 0, 32, 2, 1, 2, 8, "cuda", depth=2)
+    for step, m in [(0, 0), (0, 1), (1, 0), (1, 1), (5, 0)]:
+        x, y = mb.get(step, m)
+        assert x.is_cuda and x.dtype == torch.float32
+        idx = global_batch_indices(0, step, 32, data.info.train_size)[local_slice(32, 2, 1, 2, 8, m)]
+        xr, yr = data.get(idx)
+        assert torch.equal(x.cpu(), xr) and torch.equal(y.cpu(), yr)
+    mb.close()
+    a = step_draws(0, 3, 32, (1, 8, 8), NUM_TIMESTEPS, "cuda")
+    b = step_draws(0, 3, 32, (1, 8, 8), NUM_TIMESTEPS, "cuda", torch.Generator(device="cuda"))
+    assert all(u.is_cuda and torch.equal(u, v) for u, v in zip(a, b, strict=True))
+
+
+def test_global_and_per_bin_gns_on_gpu():
+    s = run_local(TrialConfig(**TINY, max_steps=10, gns_every=5, gns_bin_examples=8, timestep_bins=4))
+    g = [v for _, v in _rows(s, M.GNS_B_SIMPLE)]
+    assert len(g) == 10 and np.isfinite(g).all()
+    for k in range(4):
+        assert [st for st, _ in _rows(s, M.per_bin(M.GNS_BIN_B_SIMPLE, k))] == [5, 10]

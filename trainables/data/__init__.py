@@ -1,5 +1,5 @@
-"""Datasets of the trial: the shipped digits, and fast-DiT latent folders."""
+"""Datasets of the trial: the shipped digits, packed latent stores and fast-DiT latent folders."""
 
-from trainables.data.datasets import Dataset, DatasetError, describe_dataset, load_dataset
+from trainables.data.datasets import Dataset, DatasetError, dataset_error_in, describe_dataset, load_dataset
 
-__all__ = ["Dataset", "DatasetError", "describe_dataset", "load_dataset"]
+__all__ = ["Dataset", "DatasetError", "dataset_error_in", "describe_dataset", "load_dataset"]

@@ -1,0 +1,109 @@
+"""The trial's input pipeline: this rank's micro-batches, gathered ahead in a background thread.
+
+The micro-batches of a trial are a pure function of ``(seed, step, micro_idx)`` (`trainables.randomness`), so a
+producer can walk them in training order while the model computes: for step ``s`` it takes the global batch's
+dataset indices, slices this rank's micro-batch ``m`` and gathers it (one memory-map gather for a packed store),
+in pinned memory when the device is a GPU. The consumer copies it with ``non_blocking=True`` and casts it to
+float32 on the device (a float16/bfloat16 store moves half the bytes). ``depth`` micro-batches are kept ready;
+``depth=0`` gathers synchronously in the step. Either way the tensors are identical (tested), so prefetch changes
+speed only. A request out of order (a resumed or probed step) restarts the producer there.
+"""
+
+from __future__ import annotations
+
+import queue
+import threading
+import weakref
+
+import torch
+
+from trainables.randomness import global_batch_indices, local_slice
+
+_POLL_S = 0.1  # how often a blocked producer checks whether it was stopped
+
+
+class MicroBatches:
+    """``get(step, m)`` -> ``(x float32 (micro, C, H, W), y int64 (micro,))`` on ``device``."""
+
+    def __init__(self, data, seed: int, batch_size: int, world: int, rank: int, accum: int, micro: int, device,
+                 depth: int = 2):  # fmt: skip
+        self.data, self.seed, self.batch_size = data, seed, batch_size
+        self.world, self.rank, self.accum, self.micro = world, rank, accum, micro
+        self.device = torch.device(device)
+        self.pin = self.device.type == "cuda"
+        self.depth = depth
+        self._queue: queue.Queue | None = None
+        self._stop: threading.Event | None = None
+        self._next: tuple[int, int] | None = None  # key the producer delivers next
+
+    def host_batch(self, step: int, m: int) -> tuple[torch.Tensor, torch.Tensor]:
+        """Micro-batch ``m`` of step ``step`` on the host, in the storage dtype (pinned for a GPU)."""
+        return _gather(self.data, self.seed, self.batch_size, self.world, self.rank, self.accum, self.micro,
+                       self.pin, step, m)  # fmt: skip
+
+    def get(self, step: int, m: int) -> tuple[torch.Tensor, torch.Tensor]:
+        if self.depth == 0:
+            x, y = self.host_batch(step, m)
+        else:
+            if self._next != (step, m):
+                self._start(step, m)
+            key, item = self._queue.get()
+            if isinstance(item, BaseException):
+                self.close()
+                raise item
+            if key != (step, m):  # cannot happen: the producer walks the keys in order
+                raise RuntimeError(f"prefetch delivered micro-batch {key}, expected {(step, m)}")
+            x, y = item
+            self._next = (step, m + 1) if m + 1 < self.accum else (step + 1, 0)
+        x = x.to(self.device, non_blocking=True).float()
+        return x, y.to(self.device, non_blocking=True)
+
+    def _start(self, step: int, m: int) -> None:
+        self.close()
+        self._queue, self._stop = queue.Queue(maxsize=self.depth), threading.Event()
+        args = (self.data, self.seed, self.batch_size, self.world, self.rank, self.accum, self.micro, self.pin)
+        thread = threading.Thread(
+            target=_produce,
+            args=(args, step, m, self._queue, self._stop, self.device),
+            name="bcrit-prefetch",
+            daemon=True,
+        )
+        thread.start()
+        weakref.finalize(self, self._stop.set)  # an abandoned pipeline stops its producer
+        self._next = (step, m)
+
+    def close(self) -> None:
+        """Stop the producer (idempotent); the next ``get`` starts a new one."""
+        if self._stop is not None:
+            self._stop.set()
+        self._queue, self._stop, self._next = None, None, None
+
+
+def _gather(data, seed, batch_size, world, rank, accum, micro, pin, step, m):
+    idx = global_batch_indices(seed, step, batch_size, data.info.train_size)  # (B,) dataset indices
+    sl = local_slice(batch_size, world, rank, accum, micro, m)
+    x, y = data.gather(idx[sl])  # (micro, C, H, W) storage dtype, (micro,)
+    if pin:
+        x, y = x.pin_memory(), y.pin_memory()
+    return x, y
+
+
+def _produce(args, step: int, m: int, q: queue.Queue, stop: threading.Event, device: torch.device) -> None:
+    """Walk the keys ``(step, m), (step, m+1), ...`` and queue their host batches until stopped."""
+    accum = args[5]
+    if device.type == "cuda" and device.index is not None:  # pin on this rank's GPU, not a context on cuda:0
+        torch.cuda.set_device(device)
+    while not stop.is_set():
+        try:
+            item = _gather(*args, step, m)
+        except BaseException as e:  # delivered to the consumer, raised there (e.g. a bad latent file)
+            item = e
+        while not stop.is_set():
+            try:
+                q.put(((step, m), item), timeout=_POLL_S)
+                break
+            except queue.Full:
+                continue
+        if isinstance(item, BaseException):
+            return
+        step, m = (step, m + 1) if m + 1 < accum else (step + 1, 0)
