@@ -16,8 +16,18 @@ from typing import Any
 from trainables.checkpoint import STATE_FILE
 from trainables.config import ConfigError
 
-# keys a resumed trial may change: bookkeeping and resources, not what the counters or results mean
-RESUMABLE_CHANGES = ("report_every", "checkpoint_every", "threads_per_worker", "cpus_per_worker", "extra")
+# keys a resumed trial may change: bookkeeping and resources, not what the counters or results mean. `prefetch`
+# gives identical trials; `gns_window` only re-smooths the logged B_simple (its auto value follows max_steps, so a
+# larger budget changes it)
+RESUMABLE_CHANGES = (
+    "report_every",
+    "checkpoint_every",
+    "threads_per_worker",
+    "cpus_per_worker",
+    "prefetch",
+    "gns_window",
+    "extra",
+)
 CHECKPOINT_GLOB = "checkpoint_*"  # both layouts: ours (checkpoint_step00000010) and Ray Train's (a date)
 
 

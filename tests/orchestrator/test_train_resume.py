@@ -76,6 +76,14 @@ def test_changed_keys_allows_extensions_only():
     base = {"batch_size": 16, "max_steps": 10, "seed": 0, "report_every": 0, "dataset": "digits"}
     assert changed_keys(base, {**base, "max_steps": 20, "report_every": 5}) == []
     assert changed_keys(base, {**base, "max_steps": 5, "dataset": "/x"}) == ["dataset", "max_steps"]
+    # the auto gns_window follows max_steps (analysis-only smoothing) and prefetch gives identical trials: a larger
+    # budget with another prefetch depth still resumes
+    from trainables.config import TrialConfig
+
+    short = TrialConfig(gns_every=300, max_steps=200)
+    longer = short.replace(max_steps=5000, prefetch=0)
+    assert short.to_dict()["gns_window"] != longer.to_dict()["gns_window"]
+    assert changed_keys(short.to_dict(), longer.to_dict()) == []
 
 
 def test_truncated_checkpoint_named_and_previous_used(tmp_path, capsys, resumed_from):
