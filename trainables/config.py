@@ -115,7 +115,8 @@ class TrialConfig:
         return config_from_dict(cls, {k: v for k, v in data.items() if k not in RETIRED_KEYS})
 
     def replace(self, **changes: Any) -> TrialConfig:
-        return TrialConfig.from_dict({**self.to_dict(), **changes})
+        """A copy with ``changes``; an automatic ``gns_window`` stays automatic (it follows ``max_steps``)."""
+        return TrialConfig.from_dict({**self.to_dict(), "gns_window": self.gns_window, **changes})
 
 
 def config_from_dict(cls, data: dict[str, Any], what: str = "config"):
