@@ -6,7 +6,7 @@ for a moment. A trial restored from such a checkpoint would never send the rows 
 checkpoint, the first report after a restore carries every row up to the checkpoint again; the tables' and
 MLflow's per-trial watermarks drop the ones they already hold, so the result equals an unkilled run's row for row.
 
-The log is columnar (metric names dictionary-encoded): about 30 bytes a row, e.g. 30 MB for a 100k-step DiT trial
+The log is columnar (metric names dictionary-encoded): about 44 bytes a row, e.g. 44 MB for a 100k-step DiT trial
 with ~10 metrics a step -- small next to the model and optimizer state of the same checkpoint.
 """
 
@@ -16,21 +16,24 @@ from array import array
 
 import numpy as np
 
+COLUMNS = ("step", "examples", "code", "value", "wall_time", "unix_time")
+
 
 class RowLog:
-    """Rows ``[step, examples, metric, value, wall_time]`` in report order, in compact typed arrays."""
+    """Rows ``[step, examples, metric, value, wall_time, unix_time]`` (trainables.loop) in report order, in compact
+    typed arrays."""
 
     def __init__(self) -> None:
         self._names: list[str] = []
         self._code: dict[str, int] = {}
-        self._cols = (array("q"), array("q"), array("i"), array("d"), array("d"))
+        self._cols = (array("q"), array("q"), array("i"), array("d"), array("d"), array("d"))
 
     def __len__(self) -> int:
         return len(self._cols[0])
 
     def add(self, rows: list) -> None:
-        step, examples, code, value, wall = self._cols
-        for s, e, name, v, w in rows:
+        step, examples, code, value, wall, unix = self._cols
+        for s, e, name, v, w, u in rows:
             c = self._code.get(name)
             if c is None:
                 c = self._code[name] = len(self._names)
@@ -40,16 +43,17 @@ class RowLog:
             code.append(c)
             value.append(float(v))
             wall.append(float(w))
+            unix.append(float(u))
 
     def rows(self) -> list[list]:
         names = self._names
-        return [[s, e, names[c], v, w] for s, e, c, v, w in zip(*self._cols, strict=True)]
+        return [[s, e, names[c], v, w, u] for s, e, c, v, w, u in zip(*self._cols, strict=True)]
 
     def state_dict(self, as_lists: bool = False) -> dict:
         """Numpy arrays (for torch.save), or plain lists (``as_lists``: JSON, the quadratic trial's state file)."""
-        kinds = (np.int64, np.int64, np.int32, np.float64, np.float64)
+        kinds = (np.int64, np.int64, np.int32, np.float64, np.float64, np.float64)
         cols = [np.frombuffer(c, dtype=k).copy() for c, k in zip(self._cols, kinds, strict=True)]
-        out = dict(zip(("step", "examples", "code", "value", "wall_time"), cols, strict=True))
+        out = dict(zip(COLUMNS, cols, strict=True))
         if as_lists:
             out = {k: v.tolist() for k, v in out.items()}
         return {"names": list(self._names), **out}
@@ -61,5 +65,5 @@ class RowLog:
             return
         self._names = list(state["names"])
         self._code = {n: i for i, n in enumerate(self._names)}
-        for col, key in zip(self._cols, ("step", "examples", "code", "value", "wall_time"), strict=True):
+        for col, key in zip(self._cols, COLUMNS, strict=True):
             col.extend(np.asarray(state[key]).astype(np.dtype(col.typecode)).tolist())
