@@ -18,7 +18,9 @@ def register(sub) -> None:
     p.add_argument("--bins", type=int, default=None, metavar="K", help="timestep bins (default: the trial's)")
     p.add_argument("--b", type=int, default=16, dest="b", help="small batch size b (default 16)")
     p.add_argument("--B", type=int, default=64, dest="B", help="big batch size B, a multiple of b (default 64)")
-    p.add_argument("--reps", type=int, default=16, help="independent repetitions, >= 2 (default 16)")
+    p.add_argument(  # = trainables.probe.DEFAULT_REPS (not imported: the CLI starts without torch)
+        "--reps", type=int, default=16, help="independent repetitions, >= 2 (default 16: an honest SE)"
+    )
     p.add_argument("--ema", action="store_true", help="probe the EMA weights instead of the training weights")
     p.add_argument("--seed", type=int, default=0, help="seed of every draw (default 0)")
     p.add_argument("--json", default=None, metavar="FILE", help="also write the results as JSON")

@@ -28,7 +28,7 @@ from trainables.randomness import STREAM_GNS, mix
 
 __all__ = ["DEFAULT_REPS", "ProbeError", "ProbeRow", "format_table", "load_model", "probe", "probe_draws", "probe_row"]
 
-DEFAULT_REPS = 16  # repetitions per bin; see benchmarks/RESULTS.md (probe SE honesty)
+DEFAULT_REPS = 16  # repetitions per bin: SE within 11-16% of the spread over 20 probe seeds (benchmarks/RESULTS.md)
 PROBE_TAG = 0x9E0BE  # keeps probe draws apart from the in-trial measurement keys (seed, STREAM_GNS, step, k)
 
 

@@ -142,3 +142,11 @@ def test_live_b_simple_agrees_with_the_probe_at_the_last_checkpoint(tmp_path, ca
     text = format_summary(s.summary, 2)
     assert f"B_simple {last[M.GNS_B_SIMPLE]:.3g} ± {last[M.GNS_B_SIMPLE_SE]:.2g}" in text
     assert f"B_simple {last['gns/bin1/b_simple']:.3g} ± {last['gns/bin1/b_simple_se']:.2g}" in text
+
+
+def test_cli_default_reps_is_the_probes() -> None:
+    """`bcrit probe` without --reps uses the repetitions whose SE benchmarks/RESULTS.md measured as honest."""
+    from orchestrator.cli import build_parser
+    from trainables.probe import DEFAULT_REPS
+
+    assert build_parser().parse_args(["probe", "x"]).reps == DEFAULT_REPS
