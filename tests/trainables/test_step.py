@@ -16,7 +16,7 @@ from trainables.config import TrialConfig
 from trainables.data import load_dataset
 from trainables.diffusion import NUM_TIMESTEPS, make_scheduler, per_example_loss
 from trainables.presets import build_dit
-from trainables.randomness import STREAM_EXAMPLE, example_draws, global_batch_indices
+from trainables.randomness import global_batch_indices, step_draws
 from trainables.step import TrainStep, global_gns_available
 
 CPU = torch.device("cpu")
@@ -34,7 +34,10 @@ def _reference(cfg: TrialConfig, ref, data, sched, step: int, positions: range |
     positions = positions if positions is not None else range(cfg.batch_size)
     idx = global_batch_indices(cfg.seed, step, cfg.batch_size, data.info.train_size)[positions.start : positions.stop]
     x, y = data.get(idx)
-    t, u, noise = example_draws(cfg.seed, STREAM_EXAMPLE, step, positions, x.shape[1:], NUM_TIMESTEPS)
+    t, u, noise = (
+        d[positions.start : positions.stop]
+        for d in step_draws(cfg.seed, step, cfg.batch_size, x.shape[1:], NUM_TIMESTEPS)
+    )
     y = torch.where(u < cfg.class_dropout, data.info.num_classes, y)
     loss = per_example_loss(ref, sched, x.double(), y, t, noise.double()).mean()
     grads = torch.autograd.grad(loss, list(ref.parameters()))
