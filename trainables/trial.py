@@ -223,7 +223,10 @@ def run_trial(
     if cfg.num_workers == 0:  # in-process: Ray Train's local mode writes nothing under storage_path
         os.makedirs(run_dir, exist_ok=True)
         session = LocalSession(run_dir, resume_from, "cuda" if cfg.use_gpu else "cpu", keep=2)
-        summary = dict(train_loop(cfg, session))
+        try:
+            summary = dict(train_loop(cfg, session))
+        except DatasetError as e:  # a bad latent file met mid-training: its one line
+            raise ConfigError(str(e)) from None
         summary["path"] = run_dir
         summary["checkpoint"] = session.checkpoints[-1] if session.checkpoints else resume_from
     else:

@@ -176,7 +176,11 @@ def test_interrupted_write_leaves_old_results_whole(sweep, tmp_path, monkeypatch
     with pytest.raises(KeyboardInterrupt):
         cli.main([str(sweep), "--out", str(out), *FAST, "--seed", "1"])
     assert (out / "bcrit.json").read_text() == before
-    assert sorted(p.name for p in out.iterdir()) == ["bcrit.json", "report.md"]  # no staging directory left
+    assert sorted(p.name for p in out.iterdir()) == [
+        "bcrit.json",
+        "report.html",
+        "report.md",
+    ]  # no staging directory left
     monkeypatch.setattr(report, "write_outputs", real)
 
 
@@ -196,7 +200,7 @@ def test_two_analyses_at_once_in_threads(tracked, tmp_path):
     assert codes == [0, 0]
     assert cli.main([*argv, str(solo), "--no-mlflow"]) == 0
     assert (out / "bcrit.json").read_text() == (solo / "bcrit.json").read_text()
-    assert sorted(p.name for p in out.iterdir()) == ["bcrit.json", "report.md"]
+    assert sorted(p.name for p in out.iterdir()) == ["bcrit.json", "report.html", "report.md"]
 
 
 @pytest.mark.slow
@@ -240,4 +244,4 @@ def test_two_analyses_of_one_sweep_at_once(tracked, tmp_path):
     from mlflow.tracking import MlflowClient
 
     logged = {a.path for a in MlflowClient(uri).list_artifacts(parent, "analysis")}
-    assert logged == {"analysis/bcrit.json", "analysis/report.md"}
+    assert logged == {"analysis/bcrit.json", "analysis/report.md", "analysis/report.html", "analysis/headline.json"}

@@ -82,7 +82,10 @@ def values(metrics: list[dict]) -> dict[str, float]:
 def check_what_a_user_reads(ui, experiment: str, sweep_dir: str, n_trials: int) -> None:
     """The UI's calls: the runs table sorted by a metric column, a child's chart, the parent's page and artifacts."""
     with open(os.path.join(sweep_dir, "analysis", "bcrit.json")) as f:
-        headline = json.load(f)["targets"][0]
+        targets = json.load(f)["targets"]
+    trusted = [t for t in targets if not t["flags"]]  # the headline: only targets without flags become metrics
+    assert trusted, [t["flags"] for t in targets]
+    headline = trusted[0]
     exp = ui.get("/ajax-api/2.0/mlflow/experiments/get-by-name", experiment_name=experiment)["experiment"]
     assert exp["artifact_location"].replace("file://", "").startswith(sweep_dir)  # artifacts in the sweep dir
     runs = ui.post(
@@ -128,6 +131,8 @@ def check_what_a_user_reads(ui, experiment: str, sweep_dir: str, n_trials: int) 
     assert pm[f"s_min/{key}"] == pytest.approx(headline["s_min"]) and pm[f"e_min/{key}"] == pytest.approx(
         headline["e_min"]
     )
+    for t in targets:
+        assert (f"b_crit/{t['target']:.4g}" in pm) == (not t["flags"]), t["flags"]
     ptags = {t["key"]: t["value"] for t in pr["data"]["tags"]}
     assert ptags["mlflow.note.content"].startswith("# Critical batch size")
     listed = ui.get("/ajax-api/2.0/mlflow/artifacts/list", run_id=pr["info"]["run_id"], path="analysis")
@@ -163,8 +168,9 @@ class FlaskUI:
 
 
 def fake_sweep(tmp_path, empty_db) -> tuple[str, str, int]:
-    """The tracking and tables callbacks fed with fake Tune results (no Ray): 4 batch sizes x 2 lrs, eval/loss
-    falling to the target 0.3 at ``S = 20 + 4000/B`` steps (lr 1e-3) or never (lr 1e-4), then ``bcrit analyze``."""
+    """The tracking and tables callbacks fed with fake Tune results (no Ray): 4 batch sizes x 3 lrs, eval/loss
+    (evaluated every step) falling to the target 0.3 at ``S = 20 + 4000/B`` steps (lr 1e-3), 1.5x later (lr 3e-3:
+    the best lr inside the grid) or never (lr 1e-4), then ``bcrit analyze`` at automatic targets."""
     from types import SimpleNamespace
 
     from analysis.cli import main as analyze_main
@@ -179,14 +185,14 @@ def fake_sweep(tmp_path, empty_db) -> tuple[str, str, int]:
     tracking.setup()
     n = 0
     for b in (8, 32, 128, 512):
-        for lr in (1e-3, 1e-4):
+        for lr in (1e-3, 3e-3, 1e-4):
             n += 1
             cfg = {"batch_size": b, "micro_batch_size": b, "grad_accum": 1, "num_workers": 0, "lr": lr, "seed": 0,
                    "dim": 10, "target_loss": 0.3, "max_steps": 200}  # fmt: skip
             t = SimpleNamespace(trial_id=f"t{n}", config={"trial": cfg}, path=f"{sweep}/tune/t{n}", last_result={})
-            s_hit = 20 + 4000 / b if lr == 1e-3 else 1e9
+            s_hit = {1e-3: 1.0, 3e-3: 1.5}.get(lr, 1e7) * (20 + 4000 / b)
             rows, status, step = [], M.STATUS_RUNNING, 0
-            for step in range(0, 201, 5):
+            for step in range(0, 201):
                 loss = 0.3 ** (step / s_hit)
                 rows.append([step, step * b, M.EVAL_LOSS, loss, step / 100, 1.7e9 + step])
                 if loss <= 0.3:
@@ -201,7 +207,7 @@ def fake_sweep(tmp_path, empty_db) -> tuple[str, str, int]:
     tables.on_experiment_end([])
     tracking.close("FINISHED")
     out = os.path.join(sweep, "analysis")
-    assert analyze_main([sweep, "--targets", "0.3", "--bootstrap", "20", "--no-plots", "--out", out]) == 0
+    assert analyze_main([sweep, "--bootstrap", "20", "--no-plots", "--out", out]) == 0
     return sweep, uri, n
 
 
@@ -226,11 +232,11 @@ def test_ui_calls_on_a_tracked_store(tmp_path, monkeypatch, empty_mlflow_db):
 
 
 def small_sweep(tmp_path) -> dict:
-    """8 in-process quadratic trials (4 batch sizes x 2 lrs) that bracket a B_crit at target 0.3 (seconds each)."""
+    """12 in-process quadratic trials (4 batch sizes x 3 lrs) that bracket a B_crit at target 0.3 (seconds each)."""
     return quadratic_spec(
         tmp_path,
         scientific={"batch_sizes": [16, 64, 256, 1024], "splits": [{"grad_accum": 1, "num_workers": 0}]},
-        nuisance={"search": "grid", "lr": [0.3, 1.2]},
+        nuisance={"search": "grid", "lr": [0.3, 1.2, 2.1]},  # 2.1 diverges: 1.2 is inside what was tried
         fixed={
             "dim": 1000,
             "h_decay": 0.5,
@@ -252,13 +258,13 @@ def test_user_reads_the_answer_in_the_mlflow_ui(tmp_path, ray_local, no_ray_addr
     had_mlruns = os.path.exists(os.path.join(checkout, "mlruns"))
     spec = parse_spec(small_sweep(tmp_path))
     results = run(build_tuner(spec), spec)
-    assert len(results) == 8 and all(r.error is None for r in results)
+    assert len(results) == 12 and all(r.error is None for r in results)
 
     # the terminal: one event line per trial, a summary line, none of Tune's boxes or the rows payload
     out = capsys.readouterr().out
-    events = [line for line in out.splitlines() if line.startswith("[") and "/8] B=" in line]
-    assert len(events) == 8 and any("reached 0.3 in" in e for e in events)
-    assert "8/8 trials finished" in out and "╭" not in out and "'rows'" not in out and "Trial status" not in out
+    events = [line for line in out.splitlines() if line.startswith("[") and "/12] B=" in line]
+    assert len(events) == 12 and any("reached 0.3 in" in e for e in events)
+    assert "12/12 trials finished" in out and "╭" not in out and "'rows'" not in out and "Trial status" not in out
     # Tune's own result files keep the scalars, not the rows
     for r in results:
         with open(os.path.join(r.path, "result.json")) as f:
@@ -268,10 +274,10 @@ def test_user_reads_the_answer_in_the_mlflow_ui(tmp_path, ray_local, no_ray_addr
     from analysis.cli import main as analyze_main
 
     out_dir = os.path.join(spec.sweep_dir, "analysis")
-    assert analyze_main([spec.sweep_dir, "--targets", "0.3", "--bootstrap", "50", "--out", out_dir]) == 0
+    assert analyze_main([spec.sweep_dir, "--bootstrap", "50", "--out", out_dir]) == 0
     server = Server(spec.mlflow_uri, str(tmp_path))
     try:
-        check_what_a_user_reads(server, "ui-test", spec.sweep_dir, 8)
+        check_what_a_user_reads(server, "ui-test", spec.sweep_dir, 12)
     finally:
         server.close()
     assert os.path.exists(os.path.join(checkout, "mlruns")) == had_mlruns  # nothing left in the checkout
