@@ -25,7 +25,7 @@ def dit_spec(tmp_path, **sections) -> dict:
 def test_tiny_example_expands_to_its_trials(tmp_path, no_ray_address):
     spec = load_spec(os.path.join(ROOT, "examples", "tiny.yaml"), [f"storage={tmp_path / 's'}"])
     configs = check_spec(spec, {"CPU": 6.0, "GPU": 0.0})
-    assert spec.num_trials() == len(configs) == 16  # 6 batch sizes x 2 lrs, plus two more splits of B=64 x 2 lrs
+    assert spec.num_trials() == len(configs) == 24  # 6 batch sizes x 3 lrs, plus two more splits of B=64 x 3 lrs
     b64 = {(c["micro_batch_size"], c["grad_accum"], c["num_workers"]) for c in configs if c["batch_size"] == 64}
     assert b64 == {(64, 1, 0), (32, 2, 0), (32, 1, 2)}
     assert {c["batch_size"] for c in configs} == {4, 8, 16, 32, 64, 128}
