@@ -46,7 +46,7 @@ def main(argv: list[str]) -> int:
     by_module: dict[str, collections.Counter] = collections.defaultdict(collections.Counter)
     survivors = []
     for name, status in res.items():
-        kind = "equivalent" if name in equiv and status not in KILLED else status
+        kind = "equivalent" if name in equiv and status not in KILLED | NOT_RUN else status
         kind = "killed" if kind in KILLED else "not run" if kind in NOT_RUN else kind
         by_module[module_of(name)][kind] += 1
         if kind not in ("killed", "equivalent", "not run"):

@@ -101,6 +101,7 @@ def test_closed_form_b_crit_tunes_the_lr_per_batch_size_by_brute_force() -> None
     steps = np.array([[brute_steps(lr, B, target, 3000) for lr in lrs] for B in bs])  # (n_b, n_lr)
     np.testing.assert_allclose(res.steps, steps.min(axis=1), rtol=1e-9)
     np.testing.assert_array_equal(res.best_lr, lrs[steps.argmin(axis=1)])
+    assert res.best_lr.dtype == res.steps.dtype == np.float64
     np.testing.assert_array_equal(res.batch_sizes, bs)
     fit = fit_pareto(bs, steps.min(axis=1))
     assert (res.b_crit, res.s_min, res.e_min) == pytest.approx((fit.b_crit, fit.s_min, fit.e_min), rel=1e-9)

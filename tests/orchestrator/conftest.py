@@ -3,7 +3,13 @@
 from __future__ import annotations
 
 import collections
+import contextlib
 import os
+import signal
+import subprocess
+import sys
+import textwrap
+from pathlib import Path
 
 import pytest
 import yaml
@@ -62,3 +68,62 @@ def eval_steps_by_trial(metrics_table) -> dict[str, list[int]]:
 def no_ray_address(monkeypatch):
     monkeypatch.delenv("RAY_ADDRESS", raising=False)
     monkeypatch.delenv("MLFLOW_TRACKING_URI", raising=False)
+
+
+ROOT = Path(__file__).resolve().parents[2]
+
+KILL_ON_CONDITION = textwrap.dedent(
+    """
+    import os, pathlib, signal, sys
+    from ray.tune import Callback
+    import orchestrator.sweep
+    from orchestrator.cli import main
+
+    spec_path, parts, needed, mark = sys.argv[1], sys.argv[2], int(sys.argv[3]), sys.argv[4]
+
+    class KillOnCondition(Callback):
+        # after bcrit's own callbacks: once `needed` metric parts are on disk, SIGKILL this driver and every
+        # process it started, from inside its result handling: the kill always lands mid-sweep, whatever the speed.
+        # Tune pickles the run's callbacks with the experiment and restores them on --resume: inert in any other
+        # process than the one that made it.
+        def __init__(self):
+            self.pid = os.getpid()
+
+        def on_trial_result(self, iteration, trials, trial, result, **info):
+            if os.getpid() != self.pid:
+                return
+            if len(list(pathlib.Path(parts).glob("*/m-*.parquet"))) >= needed:
+                pathlib.Path(mark).touch()
+                os.killpg(os.getpgrp(), signal.SIGKILL)
+
+    bcrit_callbacks = orchestrator.sweep.callbacks
+    orchestrator.sweep.callbacks = lambda spec: [*bcrit_callbacks(spec), KillOnCondition()]
+    sys.exit(main(["sweep", spec_path]))
+    """
+)
+
+
+def kill_sweep_midway(tmp_path, spec_path: str, parts_needed: int = 4, timeout_s: float = 300) -> int:
+    """Run `bcrit sweep SPEC` in a child process (its own process group) that SIGKILLs itself and everything it
+    started as soon as its driver has handled a result with ``parts_needed`` metric parts on disk. No race against
+    trial speed: the kill is triggered by the observed condition, inside the driver. Returns the number of metric
+    parts on disk at the kill."""
+    parts, mark = tmp_path / "sweep" / "parts", tmp_path / "killed"
+    env = {**os.environ, "TUNE_GLOBAL_CHECKPOINT_S": "0.5", "PYTHONPATH": str(ROOT)}
+    proc = subprocess.Popen(
+        [sys.executable, "-c", KILL_ON_CONDITION, spec_path, str(parts), str(parts_needed), str(mark)],
+        env=env,
+        cwd=ROOT,
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
+        start_new_session=True,
+    )
+    try:
+        code = proc.wait(timeout_s)
+    except subprocess.TimeoutExpired:
+        code = None
+    with contextlib.suppress(ProcessLookupError):
+        os.killpg(proc.pid, signal.SIGKILL)  # whatever is left of the group
+    proc.wait(30)
+    assert mark.exists() and code == -signal.SIGKILL, f"the sweep ended (exit {code}) before {parts_needed} parts"
+    return len(list(parts.glob("*/m-*.parquet")))

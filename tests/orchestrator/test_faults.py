@@ -10,7 +10,6 @@ import signal
 import subprocess
 import sys
 import textwrap
-import time
 
 import pyarrow.parquet as pq
 import pytest
@@ -21,7 +20,13 @@ from analysis.schema import validate_metrics, validate_trials
 from orchestrator.cli import main
 from orchestrator.spec import parse_spec
 from orchestrator.sweep import build_tuner, run
-from tests.orchestrator.conftest import eval_steps_by_trial, mlflow_runs, quadratic_spec, write_spec
+from tests.orchestrator.conftest import (
+    eval_steps_by_trial,
+    kill_sweep_midway,
+    mlflow_runs,
+    quadratic_spec,
+    write_spec,
+)
 
 pytestmark = pytest.mark.ray
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
@@ -54,37 +59,30 @@ def check_consistent(sweep_dir: str, n_trials: int) -> dict[str, list[int]]:
     assert len({c.data.tags["trial_id"] for c in children}) == n_trials
     steps = eval_steps_by_trial(metrics)
     last = dict(zip(trials.column("trial_id").to_pylist(), trials.column("step").to_pylist(), strict=True))
+    values = eval_values_by_trial(metrics)
     for c in children:
         tid = c.data.tags["trial_id"]
         assert steps[tid] == list(range(0, int(last[tid]) + 1)), tid
-        history = sorted(m.step for m in client.get_metric_history(c.info.run_id, M.EVAL_LOSS))
-        assert history == steps[tid], tid
+        history = sorted((m.step, m.value) for m in client.get_metric_history(c.info.run_id, M.EVAL_LOSS))
+        assert [s for s, _ in history] == steps[tid], tid
+        assert history == values[tid], tid  # the values too: a restored trial logs what it computed, once
     return steps
 
 
-def test_driver_killed_mid_sweep_then_resume(tmp_path, ray_local, no_ray_address):
-    spec = slow_spec(tmp_path)
-    spec["scientific"]["batch_sizes"] = [16]  # 2 trials (2 lrs)
-    path = write_spec(tmp_path, spec)
-    env = {**os.environ, "TUNE_GLOBAL_CHECKPOINT_S": "0.5", "PYTHONPATH": ROOT}
-    proc = subprocess.Popen(
-        [sys.executable, "-m", "orchestrator.cli", "sweep", path],
-        env=env,
-        cwd=ROOT,
-        stdout=subprocess.DEVNULL,
-        stderr=subprocess.DEVNULL,
-        start_new_session=True,
-    )
-    parts = tmp_path / "sweep" / "parts"
-    deadline = time.monotonic() + 240
-    while time.monotonic() < deadline and len(list(parts.glob("*/m-*.parquet"))) < 4:
-        time.sleep(0.2)
-    assert proc.poll() is None, "the sweep ended before it could be killed; make trials slower"
-    os.killpg(proc.pid, signal.SIGKILL)  # the driver and every process it started, mid-sweep
-    proc.wait(30)
-    written_before = len(list(parts.glob("*/m-*.parquet")))
-    assert written_before >= 4
+def eval_values_by_trial(metrics_table) -> dict[str, list[tuple[int, float]]]:
+    """trial_id -> sorted (step, value) of its eval/loss rows in metrics.parquet."""
+    out: dict[str, list[tuple[int, float]]] = {}
+    cols = [metrics_table.column(k).to_pylist() for k in ("trial_id", "step", "metric", "value")]
+    for tid, step, name, value in zip(*cols, strict=True):
+        if name == M.EVAL_LOSS:
+            out.setdefault(tid, []).append((step, value))
+    return {tid: sorted(v) for tid, v in out.items()}
 
+
+def test_driver_killed_mid_sweep_then_resume(tmp_path, ray_local, no_ray_address):
+    spec = slow_spec(tmp_path)  # trials still running at the kill, which comes from the driver itself (no race)
+    spec["scientific"]["batch_sizes"] = [16]  # 2 trials (2 lrs)
+    assert kill_sweep_midway(tmp_path, write_spec(tmp_path, spec), parts_needed=4) >= 4
     assert main(["sweep", str(tmp_path / "sweep"), "--resume"]) == 0
     check_consistent(str(tmp_path / "sweep"), 2)
 
@@ -121,6 +119,7 @@ MULTI_NODE = textwrap.dedent(
     import json, sys
     import ray
     from ray.cluster_utils import Cluster
+    from ray._private.state import actors as actor_table
     from orchestrator.spec import parse_spec
     from orchestrator.sweep import build_tuner, run
 
@@ -132,8 +131,11 @@ MULTI_NODE = textwrap.dedent(
     spec = parse_spec(json.loads(sys.argv[1]))
     results = run(build_tuner(spec), spec)
     nodes = [n for n in ray.nodes() if n["Alive"]]
+    # the GCS actor table (dead actors included, with their node): no dashboard needed, unlike ray.util.state
+    workers = [a for a in actor_table().values() if a["ActorClassName"].endswith("RayTrainWorker")]
     print(json.dumps({"nodes": len(nodes), "cpus": [n["Resources"].get("CPU") for n in nodes],
-                      "errors": [str(r.error) for r in results if r.error], "n": len(results)}))
+                      "errors": [str(r.error) for r in results if r.error], "n": len(results),
+                      "workers": len(workers), "worker_nodes": len({w["Address"]["NodeID"] for w in workers})}))
     ray.shutdown()
     cluster.shutdown()
     """
@@ -158,5 +160,6 @@ def test_two_worker_trials_span_nodes(tmp_path, no_ray_address):
     )
     assert out.returncode == 0, out.stderr[-3000:]
     summary = json.loads(out.stdout.strip().splitlines()[-1])
-    assert summary == {"nodes": 3, "cpus": [1.0, 1.0, 1.0], "errors": [], "n": 1}
+    # the trial's two Train workers (Ray's state API keeps dead actors with their node) ran on two different nodes
+    assert summary == {"nodes": 3, "cpus": [1.0, 1.0, 1.0], "errors": [], "n": 1, "workers": 2, "worker_nodes": 2}
     check_consistent(str(tmp_path / "sweep"), 1)

@@ -17,7 +17,7 @@ from orchestrator.cli import main
 from orchestrator.search import GroupedOptunaSearch, distributions
 from orchestrator.spec import parse_spec
 from orchestrator.tune_trainable import OBJECTIVE
-from tests.orchestrator.conftest import quadratic_spec, write_spec
+from tests.orchestrator.conftest import kill_sweep_midway, mlflow_runs, quadratic_spec, write_spec
 
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 RANGES = {
@@ -168,6 +168,28 @@ def test_bcrit_sweep_optuna_end_to_end(tmp_path, ray_local, no_ray_address):
     assert all(len({r["lr"] for r in rows if r["batch_size"] == b}) == 3 for b in (16, 64))
     assert glob.glob(os.path.join(tmp_path, "sweep", "tune", "searcher-state-*.pkl"))  # what Tuner.restore reads
     assert all(r["status"] in M.FINAL_STATUSES and r["status"] != M.STATUS_FAILED for r in rows)
+
+
+@pytest.mark.ray
+@pytest.mark.slow  # ~1-2 min; the fast check of the same restore is test_save_restore_mid_search_continues_...
+def test_bcrit_sweep_optuna_resume_end_to_end(tmp_path, ray_local, no_ray_address):
+    """`bcrit sweep` of an Optuna search killed mid-search, then `--resume`: every group ends with exactly its quota
+    of distinct trials, none repeated, none lost, each tracked once."""
+    spec = quadratic_spec(
+        tmp_path, nuisance={"search": "optuna", "lr": {"low": 0.2, "high": 1.5}, "trials_per_batch_size": 3}
+    )
+    spec["fixed"].update(report_every=10, checkpoint_every=10)
+    assert kill_sweep_midway(tmp_path, write_spec(tmp_path, spec), parts_needed=5) >= 5
+    assert main(["sweep", str(tmp_path / "sweep"), "--resume"]) == 0
+    rows = pq.read_table(os.path.join(tmp_path, "sweep", "trials.parquet")).to_pylist()
+    assert collections.Counter(r["batch_size"] for r in rows) == {16: 3, 64: 3}  # the quota, no more, no less
+    assert len({r["trial_id"] for r in rows}) == 6
+    assert all(len({r["lr"] for r in rows if r["batch_size"] == b}) == 3 for b in (16, 64))  # no repeated suggestion
+    assert all(0.2 <= r["lr"] <= 1.5 for r in rows)
+    assert all(r["status"] in M.FINAL_STATUSES and r["status"] != M.STATUS_FAILED for r in rows)
+    _, parents, children = mlflow_runs(str(tmp_path / "sweep"))
+    assert len(parents) == 1
+    assert sorted(c.data.tags["trial_id"] for c in children) == sorted(r["trial_id"] for r in rows)
 
 
 @pytest.mark.parametrize(

@@ -14,8 +14,9 @@ from hypothesis import strategies as st
 from analysis.bins import bin_of, timestep_bins
 from trainables.data import load_dataset
 from trainables.diffusion import NUM_TIMESTEPS, make_scheduler, per_example_loss
-from trainables.evaluation import HeldOutEval
+from trainables.evaluation import EVAL_SEED, HeldOutEval
 from trainables.presets import build_dit
+from trainables.randomness import STREAM_EVAL, mix
 
 CPU = torch.device("cpu")
 
@@ -99,3 +100,26 @@ def test_eval_is_deterministic_and_leaves_training_mode(data) -> None:
     assert not model.training
     b = ev(_model(seed=1), sched, contextlib.nullcontext)
     assert b != a
+
+
+def test_draws_follow_the_documented_recipe(data) -> None:
+    """Position p: a generator seeded with mix(EVAL_SEED, STREAM_EVAL, p) draws t uniform in bin p mod K (inclusive
+    bounds), then standard normal noise: pinned, so every sweep ever run evaluates on the same draws."""
+    ev = HeldOutEval(data, 2, 10, 0, 1, CPU)
+    bins = timestep_bins(10, NUM_TIMESTEPS)
+    hits_top = 0
+    for p in [0, 1, 9, 10, 296, 297, 593]:
+        g = torch.Generator().manual_seed(mix(EVAL_SEED, STREAM_EVAL, p))
+        lo, hi = bins[p % 10]
+        assert int(ev.t[p]) == int(torch.randint(lo, hi + 1, (1,), generator=g))
+        assert torch.equal(ev.noise[p], torch.randn(ev.x.shape[1:], generator=g))
+    for k, (_, hi) in enumerate(bins):
+        hits_top += int((ev.t[ev.bin_of == k] == hi).any())
+    assert hits_top >= 1  # the inclusive top of a bin is drawn (59-60 draws from 100 values per bin)
+
+
+def test_a_rank_without_positions_has_empty_draws(data) -> None:
+    """More ranks than held-out positions (tiny eval sets): the extra ranks hold nothing, and say so in shapes."""
+    ev = HeldOutEval(data, 1, 10, 300, 400, CPU)  # positions 300.. of 297: none
+    assert ev.t.shape == (0,) and ev.t.dtype == torch.int64
+    assert ev.noise.shape == (0, *ev.x.shape[1:]) and len(ev.bin_of) == 0

@@ -102,3 +102,18 @@ def test_non_finite_step_is_flagged(parts) -> None:
 def test_global_gns_availability() -> None:
     assert not global_gns_available(1, 1)
     assert global_gns_available(1, 2) and global_gns_available(2, 1) and global_gns_available(4, 8)
+
+
+def test_loss_is_summed_in_float64(parts) -> None:
+    """The reported loss is the float64 sum of the float32 per-example losses over B (one micro-batch here, so the
+    per-example values are those of the same forward): a float32 accumulator would round it."""
+    model, _, data, sched = parts
+    cfg = TrialConfig(batch_size=16, micro_batch_size=16, seed=3)
+    s, _ = _run(cfg, model, data, sched, 2)
+    idx = global_batch_indices(cfg.seed, 2, 16, data.info.train_size)
+    x, y = data.get(idx)
+    t, u, noise = example_draws(cfg.seed, STREAM_EXAMPLE, 2, range(16), x.shape[1:], NUM_TIMESTEPS)
+    y = torch.where(u < cfg.class_dropout, data.info.num_classes, y)
+    with torch.no_grad():
+        each = per_example_loss(model, sched, x, y, t, noise)  # float32, (16,)
+    assert s.loss == float(each.double().sum()) / 16
