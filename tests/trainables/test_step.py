@@ -112,7 +112,7 @@ def test_loss_is_summed_in_float64(parts) -> None:
     s, _ = _run(cfg, model, data, sched, 2)
     idx = global_batch_indices(cfg.seed, 2, 16, data.info.train_size)
     x, y = data.get(idx)
-    t, u, noise = example_draws(cfg.seed, STREAM_EXAMPLE, 2, range(16), x.shape[1:], NUM_TIMESTEPS)
+    t, u, noise = step_draws(cfg.seed, 2, 16, x.shape[1:], NUM_TIMESTEPS)
     y = torch.where(u < cfg.class_dropout, data.info.num_classes, y)
     with torch.no_grad():
         each = per_example_loss(model, sched, x, y, t, noise)  # float32, (16,)
