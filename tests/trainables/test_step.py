@@ -53,7 +53,7 @@ def _run(cfg: TrialConfig, model, data, sched, step: int):
 
 @settings(max_examples=6, deadline=None)
 @given(
-    split=st.sampled_from([(8, 8), (8, 2), (12, 4), (12, 3), (16, 16), (16, 4), (16, 1), (6, 2)]),
+    split=st.sampled_from([(8, 8), (8, 4), (8, 2), (12, 4), (12, 3), (16, 16), (16, 8), (16, 4), (16, 1), (6, 2)]),
     seed=st.integers(0, 10**6),
     step=st.integers(0, 500),
     dropout=st.sampled_from([0.0, 0.5]),
@@ -117,3 +117,12 @@ def test_loss_is_summed_in_float64(parts) -> None:
     with torch.no_grad():
         each = per_example_loss(model, sched, x, y, t, noise)  # float32, (16,)
     assert s.loss == float(each.double().sum()) / 16
+
+
+def test_two_micro_batches_report_the_first_one_as_the_small_batch(parts) -> None:
+    """A = 2 (the smallest accumulation): b = micro, |G_b|^2 of the first micro-batch's mean loss."""
+    model, ref, data, sched = parts
+    cfg = TrialConfig(batch_size=16, micro_batch_size=8, seed=11, gns=True)
+    s, _ = _run(cfg, model, data, sched, 4)
+    _, first = _reference(cfg, ref, data, sched, 4, range(8))
+    assert s.b_small == 8 and s.g2_small == pytest.approx(float(first @ first), rel=1e-5)
