@@ -97,7 +97,7 @@ KILL_ON_CONDITION = textwrap.dedent(
                 os.killpg(os.getpgrp(), signal.SIGKILL)
 
     bcrit_callbacks = orchestrator.sweep.callbacks
-    orchestrator.sweep.callbacks = lambda spec: [*bcrit_callbacks(spec), KillOnCondition()]
+    orchestrator.sweep.callbacks = lambda spec, *a, **kw: [*bcrit_callbacks(spec, *a, **kw), KillOnCondition()]
     sys.exit(main(["sweep", spec_path]))
     """
 )
