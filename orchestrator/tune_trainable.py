@@ -140,5 +140,8 @@ def make_trainable(
             log_level="INFO" if verbose else "WARNING",
         )
         trainer.fit()
+        from orchestrator.tune_handoff import hand_off_pending_results
+
+        hand_off_pending_results()  # else Ray 2.60 can deadlock on the run's last report (orchestrator.tune_handoff)
 
     return bcrit_trial
