@@ -124,7 +124,10 @@ def _tuner(spec: BranchSpec, name: str, configs: list[dict], worker_failures: in
     import ray
     from ray import tune
 
-    from orchestrator.sweep import _trainable, callbacks, max_concurrent, progress_reporter
+    from orchestrator.progress import StripRows
+    from orchestrator.sweep import _trainable, callbacks, max_concurrent, quiet_driver_logs
+
+    quiet_driver_logs(False)
 
     return tune.Tuner(
         _trainable(spec, worker_failures),
@@ -137,10 +140,9 @@ def _tuner(spec: BranchSpec, name: str, configs: list[dict], worker_failures: in
         run_config=tune.RunConfig(
             name=name,
             storage_path=spec.sweep_dir,
-            callbacks=callbacks(spec),
+            callbacks=[*callbacks(spec, total=len(configs)), StripRows()],
             failure_config=tune.FailureConfig(max_failures=trial_retries),
-            progress_reporter=progress_reporter(),
-            verbose=1,
+            verbose=0,  # bcrit's event lines and bar (orchestrator.progress), not Tune's boxes
         ),
     )
 

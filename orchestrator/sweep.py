@@ -144,7 +144,7 @@ def _trainable(spec: SweepSpec, worker_failures: int, verbose: bool = False):
     return tune.with_resources(fn, lambda config: PlacementGroupFactory([trial_bundle(config["trial"])]))
 
 
-def callbacks(spec: SweepSpec, verbose: bool = False) -> list:
+def callbacks(spec: SweepSpec, verbose: bool = False, total: int | None = None) -> list:
     """The driver-side callbacks every bcrit sweep needs: MLflow tracking, the Parquet tables, the terminal
     (event lines; the live bar unless ``verbose``); fault injection for tests (orchestrator.faults)."""
     from orchestrator.faults import fault_callbacks
@@ -157,7 +157,7 @@ def callbacks(spec: SweepSpec, verbose: bool = False) -> list:
         *fault_callbacks(),
         tracking,
         TablesCallback(spec.sweep_dir),
-        SweepProgress(spec.num_trials(), live=not verbose),
+        SweepProgress(spec.num_trials() if total is None else total, live=not verbose),
     ]
 
 

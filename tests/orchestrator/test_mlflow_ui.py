@@ -20,9 +20,7 @@ import pyarrow.parquet as pq
 import pytest
 
 from analysis import metrics as M
-from orchestrator.spec import parse_spec
 from orchestrator.sweep import build_tuner, run
-from tests.orchestrator.conftest import quadratic_spec
 
 
 def free_port() -> int:
@@ -231,22 +229,14 @@ def test_ui_calls_on_a_tracked_store(tmp_path, monkeypatch, empty_mlflow_db):
     check_what_a_user_reads(FlaskUI(uri, monkeypatch), "ui-fast", sweep, n)
 
 
-def small_sweep(tmp_path) -> dict:
-    """12 in-process quadratic trials (4 batch sizes x 3 lrs) that bracket a B_crit at target 0.3 (seconds each)."""
-    return quadratic_spec(
-        tmp_path,
-        scientific={"batch_sizes": [16, 64, 256, 1024], "splits": [{"grad_accum": 1, "num_workers": 0}]},
-        nuisance={"search": "grid", "lr": [0.3, 1.2, 2.1]},  # 2.1 diverges: 1.2 is inside what was tried
-        fixed={
-            "dim": 1000,
-            "h_decay": 0.5,
-            "eval_every": 1,
-            "report_every": 100,
-            "checkpoint_every": 200,
-            "seeds": [0],
-        },  # fmt: skip
-        stopping={"target_loss": 0.3, "max_steps": 400, "divergence_factor": 10.0},
-        tracking={"experiment": "ui-test"},
+def small_sweep(tmp_path):
+    """examples/quadratic.yaml (36 in-process quadratic trials, seconds each): its lr grid brackets every batch size's
+    best lr, so the analysis trusts some of its automatic targets (tests/orchestrator/test_sweep_quadratic.py)."""
+    from orchestrator.spec import load_spec
+
+    root = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+    return load_spec(
+        os.path.join(root, "examples", "quadratic.yaml"), [f"storage={tmp_path / 'q'}", "tracking.experiment=ui-test"]
     )
 
 
@@ -256,15 +246,16 @@ def test_user_reads_the_answer_in_the_mlflow_ui(tmp_path, ray_local, no_ray_addr
     monkeypatch.chdir(tmp_path)  # anything written relative to the working directory stays in tmp
     checkout = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
     had_mlruns = os.path.exists(os.path.join(checkout, "mlruns"))
-    spec = parse_spec(small_sweep(tmp_path))
+    spec = small_sweep(tmp_path)
+    n = spec.num_trials()
     results = run(build_tuner(spec), spec)
-    assert len(results) == 12 and all(r.error is None for r in results)
+    assert len(results) == n and all(r.error is None for r in results)
 
     # the terminal: one event line per trial, a summary line, none of Tune's boxes or the rows payload
     out = capsys.readouterr().out
-    events = [line for line in out.splitlines() if line.startswith("[") and "/12] B=" in line]
-    assert len(events) == 12 and any("reached 0.3 in" in e for e in events)
-    assert "12/12 trials finished" in out and "╭" not in out and "'rows'" not in out and "Trial status" not in out
+    events = [line for line in out.splitlines() if line.startswith("[") and f"/{n}] B=" in line]
+    assert len(events) == n and any("reached 0.3 in" in e for e in events)
+    assert f"{n}/{n} trials finished" in out and "╭" not in out and "'rows'" not in out and "Trial status" not in out
     # Tune's own result files keep the scalars, not the rows
     for r in results:
         with open(os.path.join(r.path, "result.json")) as f:
@@ -277,7 +268,7 @@ def test_user_reads_the_answer_in_the_mlflow_ui(tmp_path, ray_local, no_ray_addr
     assert analyze_main([spec.sweep_dir, "--bootstrap", "50", "--out", out_dir]) == 0
     server = Server(spec.mlflow_uri, str(tmp_path))
     try:
-        check_what_a_user_reads(server, "ui-test", spec.sweep_dir, 12)
+        check_what_a_user_reads(server, "ui-test", spec.sweep_dir, n)
     finally:
         server.close()
     assert os.path.exists(os.path.join(checkout, "mlruns")) == had_mlruns  # nothing left in the checkout
