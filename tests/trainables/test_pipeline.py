@@ -143,11 +143,11 @@ class _Session:
         return contextlib.nullcontext(None)
 
 
-def _split_worker(rank, world, port, out_dir):
+def _split_worker(rank, world, init_method, out_dir):
     from trainables.loop import train_loop
 
     torch.set_num_threads(1)
-    dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{port}", rank=rank, world_size=world)
+    dist.init_process_group("gloo", init_method=init_method, rank=rank, world_size=world)  # ddp_group.rendezvous
     try:
         cfg = TrialConfig(**SPLIT, dataset=str(Path(out_dir, "store")), micro_batch_size=8, num_workers=world)
         session = _Session(rank, world)
