@@ -11,6 +11,7 @@ speed only. A request out of order (a resumed or probed step) restarts the produ
 
 from __future__ import annotations
 
+import atexit
 import queue
 import threading
 import weakref
@@ -20,6 +21,16 @@ import torch
 from trainables.randomness import global_batch_indices, local_slice
 
 _POLL_S = 0.1  # how often a blocked producer checks whether it was stopped
+_JOIN_S = 10.0  # how long `close` waits for a producer to finish the gather it is in
+_LIVE: weakref.WeakSet = weakref.WeakSet()  # pipelines with a producer, stopped and joined at interpreter exit
+
+
+@atexit.register
+def _close_all() -> None:
+    """A producer still inside a torch call when the interpreter tears torch down aborts the process ("terminate
+    called without an active exception", seen in a spawned DDP test worker): stop and join them first."""
+    for pipeline in list(_LIVE):
+        pipeline.close()
 
 
 class MicroBatches:
@@ -35,6 +46,7 @@ class MicroBatches:
         self._queue: queue.Queue | None = None
         self._stop: threading.Event | None = None
         self._next: tuple[int, int] | None = None  # key the producer delivers next
+        self._thread: threading.Thread | None = None
 
     def host_batch(self, step: int, m: int) -> tuple[torch.Tensor, torch.Tensor]:
         """Micro-batch ``m`` of step ``step`` on the host, in the storage dtype (pinned for a GPU)."""
@@ -70,13 +82,17 @@ class MicroBatches:
         )
         thread.start()
         weakref.finalize(self, self._stop.set)  # an abandoned pipeline stops its producer
-        self._next = (step, m)
+        self._thread, self._next = thread, (step, m)
+        _LIVE.add(self)
 
     def close(self) -> None:
-        """Stop the producer (idempotent); the next ``get`` starts a new one."""
+        """Stop the producer and wait for it to leave its gather (idempotent); the next ``get`` starts a new one."""
         if self._stop is not None:
             self._stop.set()
-        self._queue, self._stop, self._next = None, None, None
+        if self._thread is not None and self._thread is not threading.current_thread():
+            self._thread.join(_JOIN_S)
+        self._queue, self._stop, self._next, self._thread = None, None, None, None
+        _LIVE.discard(self)
 
 
 def _gather(data, seed, batch_size, world, rank, accum, micro, pin, step, m):
