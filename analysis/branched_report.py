@@ -15,6 +15,7 @@ import numpy as np
 
 from analysis import branched
 from analysis.loaders import Runs
+from analysis.report import cell_num
 from analysis.schema import RunsTableError
 
 JSON_FILE, REPORT_FILE, PLOT_FILE = "bcrit.json", "report.md", "branched.png"
@@ -44,12 +45,8 @@ def analyze(runs: Runs, out_dir: str | Path | None = None, *, bootstrap: int = 2
     return result
 
 
-def _fmt(x) -> str:
-    return "–" if x is None else f"{x:.4g}"
-
-
 def _answer(a: dict) -> str:
-    v = _fmt(a["b_crit"])
+    v = cell_num(a["b_crit"])
     return {"lower": f"≥ {v}", "upper": f"≤ {v}"}.get(a["bound"], v)
 
 
@@ -77,16 +74,16 @@ def render_markdown(result: dict, pngs: list[str]) -> str:
     for p in result["points"]:
         lo, hi = p["by_epsilon"][0]["b_crit_ci"]
         lines.append(
-            f"| {p['branch_step']} | {p['examples']} | {_fmt(p['loss_at_point'])} | "
+            f"| {p['branch_step']} | {p['examples']} | {cell_num(p['loss_at_point'])} | "
             + " | ".join(_answer(a) for a in p["by_epsilon"])
-            + f" | [{_fmt(lo)}, {_fmt(hi)}] | {_fmt(p.get('b_simple'))} |"
+            + f" | [{cell_num(lo)}, {cell_num(hi)}] | {cell_num(p.get('b_simple'))} |"
         )
     if result["bins"]:
         lines += ["", f"Per timestep bin (ε = {eps[0]:g}; B_simple of the reference in brackets):", ""]
         lines += ["| bin | timesteps | " + " | ".join(f"step {p['branch_step']}" for p in result["points"]) + " |"]
         lines += ["|---:|:---:|" + "---:|" * len(result["points"])]
         for b in result["bins"]:
-            cells = [f"{_answer(p['by_epsilon'][0])} [{_fmt(p.get('b_simple'))}]" for p in b["points"]]
+            cells = [f"{_answer(p['by_epsilon'][0])} [{cell_num(p.get('b_simple'))}]" for p in b["points"]]
             lines.append(f"| {b['bin']} | {b['timesteps'][0]}–{b['timesteps'][1]} | " + " | ".join(cells) + " |")
     lines += [
         "",

@@ -216,10 +216,6 @@ def publish(tmp: str, out: str, last: str) -> None:
         os.replace(os.path.join(tmp, name), os.path.join(out, name))
 
 
-def _fmt(x: float | None) -> str:
-    return "n/a" if x is None else f"{x:.3g}"
-
-
 def _is_branched(runs) -> bool:
     from analysis.branched import is_branched
 
@@ -242,7 +238,7 @@ def _run_branched(runs, args: argparse.Namespace, parent: str | None, uri: str |
         lo, hi = a["b_crit_ci"]
         print(
             f"step {p['branch_step']} ({p['examples']} examples): branched B_crit (eps={eps:g}) = "
-            f"{branched_report._answer(a)}  interval [{_fmt(lo)}, {_fmt(hi)}]"
+            f"{branched_report._answer(a)}  interval [{report.short_num(lo)}, {report.short_num(hi)}]"
         )
     print(f"wrote {args.out}/bcrit.json, report.md" + ("" if args.no_plots else " and branched.png"))
     if parent is not None:

@@ -186,16 +186,17 @@ def write_outputs(result: dict, runs: Runs, out: Path, plots: bool = True, gns_w
     return [*paths, *pngs, out / REPORT_FILE, out / HTML_FILE]
 
 
-def _fmt(x: float | None) -> str:
+def cell_num(x: float | None) -> str:
+    """A number in 4 significant digits for report tables (a dash when missing)."""
     return "–" if x is None else f"{x:.4g}"
 
 
 def _target_row(t: dict) -> str:
     lo, hi = t["b_crit_ci"]
     return (
-        f"| {t['target']:.4g} | {t['b_crit']:.4g} | [{_fmt(lo)}, {_fmt(hi)}] {t.get('ci_resamples', '')} | "
-        f"{_fmt(t.get('b_crit_refined'))} | {t['s_min']:.4g} | {t['e_min']:.4g} | {len(t['points'])} | "
-        f"{len(t['censored'])} | {_fmt(t.get('b_simple'))} |"
+        f"| {t['target']:.4g} | {t['b_crit']:.4g} | [{cell_num(lo)}, {cell_num(hi)}] {t.get('ci_resamples', '')} | "
+        f"{cell_num(t.get('b_crit_refined'))} | {t['s_min']:.4g} | {t['e_min']:.4g} | {len(t['points'])} | "
+        f"{len(t['censored'])} | {cell_num(t.get('b_simple'))} |"
     )
 
 
@@ -232,7 +233,7 @@ def render_markdown(result: dict, pngs: list[str]) -> str:
             lo, hi = t["b_crit_ci"]
             cens = "; ".join(f"B={c['batch_size']}: {c['reason']}" for c in t.get("censored_batch_sizes", []))
             lines.append(
-                f"| {t['target']:.4g} | {t['b_crit']:.4g} | [{_fmt(lo)}, {_fmt(hi)}] | "
+                f"| {t['target']:.4g} | {t['b_crit']:.4g} | [{cell_num(lo)}, {cell_num(hi)}] | "
                 f"{', '.join(f'`{f}`' for f in t['flags'])} | {cens or '–'} |"
             )
         seen = sorted({f for t in flagged for f in t["flags"]}, key=fl.FLAGS.index)
@@ -245,9 +246,9 @@ def render_markdown(result: dict, pngs: list[str]) -> str:
             bc = [t["b_crit"] for t in ok]
             gs = [t["b_simple"] for t in ok if t.get("b_simple") is not None]
             lo, hi = b["timesteps"]
-            med_bs = _fmt(float(np.median(gs))) if gs else "–"
+            med_bs = cell_num(float(np.median(gs))) if gs else "–"
             lines.append(
-                f"| {b['bin']} | {lo}–{hi} | {_fmt(float(np.median(bc)) if bc else None)} | {med_bs} | "
+                f"| {b['bin']} | {lo}–{hi} | {cell_num(float(np.median(bc)) if bc else None)} | {med_bs} | "
                 f"{len(ok)} of {len(b['targets'])} |"
             )
     if result["notes"]:
@@ -264,19 +265,21 @@ def summary_lines(result: dict) -> list[str]:
         level = round(100 * result.get("bootstrap", {}).get("level", 0.9))
         mark = f"  FLAGGED: {', '.join(t['flags'])}" if t.get("flags") else ""
         out.append(
-            f"target {t['target']:.4g}: B_crit = {_short(t['b_crit'])}  {level}% CI [{_short(lo)}, {_short(hi)}] "
+            f"target {t['target']:.4g}: B_crit = {short_num(t['b_crit'])}  {level}% CI "
+            f"[{short_num(lo)}, {short_num(hi)}] "
             f"over {t.get('ci_resamples', 'trials')}  ({len(t['points'])} batch sizes){mark}"
         )
     head = headline(result["targets"])
     if head:
-        vals = ", ".join(f"{_short(t['b_crit'])} at {t['target']:.4g}" for t in head)
+        vals = ", ".join(f"{short_num(t['b_crit'])} at {t['target']:.4g}" for t in head)
         out.append(f"headline: B_crit {vals} ({len(head)} of {len(result['targets'])} targets trustworthy)")
     else:
         out.append("headline: no trustworthy target (every target is flagged; see report.md and the README's flags)")
     return out
 
 
-def _short(x: float | None) -> str:
+def short_num(x: float | None) -> str:
+    """A B_crit-like number in 3 significant digits for terminal lines (``n/a`` when missing)."""
     return "n/a" if x is None else f"{x:.3g}"
 
 
