@@ -43,7 +43,6 @@ from orchestrator.overrides import UserError, apply_overrides, load_yaml
 from orchestrator.spec import (
     SPLIT_KEYS,
     TRACKING_KEYS,
-    WORKLOADS,
     Split,
     _bool,
     _keys,
@@ -51,6 +50,7 @@ from orchestrator.spec import (
     _resolve_split,
     _section,
     local_mlflow_uri,
+    name_and_workload,
 )
 
 KIND = "branched"
@@ -215,12 +215,7 @@ def parse_branch_spec(data: dict, *, sweep_dir: str | None = None, source: str =
     _keys(data, TOP_KEYS, "")
     if data.get("kind") != KIND:
         raise UserError(f"{source}: kind must be {KIND!r} for bcrit branch (a sweep spec goes to bcrit sweep)")
-    name = data.get("name")
-    if not isinstance(name, str) or not name.strip() or "/" in name:
-        raise UserError(f"{source}: 'name' must be a non-empty string without '/', e.g. name: branched-tiny")
-    workload = data.get("workload", "dit")
-    if workload not in WORKLOADS:
-        raise UserError(f"workload {workload!r} is unknown; choose one of {list(WORKLOADS)}")
+    name, workload = name_and_workload(data, source, example="branched-tiny")
     ref = _section(data, "reference", REFERENCE_KEYS, required=True)
     br = _section(data, "branches", BRANCH_KEYS, required=True)
     an = _section(data, "analysis", ANALYSIS_KEYS)

@@ -135,16 +135,22 @@ def load_spec(path: str, overrides: list[str] | None = None, *, sweep_dir: str |
     return parse_spec(apply_overrides(load_yaml(path), overrides or []), sweep_dir=sweep_dir, source=path)
 
 
+def name_and_workload(data: dict, source: str, example: str) -> tuple[str, str]:
+    """The spec's ``name`` (one path component) and ``workload`` (a key of WORKLOADS), or one UserError line."""
+    name = data.get("name")
+    if not isinstance(name, str) or not name.strip() or "/" in name:
+        raise UserError(f"{source}: 'name' must be a non-empty string without '/', e.g. name: {example}")
+    workload = data.get("workload", "dit")
+    if workload not in WORKLOADS:
+        raise UserError(f"workload {workload!r} is unknown; choose one of {list(WORKLOADS)}")
+    return name, workload
+
+
 def parse_spec(data: dict, *, sweep_dir: str | None = None, source: str = "spec") -> SweepSpec:
     if isinstance(data, dict) and data.get("kind") == "branched":  # orchestrator.branch
         raise UserError(f"{source} is a branched study (kind: branched); run it with bcrit branch {source}")
     _keys(data, TOP_KEYS, "")
-    name = data.get("name")
-    if not isinstance(name, str) or not name.strip() or "/" in name:
-        raise UserError(f"{source}: 'name' must be a non-empty string without '/', e.g. name: tiny")
-    workload = data.get("workload", "dit")
-    if workload not in WORKLOADS:
-        raise UserError(f"workload {workload!r} is unknown; choose one of {list(WORKLOADS)}")
+    name, workload = name_and_workload(data, source, example="tiny")
     sci = _section(data, "scientific", SCIENTIFIC_KEYS, required=True)
     nui = _section(data, "nuisance", NUISANCE_KEYS, required=True)
     fixed = dict(_section(data, "fixed", None))
