@@ -131,13 +131,18 @@ def log_analysis(out_dir: str | Path, tracking_uri: str | None, parent_run_id: s
 
 
 def _replace_table(client, run_id: str, columns: dict[str, list]) -> None:
-    """``log_table`` appends to an existing table file: empty it first, so the table is this analysis alone."""
+    """Write the table as MLflow's table artifact (the ``split`` JSON that ``log_table`` writes) and register it
+    in the run's ``mlflow.loggedArtifacts`` tag, so the UI renders it. Not ``log_table`` itself: it appends to an
+    existing table by downloading and re-uploading it, which both doubles rows on a re-run and races with a
+    concurrent ``bcrit analyze`` of the same sweep (one reads the file while the other rewrites it)."""
     import pandas as pd
+    from mlflow.utils.mlflow_tags import MLFLOW_LOGGED_ARTIFACTS
 
-    existing = {f.path for f in client.list_artifacts(run_id, ARTIFACT_DIR)}
-    if TABLE_FILE in existing:
-        with tempfile.TemporaryDirectory() as d:
-            path = os.path.join(d, os.path.basename(TABLE_FILE))
-            pd.DataFrame({k: [] for k in columns}).to_json(path, orient="split", index=False)
-            client.log_artifact(run_id, path, ARTIFACT_DIR)
-    client.log_table(run_id, data=pd.DataFrame(columns), artifact_file=TABLE_FILE)
+    with tempfile.TemporaryDirectory() as d:
+        path = os.path.join(d, os.path.basename(TABLE_FILE))
+        pd.DataFrame(columns).to_json(path, orient="split", index=False, date_format="iso")
+        client.log_artifact(run_id, path, os.path.dirname(TABLE_FILE))
+    logged = json.loads(client.get_run(run_id).data.tags.get(MLFLOW_LOGGED_ARTIFACTS, "[]"))
+    entry = {"path": TABLE_FILE, "type": "table"}
+    if entry not in logged:
+        client.set_tag(run_id, MLFLOW_LOGGED_ARTIFACTS, json.dumps([*logged, entry]))

@@ -191,8 +191,15 @@ def test_two_analyses_at_once_in_threads(tracked, tmp_path):
     d, uri, parent = tracked
     out, solo = tmp_path / "out", tmp_path / "solo"
     argv = [str(d), "--bootstrap", "50", "--no-plots", "--out"]
-    codes: list[int] = []
-    threads = [threading.Thread(target=lambda: codes.append(cli.main([*argv, str(out)]))) for _ in "ab"]
+    codes: list = []
+
+    def analyse():
+        try:
+            codes.append(cli.main([*argv, str(out)]))
+        except BaseException as e:  # a thread's exception would otherwise only reach stderr
+            codes.append(repr(e))
+
+    threads = [threading.Thread(target=analyse) for _ in "ab"]
     for t in threads:
         t.start()
     for t in threads:

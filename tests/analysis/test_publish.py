@@ -116,6 +116,14 @@ def test_log_analysis_twice_replaces_table_and_description(tmp_path, empty_mlflo
     assert json.loads(run.data.tags["mlflow.loggedArtifacts"]) == [{"path": publish.TABLE_FILE, "type": "table"}]
     table = json.loads(open(client.download_artifacts(parent, publish.TABLE_FILE, str(tmp_path / "dl"))).read())
     assert len(table["data"]) == 5  # not appended to the first analysis' rows
+    import mlflow
+
+    before = mlflow.get_tracking_uri()
+    mlflow.set_tracking_uri(uri)  # MLflow's own table reader searches the global tracking URI
+    try:
+        assert len(client.load_table(exp, publish.TABLE_FILE, run_ids=[parent])) == 5
+    finally:
+        mlflow.set_tracking_uri(before)
     assert {f.path for f in client.list_artifacts(parent, "analysis")} >= {"analysis/bcrit.json", "analysis/report.md"}
 
 
