@@ -12,11 +12,17 @@ Ranges (spec ``nuisance.<name>: {low, high}``): ``lr`` and ``weight_decay`` log-
 ``warmup_steps`` uniform integer (both ends included). Every group's TPE sampler gets the spec's
 ``nuisance.seed``, so the random start-up points coincide across groups (paired comparisons between batch sizes).
 ``save``/``restore`` pickle the whole state (studies, sampler RNGs, quotas issued, trial -> group), which Tune
-writes with its experiment checkpoint: ``Tuner.restore`` neither re-issues nor loses trials.
+writes with its experiment checkpoint. That file and Tune's trial list (``experiment_state-*.json``) are uploaded
+from the driver's staging directory one after the other by a background syncer, so a driver killed mid-upload can
+leave a searcher state older (or newer) than the trial list Tune restores: after restoring, the quotas are
+therefore recounted from the trials Tune actually restores (`reconcile`). ``Tuner.restore`` thus neither re-issues
+nor loses trials; a restored trial that the restored study never saw is told to it when it completes
+(``add_evaluated_point``), and one the study saw but Tune lost is simply never completed.
 """
 
 from __future__ import annotations
 
+import json
 import pickle
 from typing import Any
 
@@ -71,6 +77,7 @@ class GroupedOptunaSearch(Searcher):
         self._issued = [0] * len(groups)
         self._next = 0  # round-robin position
         self._group_of: dict[str, int] = {}  # trial id -> group index
+        self._adopted: dict[str, dict] = {}  # restored trial unknown to its study -> its sampled params
 
     @classmethod
     def from_spec(cls, spec) -> GroupedOptunaSearch:
@@ -128,13 +135,48 @@ class GroupedOptunaSearch(Searcher):
 
     def on_trial_result(self, trial_id: str, result: dict) -> None:
         i = self._group_of.get(trial_id)
-        if i is not None and self.metric in result and TRAINING_ITERATION in result:
+        if i is not None and trial_id not in self._adopted and self.metric in result and TRAINING_ITERATION in result:
             self._searchers[i].on_trial_result(trial_id, result)
 
     def on_trial_complete(self, trial_id: str, result: dict | None = None, error: bool = False) -> None:
         i = self._group_of.get(trial_id)
-        if i is not None:
+        if i is None:
+            return
+        params = self._adopted.pop(trial_id, None)
+        if params is None:
             self._searchers[i].on_trial_complete(trial_id, result=result, error=error)
+        elif result and self.metric in result and not error:  # a restored trial this study never suggested
+            self._searchers[i].add_evaluated_point(params, result[self.metric])
+
+    def group_index(self, trial_config: dict) -> int | None:
+        """The group whose fixed config a trial's ``config["trial"]`` carries (``None``: not one of this sweep)."""
+        norm = json.loads(json.dumps(trial_config, default=str))
+        for i, g in enumerate(self._groups):
+            if all(k in norm and norm[k] == v for k, v in json.loads(json.dumps(g, default=str)).items()):
+                return i
+        return None
+
+    def reconcile(self, trials: dict[str, dict]) -> None:
+        """Recount the quotas from the trials Tune restores (trial id -> config): a group's issued count is the
+        number of its trials Tune knows, whatever the (possibly older or newer) searcher state said."""
+        if self._searchers is None:
+            self._searchers = self._build()
+        known = dict(self._group_of)
+        self._issued, self._group_of, self._adopted = [0] * len(self._groups), {}, {}
+        for trial_id, config in trials.items():
+            i = self.group_index(config.get("trial", {}))
+            if i is None:
+                continue
+            self._issued[i] += 1
+            self._group_of[trial_id] = i
+            if known.get(trial_id) != i:
+                self._adopted[trial_id] = {k: config["trial"][k] for k in self._space if k in config["trial"]}
+
+    def restore_from_dir(self, checkpoint_dir: str) -> None:
+        super().restore_from_dir(checkpoint_dir)
+        trials = tune_trials(checkpoint_dir)
+        if trials is not None:
+            self.reconcile(trials)
 
     def save(self, checkpoint_path: str) -> None:
         with open(checkpoint_path, "wb") as f:
@@ -146,3 +188,21 @@ class GroupedOptunaSearch(Searcher):
         if state["_groups"] != self._groups or state["_space"] != self._space or state["_quota"] != self._quota:
             raise ValueError(f"{checkpoint_path}: searcher state of another sweep spec (groups, ranges or quota)")
         self.__dict__.update(state)
+
+
+def tune_trials(experiment_dir: str) -> dict[str, dict] | None:
+    """Trial id -> config of the trials in Tune's newest experiment state in ``experiment_dir`` (the ones
+    ``Tuner.restore`` re-creates); ``None`` when there is none. Reads Tune's own file with Tune's own loaders."""
+    from ray.tune.execution.experiment_state import _find_newest_experiment_checkpoint
+    from ray.tune.utils.serialization import _loads_with_cloudpickle
+
+    path = _find_newest_experiment_checkpoint(experiment_dir)
+    if path is None:
+        return None
+    with open(path) as f:
+        state = _loads_with_cloudpickle(f.read())
+    out = {}
+    for trial_json, _meta in state.get("trial_data", []):
+        t = _loads_with_cloudpickle(trial_json)
+        out[t["trial_id"]] = t.get("config", {})
+    return out

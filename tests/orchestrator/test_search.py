@@ -154,6 +154,34 @@ def test_save_restore_mid_search_continues_with_remaining_quota(tmp_path):
         other.restore(path)
 
 
+def test_restore_recounts_quotas_from_the_trials_tune_restores(tmp_path):
+    """Tune uploads the searcher state and its trial list one after the other: a driver killed in between leaves
+    them out of step. The quotas follow the trial list Tune restores, in both directions."""
+    spec = optuna_spec(tmp_path, trials=3)
+    first = GroupedOptunaSearch.from_spec(spec)
+    suggested = {f"t{j}": first.suggest(f"t{j}") for j in range(8)}
+    older = str(tmp_path / "older.pkl")
+    first.save(older)  # the searcher state uploaded before t8 was suggested
+    suggested["t8"] = first.suggest("t8")
+    tune_knows = {tid: c for tid, c in suggested.items() if tid != "t3"}  # t8 in Tune's list, t3 lost by Tune
+
+    resumed = GroupedOptunaSearch.from_spec(spec)
+    resumed.restore(older)
+    resumed.reconcile(tune_knows)
+    group_of = {tid: resumed.group_index(c["trial"]) for tid, c in suggested.items()}
+    expected = [sum(1 for tid in tune_knows if group_of[tid] == i) for i in range(6)]
+    assert resumed.issued() == expected and sum(expected) == 8
+    tail = [resumed.suggest(f"n{j}") for j in range(3 * 6 - 8 + 1)]
+    assert tail[-1] == GroupedOptunaSearch.FINISHED and resumed.issued() == [3] * 6  # quota met, no more, no less
+    # t8 (unknown to the restored study) is told to its study when it completes, without a KeyError
+    resumed.on_trial_result("t8", {OBJECTIVE: 5.0, "training_iteration": 1})
+    resumed.on_trial_complete("t8", {OBJECTIVE: 5.0, "training_iteration": 1})
+    study = resumed._searchers[group_of["t8"]]._ot_study
+    assert any(t.value == 5.0 and t.params["lr"] == suggested["t8"]["trial"]["lr"] for t in study.trials)
+    resumed.on_trial_complete("t0", {OBJECTIVE: 7.0, "training_iteration": 1})  # a trial both knew: as before
+    assert resumed.group_index({"batch_size": -1}) is None
+
+
 @pytest.mark.ray
 def test_bcrit_sweep_optuna_end_to_end(tmp_path, ray_local, no_ray_address):
     spec = quadratic_spec(
