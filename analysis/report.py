@@ -19,6 +19,7 @@ import numpy as np
 from analysis import flags as fl
 from analysis import gns_view, pareto
 from analysis import metrics as m
+from analysis.band import bands_between
 from analysis.bins import timestep_bins
 from analysis.loaders import Runs
 from analysis.steps import (
@@ -147,6 +148,7 @@ def analyze(
     kw = dict(bootstrap=bootstrap, seed=seed, level=level, n_targets=n_targets)
     result: dict = {"metric": metric, "targets": analyze_metric(runs, metric, targets, **kw)}
     gns_view.attach_b_simple(runs, result["targets"], None, gns_window)
+    result["bands"] = bands_between(runs, metric, result["targets"], bootstrap, seed, level, notes)
     ks = gns_view.bins_in(runs, m.EVAL_LOSS + "/")
     ranges = timestep_bins(max(ks) + 1, num_timesteps) if ks else []
     result["bins"] = []
@@ -238,6 +240,22 @@ def render_markdown(result: dict, pngs: list[str]) -> str:
             )
         seen = sorted({f for t in flagged for f in t["flags"]}, key=fl.FLAGS.index)
         lines += [""] + [f"- `{f}`: {fl.FLAG_DOCS[f][0]}. Fix: {fl.FLAG_DOCS[f][1]}." for f in seen]
+    if result.get("bands"):
+        lines += [
+            "",
+            "B_crit along training: the band between consecutive targets (`ΔS = ΔS_min + ΔE_min/B` from the same "
+            "trials; the targets' B_crit above count every step from the start, a band only its own stretch; "
+            "analysis/band.py):",
+            "",
+            f"| band (loss) | B_crit of the band | {level} interval | ΔS_min (steps) | ΔE_min (examples) | flags |",
+            "|:---:|---:|:---:|---:|---:|:---|",
+        ]
+        for bd in result["bands"]:
+            lo, hi = bd["b_crit_ci"]
+            lines.append(
+                f"| {bd['hi']:.4g} → {bd['lo']:.4g} | {bd['b_crit']:.4g} | [{cell_num(lo)}, {cell_num(hi)}] | "
+                f"{bd['s_min']:.4g} | {bd['e_min']:.4g} | {', '.join(f'`{f}`' for f in bd['flags']) or '–'} |"
+            )
     if result["bins"]:
         lines += ["", "Per timestep bin (median over trustworthy targets): ", ""]
         lines += ["| bin | timesteps | B_crit | B_simple | trustworthy targets |", "|---:|:---:|---:|---:|---:|"]

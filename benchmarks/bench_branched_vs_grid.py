@@ -8,8 +8,10 @@ The branch point compared is the one whose reference loss is nearest the target 
 point's loss, so the grid is read exactly where the branches started). Besides the study's tolerances it reports
 the branched answer at ``ε* = L_1(Δ/2) / L_1(Δ) - 1`` (from the k = 1 branches): the loss excess of training with
 half the examples, i.e. McCandlish's definition of B_crit (twice the examples of the small-batch limit) put in
-the branched rule's terms. Both sets of runs must share the held-out set (same dataset, eval_size, eval_repeats,
-timestep_bins)."""
+the branched rule's terms, and the grid's own *local* answer over the stretch the branches train through: the band
+``B_crit`` between the point's loss and the ``k = 1`` branches' loss after ``Δ`` (analysis.band; the grid's trials
+must run that far down: set its ``stopping.target_loss`` below it). Both sets of runs must share the held-out set
+(same dataset, eval_size, eval_repeats, timestep_bins)."""
 
 from __future__ import annotations
 
@@ -20,8 +22,10 @@ import numpy as np
 
 from analysis import branched as br
 from analysis import metrics as m
+from analysis.band import band_b_crit
 from analysis.branched_report import settings
 from analysis.loaders import load_sweep_dir
+from analysis.pareto import TooFewBatchSizesError
 from analysis.report import analyze_metric
 
 
@@ -80,6 +84,17 @@ def main() -> None:
     lo, hi = (None if v is None else v * study.b0 for v in star["k_ci"])
     b_star = star["k"] * study.b0
     print(f"branched  eps*={eps_star:.4f} (half the examples) B_crit = {b_star:.3g}  CI [{_f(lo)}, {_f(hi)}]")
+    band_hi, band_lo = float(pick["loss_at_point"]), float(np.nanmean(at_delta))
+    try:  # the grid's own local answer over the stretch the branches train through (analysis.band)
+        bd = band_b_crit(runs_g, m.EVAL_LOSS, band_hi, band_lo, bootstrap=args.bootstrap)
+        lo, hi = bd["b_crit_ci"]
+        flags = f"  flags {', '.join(bd['flags'])}" if bd["flags"] else ""
+        print(
+            f"grid band {band_hi:.4g} -> {band_lo:.4g} (the branches' stretch): B_crit = {bd['b_crit']:.3g}  "
+            f"CI [{_f(lo)}, {_f(hi)}]{flags}"
+        )
+    except TooFewBatchSizesError as e:
+        print(f"grid band {band_hi:.4g} -> {band_lo:.4g} (the branches' stretch): not resolved by the grid ({e})")
     print(
         f"cost of this branch point: {point_cost} examples (reference to the point + its branches) = "
         f"{point_cost / grid_cost:.0%} of the grid; whole study {res['cost']['total_examples']} = "
