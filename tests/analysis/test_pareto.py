@@ -185,3 +185,87 @@ def test_readme_flag_table_is_current():
 
     readme = (Path(__file__).parents[2] / "README.md").read_text()
     assert flags.markdown_table() in readme, "README flag table is stale: paste `python -m analysis.flags`"
+
+
+# --- auto_targets and the "trials" bootstrap against hand-computed answers (mutation testing, docs/testing.md) ---
+def _auto(lowest, first=None, batch_size=(4, 4, 8, 8, 16, 16), ok=None, n=3):
+    b = np.asarray(batch_size)
+    first = np.ones(len(b)) if first is None else np.asarray(first, dtype=np.float64)
+    ok = np.ones(len(b), bool) if ok is None else np.asarray(ok, dtype=bool)
+    return pareto.auto_targets(b, ok, first, np.asarray(lowest, dtype=np.float64), n=n)
+
+
+def test_auto_targets_known_answer():
+    """Best loss per batch size 0.2 (B=4), 0.25 (B=8), 0.28 (B=16): the low end is the largest, 0.28, moved 0.1%
+    of the way to the start 1.0 (0.28072); targets are geometric over the lower half of [0.28072, 1]: lo^(1 - q)
+    for q = 0, 0.25, 0.5, rounded to 4 digits, descending."""
+    want = [0.5298, 0.3857, 0.2807]  # 0.28072**0.5, 0.28072**0.75, 0.28072
+    assert list(_auto([0.3, 0.2, 0.25, 0.35, 0.28, np.nan])) == want
+    # a trial that is not usable (diverged, failed) counts neither for the low end nor for the start
+    assert list(_auto([0.3, 0.2, 0.25, 0.35, 0.28, 0.01], first=[1, 1, 1, 1, 1, 50], ok=[1, 1, 1, 1, 1, 0])) == want
+    # the start is the median first evaluation of the usable trials; a NaN first evaluation is left out
+    assert list(_auto([0.3, 0.2, 0.25, 0.35, 0.28, 0.5], first=[1, 1, 1, 9, 9, np.nan])) == want
+    assert len(_auto([0.3, 0.2, 0.25, 0.35, 0.28, 0.5], n=5)) == 5
+    b, on = np.array([4, 4, 8, 8, 16, 16]), np.ones(6, bool)
+    assert len(pareto.auto_targets(b, on, np.ones(6), np.array([0.3, 0.2, 0.25, 0.35, 0.28, 0.5]))) == 8  # default
+    # a batch size whose every trial has no finite evaluation (all NaN) is left out, without a warning
+    got = _auto([0.3, 0.2, 0.25, 0.35, 0.28, 0.5, np.nan, np.nan], batch_size=(4, 4, 8, 8, 16, 16, 32, 32))
+    assert list(got) == want
+
+
+def test_auto_targets_low_end_falls_back_to_the_third_batch_size():
+    """B=32's best (1.5) never goes below the start (1.0): the low end is the third smallest best loss, 0.28."""
+    got = _auto([0.2, 0.3, 0.25, 0.3, 0.28, 0.3, 1.5, 2.0], batch_size=(4, 4, 8, 8, 16, 16, 32, 32))
+    assert list(got) == [0.5298, 0.3857, 0.2807]
+    # the same when B=32 ends exactly at the start: it does not reach below it
+    got = _auto([0.2, 0.3, 0.25, 0.3, 0.28, 0.3, 1.0, 2.0], batch_size=(4, 4, 8, 8, 16, 16, 32, 32))
+    assert list(got) == [0.5298, 0.3857, 0.2807]
+
+
+def test_auto_targets_linear_for_non_positive_losses():
+    """Best per batch size -0.9, -0.7, -0.8: lo = -0.7 + 0.001·1.7 = -0.6983; linear over the lower half of
+    [-0.6983, 1]: -0.6983, -0.2737, 0.1509. A low end of exactly 0 (-1 + 0.001·1000) is linear too."""
+    got = _auto([-0.9, -0.5, -0.6, -0.7, -0.55, -0.8], n=3)
+    assert list(got) == [0.1509, -0.2737, -0.6983]
+    got = _auto([-1.0, -0.5, -1.2, -1.1, -1.3, -1.4], first=[999.0] * 6, n=3)
+    assert list(got) == [499.5, 249.8, 0.0]
+
+
+def test_auto_targets_refuses_what_no_three_batch_sizes_reach():
+    with pytest.raises(pareto.TooFewBatchSizesError, match=r"fewer than 3 batch sizes .*have \[4, 8\]"):
+        _auto([0.3, 0.2, 0.25, 0.35], batch_size=(4, 4, 8, 8))
+    with pytest.raises(pareto.TooFewBatchSizesError, match="fewer than 3"):  # no usable first evaluation
+        _auto([0.3, 0.2, 0.25, 0.35, 0.28, 0.3], first=[np.nan] * 6)
+    with pytest.raises(pareto.TooFewBatchSizesError, match="no target below the starting loss 1 is reached"):
+        _auto([1.2, 1.3, 1.1, 1.4, 1.5, 1.6])
+    with pytest.raises(pareto.TooFewBatchSizesError, match="no target below the starting loss 1 is reached"):
+        _auto([0.5, 0.6, 0.8, 0.9, 1.0, 1.2, 1.0, 1.1], batch_size=(4, 4, 8, 8, 16, 16, 32, 32))  # third = start
+
+
+def _one_seed_settings(batch_size, lr):
+    """Settings of one seed each (trial i is setting i), as settings_of builds them for a one-seed sweep."""
+    from analysis.steps import Settings
+
+    b = np.asarray(batch_size, dtype=np.int64)
+    return Settings(np.arange(len(b)), b, np.asarray(lr, float), [np.array([i]) for i in range(len(b))], None)
+
+
+def test_bootstrap_trials_draws_settings_within_each_batch_size():
+    """One seed per setting: a replicate re-draws the settings of each batch size with replacement and takes the
+    censoring-aware best. B=4: steps 10 or 12. B=8: 100 or 120. B=16: 50 (reached) and a setting stopped at 30
+    without reaching (it might be faster): a replicate holding both is censored (nan), only the stopped one inf,
+    only the reached one 50. B=32: 70 reached, another stopped exactly at 70 (it cannot be faster): never nan."""
+    st = _one_seed_settings([4, 4, 8, 8, 16, 16, 32, 32], [1, 2, 1, 2, 1, 2, 1, 2])
+    steps = np.array([[10.0, 12.0, 100.0, 120.0, 50.0, np.inf, 70.0, np.inf]])
+    last = np.array([20.0, 20.0, 200.0, 200.0, 60.0, 30.0, 80.0, 70.0])
+    bs, out = pareto.bootstrap_best(steps, last, st, 4000, np.random.default_rng(0), pareto.CI_TRIALS)
+    assert bs.tolist() == [4, 8, 16, 32] and out.shape == (1, 4000, 4)
+    r = np.round(out[0], 9)  # geometric means of one seed: exp(log(x)) within an ulp of x
+    assert set(np.unique(r[:, 0])) == {10.0, 12.0} and set(np.unique(r[:, 1])) == {100.0, 120.0}
+    assert np.mean(r[:, 0] == 12.0) == pytest.approx(0.25, abs=0.03)  # both draws the slower one: 1/4
+    b16 = r[:, 2]
+    assert np.mean(np.isnan(b16)) == pytest.approx(0.5, abs=0.03)  # one of each
+    assert np.mean(b16 == 50.0) == pytest.approx(0.25, abs=0.03) and np.mean(np.isinf(b16)) == pytest.approx(
+        0.25, abs=0.03
+    )
+    assert set(np.unique(r[:, 3][np.isfinite(r[:, 3])])) == {70.0} and not np.isnan(r[:, 3]).any()
