@@ -267,6 +267,70 @@ def test_from_subbatch_grads_rejects(grads: np.ndarray, sizes: np.ndarray) -> No
         from_subbatch_grads(grads, sizes)
 
 
+def test_from_subbatch_grads_two_subbatches_of_one_example() -> None:
+    """The smallest valid split, m = 2 sub-batches of b = 1 example (B = 2), against a brute-force float64 sum."""
+    grads = np.array([[1.0, -2.0, 0.5], [3.0, 1.0, -1.5]])
+    g2_small, g2_big, b, B = from_subbatch_grads(grads, np.array([1, 1]))
+    assert (b, B) == (1, 2)
+    assert g2_small == pytest.approx((5.25 + 12.25) / 2, rel=1e-15)
+    assert g2_big == pytest.approx(2.0**2 + 0.5**2 + 0.5**2, rel=1e-15)
+
+
+def test_float32_and_longdouble_inputs_are_computed_in_float64() -> None:
+    """torch hands over float32 gradients: the statistics are formed in float64 from their exact values, not in
+    float32 (whose rounding is ~1e-7 relative: 0.01 on a |G_b|^2 of 5e5 here). Results are float64 whatever the
+    input width, longdouble included (``_out``: a python float or a float64 array)."""
+    rng = np.random.default_rng(8)
+    g32 = (rng.normal(size=(3, 50)) + 100.0).astype(np.float32)  # large mean, small spread: float32 sums round
+    g64 = g32.astype(np.float64)  # the same numbers, exactly
+    ref_small = sum(float(g @ g) for g in g64) / 3
+    ref_big = float(g64.mean(axis=0) @ g64.mean(axis=0))
+    g2_small, g2_big, _, _ = from_subbatch_grads(g32, np.full(3, 8))
+    assert g2_small == pytest.approx(ref_small, rel=1e-14, abs=0.0)
+    assert g2_big == pytest.approx(ref_big, rel=1e-14, abs=0.0)
+
+    x32 = (rng.normal(size=7) * 1e-3 + 1e3).astype(np.float32)
+    x64 = x32.astype(np.float64)
+    mean, se = mean_with_se(x32)
+    assert mean == pytest.approx(float(np.sum(x64) / 7), rel=1e-15, abs=0.0)
+    assert se == pytest.approx(math.sqrt(float(np.sum((x64 - x64.mean()) ** 2)) / 6 / 7), rel=1e-9, abs=0.0)
+
+    t, g = np.array([1.0, 2.0, 7.0]), np.array([3.0, 0.0, -9.0])
+    expected = [1.0 / 3.0, math.nan, 7.0 / -9.0]  # float64 divisions
+    ld = np.longdouble
+    for tt, gg in [(t.astype(np.float32), g.astype(np.float32)), (t.astype(ld), g), (t, g.astype(ld))]:
+        out = b_simple(tt, gg)
+        assert out.dtype == np.float64
+        np.testing.assert_array_equal(out, expected)
+
+
+@pytest.mark.parametrize(
+    ("grads", "sizes", "message"),
+    [
+        (np.zeros(3), np.array([4, 4, 4]), r"^grads must be \[m, P\], got shape \(3,\)$"),
+        (np.zeros((1, 3)), np.array([4]), r"^need at least 2 sub-batches, got 1$"),
+        (np.zeros((2, 3)), np.array([4]), r"^sizes must have shape \(2,\), got \(1,\)$"),
+        (
+            np.zeros((2, 3)),
+            np.array([4, 5]),
+            r"^sub-batch sizes must be equal positive integers, got \[4, 5\] \(equal-weight averaging of unequal "
+            r"sub-batches has the wrong effective batch size\)$",
+        ),
+    ],
+)
+def test_from_subbatch_grads_messages(grads: np.ndarray, sizes: np.ndarray, message: str) -> None:
+    with pytest.raises(ValueError, match=message):
+        from_subbatch_grads(grads, sizes)
+
+
+def test_mean_with_se_of_two_samples_and_messages() -> None:
+    assert mean_with_se([1.0, 3.0]) == (2.0, 1.0)  # std(ddof=1) = sqrt(2), over sqrt(2)
+    with pytest.raises(ValueError, match=r"^need at least 2 independent samples for a standard error, got 1$"):
+        mean_with_se([1.0])
+    with pytest.raises(ValueError, match=r"^samples contain non-finite values$"):
+        mean_with_se([1.0, np.nan, 2.0])
+
+
 def test_mean_with_se_keeps_negative_draws() -> None:
     x = np.array([-1.0, 3.0, 0.5, -2.0])
     mean, se = mean_with_se(x)
@@ -377,6 +441,40 @@ def test_window_series_equals_live_updates() -> None:
         window_b_simple(steps[::-1], g2_small, g2_big, 8, 16, window=WINDOW)
 
 
+def test_window_of_one_step_and_bad_windows() -> None:
+    """``window = 1`` is a valid time constant (each window holds one measurement: warming, no value, as live);
+    0 and 1.5 steps are not."""
+    steps = np.array([1, 2, 4])
+    small, big = np.array([5.0, 5.5, 6.0]), np.array([3.0, 3.2, 3.1])
+    value, se = window_b_simple(steps, small, big, 2, 8, window=1)
+    assert value.shape == se.shape == (3,) and np.all(np.isnan(value)) and np.all(np.isnan(se))
+    w = GNSWindow(1)
+    assert [w.update(int(s), small[i], big[i], 2, 8).state for i, s in enumerate(steps)] == ["warming"] * 3
+    assert not np.isnan(window_b_simple(steps, small, big, 2, 8, window=2)[0][1])  # (0, 2] holds steps 1, 2
+    for bad in (0, 1.5, -3):
+        with pytest.raises(ValueError, match=rf"^window must be a positive number of optimizer steps, got {bad}$"):
+            window_b_simple(steps, small, big, 2, 8, window=bad)
+
+
+def test_window_b_simple_rejects_bad_series() -> None:
+    """One clear message per malformed series: a repeated or decreasing step, step and statistics of different
+    lengths, a 2-d input (any of the four), a non-finite statistic (named)."""
+    steps, small, big = np.array([1, 2, 3]), np.array([5.0, 5.5, 6.0]), np.array([3.0, 3.2, 3.1])
+    for bad_steps in ([1, 2, 2], [1, 3, 2]):
+        with pytest.raises(ValueError, match=r"^steps must be strictly increasing$"):
+            window_b_simple(bad_steps, small, big, 2, 8, window=10)
+    with pytest.raises(ValueError, match=r"^step has shape \(2,\), the statistics \(3,\)$"):
+        window_b_simple([1, 2], small, big, 2, 8, window=10)
+    two_d = np.ones((2, 3))
+    bad = [(two_d * 5, big, 2, 8), (small, two_d * 3, 2, 8), (small, big, two_d * 2, 8), (small, big, 2, two_d * 8)]
+    for args in bad:
+        with pytest.raises(ValueError, match=r"^expected 1-d series \(one entry per step\), got shape \(2, 3\)$"):
+            window_b_simple(steps, *args, window=10)
+    for name, args in [("g2_small", (small * [1, np.inf, 1], big)), ("g2_big", (small, big * [1, 1, np.nan]))]:
+        with pytest.raises(ValueError, match=rf"^{name} contains non-finite values \(skip steps whose gradients"):
+            window_b_simple(steps, *args, 2, 8, window=10)
+
+
 def test_live_value_tracks_the_settled_truth_after_one_time_constant() -> None:
     """|G|^2 decays 1000x and settles (truth B_simple = 100); one window (50 steps) after it settled, the global
     value (every step) is within 10% of the truth at every step, and so is a bin measured every 5 steps: the
@@ -481,8 +579,44 @@ def test_window_state_dict_round_trip() -> None:
     c.load_state_dict(state)
     for n in range(20, 40):
         assert c.update(n + 1, g2_small[n], g2_big[n], 4, 8) == a.update(n + 1, g2_small[n], g2_big[n], 4, 8)
+    assert c.undefined == a.undefined > 0  # noisy |G|^2 near 0: some windows had no possible value
+
+
+def test_window_state_dict_keeps_the_undefined_count() -> None:
+    """A resumed trial goes on counting undefined windows from where it stopped (the logged
+    ``b_simple_undefined`` is the running count); a window state saved before the count existed restores 0."""
+    a = GNSWindow(window=3)
+    for step, (small, big) in enumerate([(5.0, 6.0), (5.0, 6.0), (5.0, 6.0), (5.0, 1.0)], start=1):
+        a.update(step, small, big, 2, 8)  # |G_B|^2 > |G_b|^2: negative tr(Sigma), undefined at steps 2 and 3
+    assert a.undefined == 2
+    c = GNSWindow(window=3)
+    c.load_state_dict(json.loads(json.dumps(a.state_dict())))
+    assert c.undefined == 2
+    for step in (5, 6, 7, 8):  # the window is defined at 5 and 6 (step 4 in it), undefined again at 7 and 8
+        assert c.update(step, 5.0, 6.0, 2, 8) == a.update(step, 5.0, 6.0, 2, 8)
+    assert c.undefined == a.undefined == 4
+    state = a.state_dict()
+    del state["undefined"]
+    before = GNSWindow(window=3)
+    before.undefined = 7
+    before.load_state_dict(state)
+    assert before.undefined == 0 and before.estimate == a.estimate
+
+
+def test_window_messages() -> None:
+    w = GNSWindow(10)
+    for step in (1, 2, 5):
+        w.update(step, 5.0, 3.0, 2, 8)
+    with pytest.raises(ValueError, match=r"^GNS measurements must come in increasing steps, got 3 after 5$"):
+        w.update(3, 5.0, 3.0, 2, 8)
+    with pytest.raises(ValueError, match=r"^not a GNSWindow state \(keys \['window'\]\)$"):
+        GNSWindow().load_state_dict({"window": 3})
+    state = {"window": 10, "steps": [1, 2], "g2": [1.0, 2.0], "trace": [3.0], "undefined": 0}
+    with pytest.raises(ValueError, match=r"^GNSWindow state: steps, g2 and trace differ in length$"):
+        GNSWindow().load_state_dict(state)
+
+
+def test_window_state_from_the_ema_era() -> None:
     old = GNSWindow(window=7)  # a checkpoint from the EMA era: nothing to restore, the window starts empty
     old.load_state_dict({"beta": 0.95, "steps": 12, "g2": 0.1, "trace": 3.0})
     assert old.estimate.n == 0
-    with pytest.raises(ValueError):
-        GNSWindow().load_state_dict({"window": 3})

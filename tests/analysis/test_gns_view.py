@@ -35,8 +35,9 @@ def _g2(step: np.ndarray) -> np.ndarray:
     return np.where(step <= 100, 4.0, 1.0)
 
 
-def _step_runs(window_column: list | None = None):
-    """Two trials with the known stream (the second one's rows shifted by nothing: same numbers)."""
+def _step_runs(window_column: list | None = None, bin_trace: float = TRACE, edit=None):
+    """Two trials with the known stream (the second one's rows shifted by nothing: same numbers). Bin 0's
+    ``tr(Sigma)`` is ``bin_trace``; ``edit(trial_id, k, metric, steps, values) -> (steps, values)`` alters rows."""
     ids = ["a", "b"]
     trial_cols = {
         "trial_id": ids,
@@ -53,13 +54,14 @@ def _step_runs(window_column: list | None = None):
     cols: dict[str, list] = {k: [] for k in ("trial_id", "step", "examples", "metric", "value")}
     for tid in ids:
         for k, steps in [(None, np.arange(1, 201)), (0, np.arange(5, 201, 5))]:
-            g2 = _g2(steps)
-            vals = [g2 + TRACE / B_SMALL, g2 + TRACE / B_BIG, np.full(steps.size, B_SMALL), np.full(steps.size, B_BIG)]
+            g2, tr = _g2(steps), TRACE if k is None else bin_trace
+            vals = [g2 + tr / B_SMALL, g2 + tr / B_BIG, np.full(steps.size, B_SMALL), np.full(steps.size, B_BIG)]
             for name, v in zip(gns_names(k), vals, strict=True):
-                cols["trial_id"] += [tid] * steps.size
-                cols["step"] += steps.tolist()
-                cols["examples"] += (64 * steps).tolist()
-                cols["metric"] += [name] * steps.size
+                s, v = (steps, np.asarray(v, dtype=float)) if edit is None else edit(tid, k, name, steps, v)
+                cols["trial_id"] += [tid] * s.size
+                cols["step"] += s.tolist()
+                cols["examples"] += (64 * s).tolist()
+                cols["metric"] += [name] * s.size
                 cols["value"] += np.asarray(v, dtype=float).tolist()
     return runs_from_tables(trials_table(trial_cols), metrics_table(cols), source="known")
 
@@ -104,6 +106,64 @@ def test_the_trials_own_window_is_used() -> None:
     attach_b_simple(runs, targets)
     assert [p["b_simple"] for p in targets[0]["points"]] == pytest.approx([40.0, 16.0])
     assert targets[0]["b_simple"] == pytest.approx(28.0)  # the median of the two points
+
+
+def test_window_falls_back_to_the_default_only_without_a_positive_number() -> None:
+    for column in ([None, 1], ["", "1"]):  # a trial without the param (or an empty one), one with a 1-step window
+        runs = _step_runs(window_column=column)
+        assert window_of(runs, 0) == gns.DEFAULT_WINDOW and window_of(runs, 0, default=30) == 30
+        assert window_of(runs, 1) == 1 and window_of(runs, 1, default=30) == 1
+
+
+def _drop(steps: dict[str, int]):
+    """An ``edit`` that removes trial a's global row of each named metric at the given step."""
+
+    def edit(tid, k, name, s, v):
+        keep = (s != steps.get(name)) | (tid != "a") | (k is not None)
+        return s[keep], np.asarray(v, dtype=float)[keep]
+
+    return edit
+
+
+def _overflow(steps: dict[str, int]):
+    """An ``edit`` that makes trial a's global value of each named metric non-finite at the given step."""
+
+    def edit(tid, k, name, s, v):
+        v = np.asarray(v, dtype=float).copy()
+        if tid == "a" and k is None and name in steps:
+            v[s == steps[name]] = np.inf if name == m.GNS_G2_SMALL else np.nan
+        return s, v
+
+    return edit
+
+
+@pytest.mark.parametrize("edit", [_drop, _overflow])
+def test_incomplete_measurements_are_left_out(edit) -> None:
+    """A step where only |G_b|^2 is missing (or non-finite) and another where only |G_B|^2 is: both steps are left
+    out, the rest stay aligned. At step 110 the window (90, 110] then holds 10 steps at |G|^2 = 4 and 8 at 1."""
+    runs = _step_runs(edit=edit({m.GNS_G2_SMALL: 103, m.GNS_G2_BIG: 107}))
+    tr = b_simple_trace(runs, 0, window=20)
+    assert tr is not None and tr.step.size == 198 and 103 not in tr.step and 107 not in tr.step
+    at = dict(zip(tr.step.tolist(), zip(tr.b_simple.tolist(), tr.se.tolist(), strict=True), strict=True))
+    assert at[110][0] == pytest.approx(_hand(10, 8)[0], rel=1e-12)
+    assert at[110][1] == pytest.approx(_hand(10, 8)[1], rel=1e-12)
+    assert at[100][0] == pytest.approx(10.0) and at[130][0] == pytest.approx(40.0)
+
+
+def test_attach_b_simple_uses_the_bin_and_window_it_is_given() -> None:
+    """Bin 0's tr(Sigma) is twice the global one; the trials' own windows are 20 and 40 steps. At step 120 the
+    global value over 20 steps is 40 (all after the change), over 40 steps 16 (half before); bin 0's are doubled."""
+    runs = _step_runs(window_column=[20, 40], bin_trace=2 * TRACE)
+
+    def attach(k, window):
+        targets = [{"points": [{"trial_id": t, "steps": 120.0, "batch_size": 64} for t in ("a", "b")]}]
+        attach_b_simple(runs, targets, k, window)
+        return [p["b_simple"] for p in targets[0]["points"]]
+
+    assert attach(None, None) == pytest.approx([40.0, 16.0])  # each trial's own window
+    assert attach(0, None) == pytest.approx([80.0, 32.0])
+    assert attach(None, 40) == pytest.approx([16.0, 16.0])
+    assert attach(0, 20) == pytest.approx([80.0, 80.0])
 
 
 @pytest.fixture(scope="module")
