@@ -287,6 +287,15 @@ def summary_lines(result: dict) -> list[str]:
             f"[{short_num(lo)}, {short_num(hi)}] "
             f"over {t.get('ci_resamples', 'trials')}  ({len(t['points'])} batch sizes){mark}"
         )
+    bands = result.get("bands", [])
+    if bands:
+        out.append(
+            "along training (B_crit of each band between targets): "
+            + ", ".join(
+                f"{b['hi']:.4g}->{b['lo']:.4g} {short_num(b['b_crit'])}" + ("*" if b["flags"] else "") for b in bands
+            )
+            + ("  (* flagged)" if any(b["flags"] for b in bands) else "")
+        )
     head = headline(result["targets"])
     if head:
         vals = ", ".join(f"{short_num(t['b_crit'])} at {t['target']:.4g}" for t in head)

@@ -126,6 +126,14 @@ def test_analyze_reports_the_bands_between_consecutive_targets(tmp_path):
     assert res["bands"][1]["b_crit"] > 1.3 * res["bands"][0]["b_crit"]  # it grows along training
     md = (tmp_path / "report.md").read_text()
     assert "| 0.4 → 0.25 |" in md and "B_crit along training" in md
+    from analysis.report import summary_lines
+
+    line = [x for x in summary_lines(res) if x.startswith("along training")]
+    star = ["*" if b["flags"] else "" for b in res["bands"]]
+    assert line[0].startswith(
+        f"along training (B_crit of each band between targets): 0.55->0.4 {res['bands'][0]['b_crit']:.3g}{star[0]}, "
+        f"0.4->0.25 {res['bands'][1]['b_crit']:.3g}{star[1]}"
+    )
 
 
 def test_a_band_carries_the_flags_of_the_targets_it_joins():
