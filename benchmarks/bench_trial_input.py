@@ -27,6 +27,7 @@ from __future__ import annotations
 
 import argparse
 import contextlib
+import functools
 import os
 import statistics
 import tempfile
@@ -35,7 +36,9 @@ import time
 import numpy as np
 import torch
 
+from analysis import metrics as M
 from trainables import timing
+from trainables.compiling import compile_model
 from trainables.config import TrialConfig
 from trainables.data import load_dataset
 from trainables.data.latent_store import pack
@@ -53,14 +56,21 @@ def make_folder(root: str, n: int) -> None:
         np.save(os.path.join(root, "imagenet256_labels", f"{i}.npy"), np.array([i % 1000], np.int64))
 
 
-def bare_loop(preset: str, dataset: str, batch: int, steps: int, device: str, bf16: bool, info_out=None) -> float:
-    """examples/s of a plain loop on one fixed batch already on the device."""
+def bare_loop(
+    preset: str, dataset: str, batch: int, steps: int, device: str, bf16: bool, info_out=None, compiled: bool = False
+) -> float:
+    """examples/s of a plain loop on one fixed batch already on the device (``compiled``: the model compiled in
+    place as the trial's ``compile: true`` does, after one uncounted warm-up step that compiles it)."""
     torch.set_num_threads(1)
     data = load_dataset(dataset, 16)
     info = data.info
     torch.manual_seed(0)
     model = build_dit(preset, sample_size=info.image_size, in_channels=info.channels, num_classes=info.num_classes)
     model = model.to(device).train()
+    if compiled:
+        compile_model(model, device)
+    if device == "cuda":
+        torch.cuda.reset_peak_memory_stats()
     opt = torch.optim.AdamW(model.parameters(), lr=1e-4)
     sched = make_scheduler()
     x, y = (v.to(device) for v in data.get(np.arange(batch)))
@@ -76,6 +86,8 @@ def bare_loop(preset: str, dataset: str, batch: int, steps: int, device: str, bf
         opt.step()
         opt.zero_grad(set_to_none=True)
 
+    if compiled:
+        step()  # compilation excluded (the compiled trial's rate is also read after its first interval)
     t0 = timing.CLOCK()  # the first step included, as in the trial's train_seconds
     for _ in range(steps):
         step()
@@ -93,13 +105,23 @@ def bare_loop(preset: str, dataset: str, batch: int, steps: int, device: str, bf
     return batch * steps / seconds
 
 
-def trial(preset: str, dataset: str, batch: int, steps: int, prefetch: int, device: str, bf16: bool) -> float:
+def trial(
+    preset: str, dataset: str, batch: int, steps: int, prefetch: int, device: str, bf16: bool, compiled=None
+) -> float:
+    """examples / train_seconds of the whole trial. ``compiled`` True/False (the ``--compile`` variants): with
+    ``compile`` set so, the rate of the second half of the steps (a report every ``steps // 2``), read from the
+    trial's own ``sys/examples_per_s`` rows, so that compilation (in the first interval) is excluded."""
     cfg = TrialConfig(
         preset=preset, dataset=dataset, eval_size=16, batch_size=batch, micro_batch_size=batch, max_steps=steps,
         eval_every=steps, eval_repeats=1, gns=False, gns_every=0, threads_per_worker=1, prefetch=prefetch, lr=1e-4,
-        use_gpu=device == "cuda", bf16=bf16,
+        use_gpu=device == "cuda", bf16=bf16, compile=bool(compiled),
+        report_every=0 if compiled is None else max(1, steps // 2),
     )  # fmt: skip
-    s = run_local(cfg).summary
+    session = run_local(cfg)
+    if compiled is not None:
+        rates = [r[3] for rep in session.reports for r in rep["rows"] if r[2] == M.SYS_EXAMPLES_PER_S]
+        return rates[-1]
+    s = session.summary
     return s["examples"] / s["train_seconds"]
 
 
@@ -114,6 +136,8 @@ def main() -> None:
     ap.add_argument("--device", default="cpu", choices=["cpu", "cuda"])
     ap.add_argument("--clock", default="wall", choices=["wall", "cpu"], help="CPU-side clock (see above)")
     ap.add_argument("--no-bf16", action="store_true", help="float32 on the GPU (default: bf16 autocast)")
+    ap.add_argument("--compile", action="store_true", help="add compiled (torch.compile) bare and trial variants")
+    ap.add_argument("--compile-only", action="store_true", help="with --compile: only the bare loop and those")
     ap.add_argument("--peak-tflops", type=float, default=989.0, help="dense bf16 peak for MFU (H100 SXM: 989)")
     args = ap.parse_args()
     dev, bf16 = args.device, not args.no_bf16
@@ -131,6 +155,17 @@ def main() -> None:
             "trial folder prefetch 2": lambda: trial(args.preset, folder, args.batch, args.steps, 2, dev, bf16),
             "trial folder prefetch 0": lambda: trial(args.preset, folder, args.batch, args.steps, 0, dev, bf16),
         }
+        if args.compile and args.compile_only:
+            variants = {k: v for k, v in variants.items() if k.startswith("bare")}
+        if args.compile:  # compiled vs eager, compilation excluded on both sides
+            for c in (False, True):
+                kind = "compiled" if c else "eager"
+                variants[f"bare, 2nd step on, {kind}"] = functools.partial(
+                    bare_loop, args.preset, store, args.batch, args.steps, dev, bf16, None, c
+                )
+                variants[f"trial 2nd half, {kind}"] = functools.partial(
+                    trial, args.preset, store, args.batch, args.steps, 2, dev, bf16, c
+                )
         out: dict[str, list[float]] = {k: [] for k in variants}
         for r in range(args.reps):
             for k, fn in variants.items():
@@ -145,9 +180,13 @@ def main() -> None:
     )
     for k, v in med.items():
         print(f"  {k:26s} {v:8.1f} ex/s   ratio to bare {v / bare:.3f}")
-    for src in ("store", "folder"):
+    for src in ("store", "folder") if "trial store prefetch 0" in med else ():
         on, off = med[f"trial {src} prefetch 2"], med[f"trial {src} prefetch 0"]
         print(f"prefetch on / off ({src}): {on / off:.3f}")
+    if args.compile:
+        bc, be = (med[f"bare, 2nd step on, {k}"] for k in ("compiled", "eager"))
+        tc, te = (med[f"trial 2nd half, {k}"] for k in ("compiled", "eager"))
+        print(f"compiled / eager (compilation excluded): bare {bc / be:.3f}, trial (store, prefetch 2) {tc / te:.3f}")
     if gpu_info:
         mfu = gpu_info["flops_per_step"] / gpu_info["step_s"] / (args.peak_tflops * 1e12)
         print(

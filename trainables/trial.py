@@ -15,6 +15,7 @@ import tempfile
 
 import torch
 
+from trainables.compiling import check_compile
 from trainables.config import ConfigError, TrialConfig
 from trainables.data import DatasetError, dataset_error_in, describe_dataset
 from trainables.loop import train_loop
@@ -23,8 +24,8 @@ from trainables.presets import PRESETS
 
 def check_trial(cfg: TrialConfig, resources: dict | None = None) -> None:
     """Raise ConfigError for a dataset that is missing or malformed, an image size the patch size does not
-    divide, or more workers than the CPUs/GPUs available (``resources`` as ``ray.cluster_resources()``;
-    default: this machine)."""
+    divide, ``compile: true`` where torch.compile cannot run, or more workers than the CPUs/GPUs available
+    (``resources`` as ``ray.cluster_resources()``; default: this machine)."""
     try:
         info = describe_dataset(cfg.dataset, cfg.eval_size)
     except DatasetError as e:
@@ -32,6 +33,8 @@ def check_trial(cfg: TrialConfig, resources: dict | None = None) -> None:
     patch = PRESETS[cfg.preset].patch_size
     if info.image_size % patch:
         raise ConfigError(f"image size {info.image_size} of {info.name} is not divisible by patch size {patch}")
+    if cfg.compile and (not cfg.use_gpu or torch.cuda.is_available()):  # a GPU-less driver cannot judge GPU workers
+        check_compile("cuda" if cfg.use_gpu else "cpu")
     if resources is None:
         resources = {"CPU": os.cpu_count() or 1, "GPU": torch.cuda.device_count()}
     if cfg.use_gpu and resources.get("GPU", 0) < cfg.world_size:
