@@ -17,10 +17,17 @@ machine measures what prefetch hides. With ``--device cuda``
 also reports model FLOP utilisation (FLOPs counted by ``torch.utils.flop_counter`` on one step, over
 ``--peak-tflops``) and peak memory. Not yet run on a GPU: no GPU was lent while this was written.
 
+``--compile`` adds compiled vs eager pairs, compilation excluded on both sides: the bare loop timed from its second
+step (``compile_model``, as the trial's ``compile: true``), and the trial (store, prefetch 2) timed over its second
+half (its own ``sys/examples_per_s`` row of the last report interval); it also prints the trial's training seconds
+of the first half (compilation included) and of all steps. ``--compile-only`` runs just the bare loop and those.
+
     PYTHONPATH=. .venv/bin/python benchmarks/bench_trial_input.py --preset tiny --batch 64 --steps 30 --reps 3
     PYTHONPATH=. .venv/bin/python benchmarks/bench_trial_input.py --preset DiT-S/2 --batch 8 --steps 4 --reps 2
     PYTHONPATH=. .venv/bin/python benchmarks/bench_trial_input.py --device cuda --preset DiT-S/2 --batch 256 \
-        --steps 50 --reps 3 --n 20000
+        --steps 50 --reps 3 --n 20000 --compile
+    PYTHONPATH=. .venv/bin/python benchmarks/bench_trial_input.py --clock cpu --preset tiny --batch 64 --steps 20 \
+        --reps 2 --n 2048 --compile --compile-only
 """
 
 from __future__ import annotations
@@ -57,10 +64,11 @@ def make_folder(root: str, n: int) -> None:
 
 
 def bare_loop(
-    preset: str, dataset: str, batch: int, steps: int, device: str, bf16: bool, info_out=None, compiled: bool = False
+    preset: str, dataset: str, batch: int, steps: int, device: str, bf16: bool, info_out=None, compiled=None
 ) -> float:
-    """examples/s of a plain loop on one fixed batch already on the device (``compiled``: the model compiled in
-    place as the trial's ``compile: true`` does, after one uncounted warm-up step that compiles it)."""
+    """examples/s of a plain loop on one fixed batch already on the device. ``compiled`` True/False (the
+    ``--compile`` pairs): the model compiled in place as the trial's ``compile: true`` does, or not, timed after
+    one uncounted warm-up step (which compiles it)."""
     torch.set_num_threads(1)
     data = load_dataset(dataset, 16)
     info = data.info
@@ -86,7 +94,7 @@ def bare_loop(
         opt.step()
         opt.zero_grad(set_to_none=True)
 
-    if compiled:
+    if compiled is not None:
         step()  # compilation excluded (the compiled trial's rate is also read after its first interval)
     t0 = timing.CLOCK()  # the first step included, as in the trial's train_seconds
     for _ in range(steps):
@@ -106,7 +114,7 @@ def bare_loop(
 
 
 def trial(
-    preset: str, dataset: str, batch: int, steps: int, prefetch: int, device: str, bf16: bool, compiled=None
+    preset: str, dataset: str, batch: int, steps: int, prefetch: int, device: str, bf16: bool, compiled=None, info=None
 ) -> float:
     """examples / train_seconds of the whole trial. ``compiled`` True/False (the ``--compile`` variants): with
     ``compile`` set so, the rate of the second half of the steps (a report every ``steps // 2``), read from the
@@ -119,8 +127,10 @@ def trial(
     )  # fmt: skip
     session = run_local(cfg)
     if compiled is not None:
-        rates = [r[3] for rep in session.reports for r in rep["rows"] if r[2] == M.SYS_EXAMPLES_PER_S]
-        return rates[-1]
+        rows = [r for rep in session.reports for r in rep["rows"] if r[2] == M.SYS_EXAMPLES_PER_S]
+        if info is not None:  # training seconds of the first interval (compilation included) and the whole trial
+            info.setdefault("compiled" if compiled else "eager", []).append((rows[0][4], rows[-1][4]))
+        return rows[-1][3]
     s = session.summary
     return s["examples"] / s["train_seconds"]
 
@@ -144,6 +154,7 @@ def main() -> None:
     if args.clock == "cpu":
         timing.CLOCK = time.process_time
     gpu_info: dict = {}
+    compile_info: dict = {}
     with tempfile.TemporaryDirectory(dir=args.dir) as tmp:
         folder, store = os.path.join(tmp, "lat"), os.path.join(tmp, "store")
         make_folder(folder, args.n)
@@ -164,7 +175,7 @@ def main() -> None:
                     bare_loop, args.preset, store, args.batch, args.steps, dev, bf16, None, c
                 )
                 variants[f"trial 2nd half, {kind}"] = functools.partial(
-                    trial, args.preset, store, args.batch, args.steps, 2, dev, bf16, c
+                    trial, args.preset, store, args.batch, args.steps, 2, dev, bf16, c, compile_info
                 )
         out: dict[str, list[float]] = {k: [] for k in variants}
         for r in range(args.reps):
@@ -187,6 +198,13 @@ def main() -> None:
         bc, be = (med[f"bare, 2nd step on, {k}"] for k in ("compiled", "eager"))
         tc, te = (med[f"trial 2nd half, {k}"] for k in ("compiled", "eager"))
         print(f"compiled / eager (compilation excluded): bare {bc / be:.3f}, trial (store, prefetch 2) {tc / te:.3f}")
+        for kind, runs in compile_info.items():
+            first = statistics.median(f for f, _ in runs)
+            total = statistics.median(t for _, t in runs)
+            print(
+                f"trial {kind}: first {max(1, args.steps // 2)} steps {first:.1f} s, all {args.steps} steps "
+                f"{total:.1f} s of training time ({args.clock} clock; per repetition: {runs})"
+            )
     if gpu_info:
         mfu = gpu_info["flops_per_step"] / gpu_info["step_s"] / (args.peak_tflops * 1e12)
         print(
