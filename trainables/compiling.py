@@ -7,7 +7,8 @@ module (tested). Compilation happens at the first forward of each kind (training
 its time falls in the first interval's training time.
 
 Inductor needs a C++ compiler on CPU and Triton on a GPU; `compile_problem` says, in one line, when the machine has
-neither, so the trial stops before any compute (`trainables.trial.check_trial`).
+neither, so the trial stops before any compute (`trainables.trial.check_trial`). A toolchain that is there but
+fails (e.g. missing headers) fails at the first step; `compile_failure_in` turns that into one line too.
 """
 
 from __future__ import annotations
@@ -60,3 +61,26 @@ def compile_model(model: torch.nn.Module, device: torch.device) -> torch.nn.Modu
     check_compile(torch.device(device).type)
     model.compile(backend=BACKEND)
     return model
+
+
+def compile_failure_in(exc: BaseException) -> CompileError | None:
+    """The torch.compile failure behind ``exc`` -- raised directly, chained, or inside Ray Train's wrappers of a
+    worker's exception (as `trainables.data.dataset_error_in` walks them) -- as one CompileError line, else None."""
+    from torch._dynamo.exc import BackendCompilerFailed
+    from torch._inductor.exc import CppCompileError, InductorError, InvalidCxxCompiler
+
+    kinds = (BackendCompilerFailed, InductorError, CppCompileError, InvalidCxxCompiler)
+    seen, todo = set(), [exc]
+    while todo:
+        e = todo.pop()
+        if e is None or id(e) in seen:
+            continue
+        seen.add(id(e))
+        if isinstance(e, kinds):
+            inner = getattr(e, "inner_exception", None) or e  # BackendCompilerFailed wraps what the backend raised
+            lines = [ln.strip() for ln in str(inner).splitlines() if ln.strip()]
+            why = f"{type(inner).__name__}: {lines[0][:200]}" if lines else type(inner).__name__
+            return CompileError(f"torch.compile failed on this machine ({why}); set compile: false")
+        todo += [e.__cause__, e.__context__, getattr(e, "_base_exc", None), getattr(e, "cause", None)]
+        todo += list(getattr(e, "worker_failures", {}).values())
+    return None

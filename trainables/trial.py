@@ -15,7 +15,7 @@ import tempfile
 
 import torch
 
-from trainables.compiling import check_compile
+from trainables.compiling import check_compile, compile_failure_in
 from trainables.config import ConfigError, TrialConfig
 from trainables.data import DatasetError, dataset_error_in, describe_dataset
 from trainables.loop import train_loop
@@ -230,6 +230,11 @@ def run_trial(
             summary = dict(train_loop(cfg, session))
         except DatasetError as e:  # a bad latent file met mid-training: its one line
             raise ConfigError(str(e)) from None
+        except Exception as e:  # a torch.compile toolchain that fails at the first step: its one line
+            bad = compile_failure_in(e)
+            if bad is None:
+                raise
+            raise bad from None
         summary["path"] = run_dir
         summary["checkpoint"] = session.checkpoints[-1] if session.checkpoints else resume_from
     else:
@@ -244,8 +249,8 @@ def run_trial(
         )
         try:
             result = trainer.fit()
-        except Exception as e:  # a bad latent file met mid-training: its one line, not a worker traceback
-            bad = dataset_error_in(e)
+        except Exception as e:  # a bad latent file or failing compiler met by a worker: one line, not a traceback
+            bad = dataset_error_in(e) or compile_failure_in(e)
             if bad is None:
                 raise
             raise ConfigError(str(bad)) from None

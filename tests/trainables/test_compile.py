@@ -49,6 +49,25 @@ def test_no_cxx_compiler_is_one_line_before_compute(no_cxx, tmp_path, capsys):
     assert err.startswith("bcrit train: error: compile: true needs a C++ compiler") and "\n" not in err
 
 
+def test_a_failing_compiler_is_one_line_not_a_traceback(monkeypatch, tmp_path, capsys):
+    """A toolchain that is there but fails (e.g. missing headers) fails at the first step: one line, exit 2."""
+
+    def broken(gm, example_inputs):
+        raise RuntimeError("fatal error: Python.h: No such file or directory\ncompilation terminated.")
+
+    torch._dynamo.reset()
+    monkeypatch.setattr(compiling, "BACKEND", broken)
+    cfg = tmp_path / "c.yaml"
+    cfg.write_text("compile: true\nmax_steps: 2\neval_every: 2\n")
+    assert main(["train", str(cfg), "--storage", str(tmp_path / "runs")]) == 2
+    err = capsys.readouterr().err.strip()
+    assert err == (
+        "bcrit train: error: torch.compile failed on this machine (RuntimeError: fatal error: Python.h: No such file "
+        "or directory); set compile: false"
+    )
+    torch._dynamo.reset()
+
+
 @pytest.fixture
 def graphs(monkeypatch):
     """Compile with a backend that runs each graph Dynamo hands it as traced, counting the calls of compiled code."""
