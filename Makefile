@@ -36,7 +36,7 @@ test-all: $(STAMP)
 # On a GPU machine (a CUDA build of torch in the venv): the GPU tests, then the trial vs a bare loop, DiT-S/2 bf16.
 bench-gpu: $(STAMP)
 	$(PY) -m pytest -m gpu tests/trainables/test_gpu.py -q
-	PYTHONPATH=. $(PY) benchmarks/bench_trial_input.py --device cuda --preset DiT-S/2 --batch 256 --steps 50 --reps 3 --n 20000
+	PYTHONPATH=. $(PY) benchmarks/bench_trial_input.py --device cuda --preset DiT-S/2 --batch 256 --steps 50 --reps 3 --n 20000 --compile
 
 lint: $(STAMP)
 	$(VENV)/bin/ruff check . && $(VENV)/bin/ruff format --check .

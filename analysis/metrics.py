@@ -19,6 +19,17 @@ GRAD_NORM = "train/grad_norm"  # |g| of the all-reduced gradient before clipping
 EVAL_LOSS = "eval/loss"  # held-out epsilon-MSE, fixed examples/noise/timesteps (common random numbers)
 EVAL_LOSS_BIN = "eval/loss/bin{k}"  # the same restricted to timestep bin k
 
+# --- system metrics, at every report (trainables.sys_metrics) ---------------------------------------------------
+SYS_EXAMPLES_PER_S = "sys/examples_per_s"  # training examples / training seconds over the last report interval
+SYS_PEAK_MEM_GB = "sys/peak_mem_gb"  # peak memory (GiB): CUDA max allocated, or the worker's peak RSS on CPU
+
+
+def is_system(name: str) -> bool:
+    """A measurement of the machine (time, memory), not of training: it differs between identical runs, so
+    reproducibility checks (same seed, resume, split invariance) leave it out."""
+    return name.startswith("sys/")
+
+
 # --- gradient noise scale (McCandlish et al. 2018), global, every step ----------------------------------
 GNS_G2_SMALL = "gns/g2_small"  # |G_b|^2: mean squared norm of the small-batch gradients of this step
 GNS_G2_BIG = "gns/g2_big"  # |G_B|^2: squared norm of the big-batch (all-reduced) gradient
@@ -86,6 +97,12 @@ METRIC_DOCS: dict[str, str] = {
     GRAD_NORM: "norm of the all-reduced gradient, before clipping",
     EVAL_LOSS: "held-out epsilon-MSE; fixed examples, noise and timesteps (common random numbers)",
     EVAL_LOSS_BIN: "the same on the held-out examples whose fixed timestep lies in bin k",
+    SYS_EXAMPLES_PER_S: "training examples per second over the last report interval: `steps x batch_size` (all "
+    "workers) over the training seconds of those steps on rank 0's step timer (the clock of `train_seconds`: wall "
+    "clock per step on CPU, CUDA events on a GPU; per-bin GNS passes included, evaluation and checkpoints not)",
+    SYS_PEAK_MEM_GB: "peak memory of rank 0 in GiB (2^30 bytes), at each report: on a GPU "
+    "`torch.cuda.max_memory_allocated` of its device since training began; on CPU the worker process's peak "
+    "resident set size (`resource.getrusage` `ru_maxrss`), whole process",
     GNS_G2_SMALL: "`|G_b|^2`, mean squared norm of this step's small-batch gradients",
     GNS_G2_BIG: "`|G_B|^2`, squared norm of this step's big-batch gradient",
     GNS_B_SMALL: "`b`, examples per small-batch gradient",

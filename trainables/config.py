@@ -68,6 +68,7 @@ class TrialConfig:
     cpus_per_worker: int = 1
     threads_per_worker: int = 0  # torch intra-op threads per worker; 0 = cpus_per_worker
     prefetch: int = 2  # micro-batches gathered ahead by a background thread; 0 = in the step (same results)
+    compile: bool = False  # torch.compile the model (inductor; trainables.compiling): same math, other kernels
     extra: dict = field(default_factory=dict, compare=False, repr=False)  # free-form tags (not used by training)
 
     # ---------------------------------------------------------------------------------------------------
@@ -253,6 +254,7 @@ BOUNDS: dict[str, Bound] = {
     "cpus_per_worker": Bound("int", 1, 1024),
     "threads_per_worker": Bound("int", 0, 1024),
     "prefetch": Bound("int", 0, 64),  # micro-batches gathered ahead (0 = no background gather)
+    "compile": Bound("bool"),
     "init_from": Bound("str", optional=True),
     "keep_dir": Bound("str", optional=True),
     "keep_steps": Bound("list"),

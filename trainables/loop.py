@@ -23,6 +23,7 @@ import torch
 from analysis import metrics as M
 from analysis.gns import GNSWindow, live_metrics
 from trainables import branching, checkpoint
+from trainables.compiling import compile_model
 from trainables.config import TrialConfig
 from trainables.data import load_dataset
 from trainables.diffusion import make_scheduler
@@ -32,6 +33,7 @@ from trainables.presets import build_dit
 from trainables.row_log import RowLog
 from trainables.step import TrainStep, global_gns_available
 from trainables.stopping import eval_status, status_after_step
+from trainables.sys_metrics import SysMetrics
 from trainables.timing import StepTimer
 
 GNS_UNAVAILABLE = "unavailable: global GNS needs num_workers x grad_accum >= 2 (this trial has 1 x 1)"
@@ -63,6 +65,8 @@ def train_loop(cfg: TrialConfig, session: Session) -> dict:
     torch.manual_seed(cfg.seed)
     model = build_dit(cfg.preset, sample_size=info.image_size, in_channels=info.channels, num_classes=info.num_classes)
     model = model.to(device).train()
+    if cfg.compile:
+        compile_model(model, device)  # in place: state_dict keys unchanged (trainables.compiling)
     ddp, hook = model, None
     if world > 1:
         ids = [device.index] if device.type == "cuda" else None
@@ -190,6 +194,7 @@ def train_loop(cfg: TrialConfig, session: Session) -> dict:
         status = evaluate()
         report(final=status != M.STATUS_RUNNING)
     timer = StepTimer(device)  # CUDA events on a GPU (no extra sync), wall clock on CPU
+    sys_metrics = SysMetrics(device, cfg.batch_size, step, train_seconds)  # sys/* of each report interval
     while status == M.STATUS_RUNNING:
         timer.start()
         lr = lr_sched.get_last_lr()[0]
@@ -219,6 +224,8 @@ def train_loop(cfg: TrialConfig, session: Session) -> dict:
         final = status != M.STATUS_RUNNING
         if final or step % cfg.report_interval == 0:
             train_seconds += timer.flush()
+            for name, value in sys_metrics.interval(step, train_seconds).items():
+                record(name, value)
             report(final)
     train_step.close()
 

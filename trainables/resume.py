@@ -17,14 +17,15 @@ from trainables.checkpoint import STATE_FILE
 from trainables.config import ConfigError
 
 # keys a resumed trial may change: bookkeeping and resources, not what the counters or results mean. `prefetch`
-# gives identical trials; `gns_window` only re-smooths the logged B_simple (its auto value follows max_steps, so a
-# larger budget changes it)
+# gives identical trials; `compile` the same math in other kernels (float rounding only); `gns_window` only
+# re-smooths the logged B_simple (its auto value follows max_steps, so a larger budget changes it)
 RESUMABLE_CHANGES = (
     "report_every",
     "checkpoint_every",
     "threads_per_worker",
     "cpus_per_worker",
     "prefetch",
+    "compile",
     "gns_window",
     "extra",
 )

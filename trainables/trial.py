@@ -15,6 +15,7 @@ import tempfile
 
 import torch
 
+from trainables.compiling import check_compile, compile_failure_in
 from trainables.config import ConfigError, TrialConfig
 from trainables.data import DatasetError, dataset_error_in, describe_dataset
 from trainables.loop import train_loop
@@ -23,8 +24,8 @@ from trainables.presets import PRESETS
 
 def check_trial(cfg: TrialConfig, resources: dict | None = None) -> None:
     """Raise ConfigError for a dataset that is missing or malformed, an image size the patch size does not
-    divide, or more workers than the CPUs/GPUs available (``resources`` as ``ray.cluster_resources()``;
-    default: this machine)."""
+    divide, ``compile: true`` where torch.compile cannot run, or more workers than the CPUs/GPUs available
+    (``resources`` as ``ray.cluster_resources()``; default: this machine)."""
     try:
         info = describe_dataset(cfg.dataset, cfg.eval_size)
     except DatasetError as e:
@@ -32,6 +33,8 @@ def check_trial(cfg: TrialConfig, resources: dict | None = None) -> None:
     patch = PRESETS[cfg.preset].patch_size
     if info.image_size % patch:
         raise ConfigError(f"image size {info.image_size} of {info.name} is not divisible by patch size {patch}")
+    if cfg.compile and (not cfg.use_gpu or torch.cuda.is_available()):  # a GPU-less driver cannot judge GPU workers
+        check_compile("cuda" if cfg.use_gpu else "cpu")
     if resources is None:
         resources = {"CPU": os.cpu_count() or 1, "GPU": torch.cuda.device_count()}
     if cfg.use_gpu and resources.get("GPU", 0) < cfg.world_size:
@@ -227,6 +230,11 @@ def run_trial(
             summary = dict(train_loop(cfg, session))
         except DatasetError as e:  # a bad latent file met mid-training: its one line
             raise ConfigError(str(e)) from None
+        except Exception as e:  # a torch.compile toolchain that fails at the first step: its one line
+            bad = compile_failure_in(e)
+            if bad is None:
+                raise
+            raise bad from None
         summary["path"] = run_dir
         summary["checkpoint"] = session.checkpoints[-1] if session.checkpoints else resume_from
     else:
@@ -241,8 +249,8 @@ def run_trial(
         )
         try:
             result = trainer.fit()
-        except Exception as e:  # a bad latent file met mid-training: its one line, not a worker traceback
-            bad = dataset_error_in(e)
+        except Exception as e:  # a bad latent file or failing compiler met by a worker: one line, not a traceback
+            bad = dataset_error_in(e) or compile_failure_in(e)
             if bad is None:
                 raise
             raise ConfigError(str(bad)) from None

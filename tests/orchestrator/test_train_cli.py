@@ -15,6 +15,7 @@ from orchestrator.cli import main
         ("batch_size: 64\n", ["num_workers=64", "micro_batch_size=1"], "CPUs"),
         ("batch_size: [1, 2\n", [], "not valid YAML"),
         ("preset: tiny\n", ["lr"], "expected key=value"),
+        ("compile: maybe\n", [], "'compile' must be bool"),
     ],
 )
 def test_bad_config_one_line_exit_2(tmp_path, capsys, content, sets, needle):

@@ -1,5 +1,6 @@
 """On a GPU (skipped without CUDA; `make bench-gpu` runs these and the GPU benchmark): bf16 autocast, the input
-pipeline's pinned non-blocking copies, on-device draws, exact resume and both GNS paths on CUDA tensors.
+pipeline's pinned non-blocking copies, on-device draws, exact resume, both GNS paths on CUDA tensors, the `sys/`
+metrics and `compile: true`.
 Written without a GPU at hand: not yet run on real hardware."""
 
 import numpy as np
@@ -11,6 +12,7 @@ from trainables.config import TrialConfig
 from trainables.data import load_dataset
 from trainables.data.pipeline import MicroBatches
 from trainables.diffusion import NUM_TIMESTEPS
+from trainables.presets import build_dit
 from trainables.randomness import global_batch_indices, local_slice, step_draws
 from trainables.trial import run_local
 
@@ -68,3 +70,32 @@ def test_global_and_per_bin_gns_on_gpu():
     assert len(g) == 10 and np.isfinite(g).all()
     for k in range(4):
         assert [st for st, _ in _rows(s, M.per_bin(M.GNS_BIN_B_SIMPLE, k))] == [5, 10]
+
+
+def test_sys_metrics_on_gpu():
+    """`sys/examples_per_s` from the CUDA-event step timer, `sys/peak_mem_gb` from the device's allocator."""
+    from trainables.sys_metrics import GIB
+
+    s = run_local(TrialConfig(**TINY, max_steps=10))
+    rates, peaks = _rows(s, M.SYS_EXAMPLES_PER_S), _rows(s, M.SYS_PEAK_MEM_GB)
+    assert [st for st, _ in rates] == [st for st, _ in peaks] == [5, 10]
+    reps = [r for r in s.reports if r[M.STEP] > 0]
+    starts = [(0, 0.0)] + [(r[M.EXAMPLES], r["train_seconds"]) for r in reps[:-1]]
+    for (e0, t0), r, (_, v) in zip(starts, reps, rates, strict=True):  # the interval's examples over event time
+        assert v == pytest.approx((r[M.EXAMPLES] - e0) / (r["train_seconds"] - t0), rel=1e-9) and v > 0
+    values = [v for _, v in peaks]
+    assert 0 < values[0] <= values[1] <= torch.cuda.max_memory_allocated() / GIB  # tensors of the tiny model
+    model = build_dit("tiny", sample_size=8, in_channels=1, num_classes=10)
+    model_gb = sum(p.numel() * 4 for p in model.parameters()) / GIB
+    assert values[0] > 3 * model_gb  # at least weights, gradients and two AdamW moments
+
+
+def test_compiled_trial_on_gpu(tmp_path):
+    """compile: true with inductor on CUDA trains like eager, and its checkpoint resumes uncompiled."""
+    torch._dynamo.reset()
+    cfg = TrialConfig(**{**TINY, "max_steps": 10, "bf16": False})
+    eager = run_local(cfg)
+    compiled = run_local(cfg.replace(max_steps=5, compile=True), checkpoint_root=str(tmp_path))
+    resumed = run_local(cfg, resume_from=compiled.checkpoints[-1])
+    joined = dict(_rows(compiled, M.TRAIN_LOSS) + _rows(resumed, M.TRAIN_LOSS))
+    assert [joined[k] for k in sorted(joined)] == pytest.approx([v for _, v in _rows(eager, M.TRAIN_LOSS)], rel=1e-3)

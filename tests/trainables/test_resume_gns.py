@@ -40,10 +40,12 @@ BASE = dict(
 
 
 def rows(reports: list[dict]) -> dict[tuple[int, str], float]:
-    """(step, metric) -> value of every logged row (wall-clock columns left out)."""
+    """(step, metric) -> value of every logged row (wall-clock columns and `sys/` metrics left out)."""
     out = {}
     for rep in reports:
         for step, _examples, name, value, *_clocks in rep["rows"]:
+            if M.is_system(name):  # throughput and memory: measured, not computed
+                continue
             # the first report after a resume re-sends the checkpoint's rows (trainables.row_log; the tables'
             # watermarks drop them): a row may come twice, never with another value
             assert out.get((step, name), value) == value, (step, name)

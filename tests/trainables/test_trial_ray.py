@@ -35,6 +35,8 @@ def test_two_workers_give_the_same_update_as_one(ray_local, tmp_path):
     assert diff < 1e-4, diff  # < 3% of one Adam step (lr 1e-3): float summation order only
     # the same held-out evaluation on both sides (CRN), up to the same float tolerance
     assert summary["last"][M.EVAL_LOSS] == pytest.approx(single.summary["last"][M.EVAL_LOSS], rel=1e-3)
+    # the system metrics of a Ray Train worker: the interval's rate, its own process's peak RSS (torch: > 0.1 GiB)
+    assert summary["last"][M.SYS_EXAMPLES_PER_S] > 0 and summary["last"][M.SYS_PEAK_MEM_GB] > 0.1
 
 
 def test_in_process_trainer(ray_local, tmp_path):
