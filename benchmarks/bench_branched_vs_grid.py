@@ -88,7 +88,9 @@ def main() -> None:
     try:  # the grid's own local answer over the stretch the branches train through (analysis.band)
         bd = band_b_crit(runs_g, m.EVAL_LOSS, band_hi, band_lo, bootstrap=args.bootstrap)
         lo, hi = bd["b_crit_ci"]
-        flags = f"  flags {', '.join(bd['flags'])}" if bd["flags"] else ""
+        ends = analyze_metric(runs_g, m.EVAL_LOSS, [band_hi, band_lo], bootstrap=0)  # the trust checks of both ends
+        names = set(bd["flags"]).union(*(e["flags"] for e in ends))
+        flags = f"  flags {', '.join(sorted(names))}" if names else ""
         print(
             f"grid band {band_hi:.4g} -> {band_lo:.4g} (the branches' stretch): B_crit = {bd['b_crit']:.3g}  "
             f"CI [{_f(lo)}, {_f(hi)}]{flags}"
