@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+from pathlib import Path
 
 import pytest
 
@@ -120,3 +121,20 @@ def test_resume_with_a_changed_spec_is_refused(tmp_path, capsys, no_ray_address)
     assert main(["sweep", changed, "--resume"]) == 2
     err = capsys.readouterr().err.strip()
     assert "differs from the spec" in err and "\n" not in err
+
+
+@pytest.mark.parametrize(
+    "name", sorted(p.name for p in (Path(__file__).parents[2] / "examples").glob("*.yaml") if p.name != "trial.yaml")
+)
+def test_every_example_spec_loads(name, tmp_path):
+    """Every shipped sweep or branched-study spec parses and validates (trial.yaml is a `bcrit train` config)."""
+    import yaml
+
+    from orchestrator.branch_spec import load_branch_spec
+    from orchestrator.spec import load_spec
+
+    path = str(Path(__file__).parents[2] / "examples" / name)
+    with open(path) as f:
+        kind = yaml.safe_load(f).get("kind")
+    spec = (load_branch_spec if kind == "branched" else load_spec)(path, [], sweep_dir=str(tmp_path / "s"))
+    assert spec.name
