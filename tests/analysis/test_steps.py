@@ -484,3 +484,30 @@ def test_seed_without_evaluations_is_a_lower_bound_of_zero():
     np.testing.assert_allclose(val, [np.inf, 60.0], rtol=1e-12)
     np.testing.assert_allclose(low, [0.0, 60.0], rtol=1e-12)
     assert best.censored[0] and best.steps[0] == np.inf and st.lr[best.blocker[0]] == 0.1
+
+
+def test_no_rows_and_a_single_row():
+    # a sweep analysed before any evaluation: every (target, trial) censored, no extent
+    empty = Series(np.zeros(0, np.int64), np.zeros(0, np.int64), np.zeros(0))
+    np.testing.assert_array_equal(steps_to_target(empty, 3, [0.5, 0.2]), np.full((2, 3), np.inf))
+    last, spacing = trial_extent(empty, 3)
+    np.testing.assert_array_equal(last, [-1.0, -1.0, -1.0])
+    np.testing.assert_array_equal(spacing, [np.nan, np.nan, np.nan])
+    # one evaluation in the whole sweep: trial 1 at 0.4 at step 30 reaches 0.5 there (no earlier row to interpolate
+    # from), not 0.3; it ran to step 30 and has no spacing
+    one = _series([(1, 30, 0.4)])
+    np.testing.assert_array_equal(steps_to_target(one, 2, [0.5, 0.3]), [[np.inf, 30.0], [np.inf, np.inf]])
+    last, spacing = trial_extent(one, 2)
+    np.testing.assert_array_equal(last, [-1.0, 30.0])
+    np.testing.assert_array_equal(spacing, [np.nan, np.nan])
+
+
+def test_very_unequal_trials_take_the_sparse_path_with_the_same_answers():
+    # trial 0: 6000 evaluations of v = 1 - step/10^4 (0.5 exactly at step 5000); trial 1: one row, 0.3 at step 0;
+    # trial 2: 0.9@0, 0.1@10. 3 trials x 6000 > 2 x 6003 + 4096 rows: steps_to_target takes the sparse path.
+    steps = np.arange(6000)
+    rows = [(0, s, 1.0 - s / 10_000) for s in steps] + [(1, 0, 0.3), (2, 0, 0.9), (2, 10, 0.1)]
+    got = steps_to_target(_series(rows), 4, [0.5, 0.45])
+    # 0.5: 5000 (an evaluation equal to it), 0 (first row already below), 10·0.4/0.8 = 5; 0.45: 5500 (v = 0.45 there
+    # up to rounding: interpolated between 5499 and 5500), 0, 10·0.45/0.8 = 5.625; trial 3 has no rows
+    np.testing.assert_allclose(got, [[5000.0, 0.0, 5.0, np.inf], [5500.0, 0.0, 5.625, np.inf]], rtol=1e-12)
