@@ -144,11 +144,33 @@ def test_settings_group_by_nuisance_columns_not_seed():
     assert [len(x) for x in st.members] == [3, 1] and list(st.lr) == [0.1, 0.2] and st.lr_only.all()
 
 
+def test_settings_also_split_by_the_other_nuisance_and_split_columns():
+    # B = 8: weight_decay 0.0 (seeds 0, 1) and 0.1 are two settings of the same lr; B = 16: the same lr and
+    # weight_decay on two splits (micro 8 x accum 2, micro 16 x accum 1) are two settings; B = 32: two lrs only.
+    # Only at B = 32 do the settings differ in lr alone (where refine_lr may fit a parabola in lr).
+    trials = trials_table(
+        {
+            "trial_id": [f"t{i}" for i in range(7)], "batch_size": [8, 8, 8, 16, 16, 32, 32],
+            "micro_batch_size": [8, 8, 8, 8, 16, 32, 32], "grad_accum": [1, 1, 1, 2, 1, 1, 1], "num_workers": [1] * 7,
+            "lr": [0.1] * 6 + [0.2], "seed": [0, 1, 0, 0, 0, 0, 0], "status": [B] * 7,
+            "weight_decay": [0.0, 0.0, 0.1, 0.0, 0.0, 0.0, 0.0],
+        }
+    )  # fmt: skip
+    runs = runs_from_tables(trials, metrics_table({k: [] for k in metrics_table_keys}))
+    st = settings_of(runs, usable(runs))
+    g = st.of_trial
+    assert g[0] == g[1] and len({g[0], g[2], g[3], g[4], g[5], g[6]}) == 6
+    np.testing.assert_array_equal(st.batch_size, [8, 8, 16, 16, 32, 32])
+    np.testing.assert_array_equal(sorted(st.n_seeds), [1, 1, 1, 1, 1, 2])
+    np.testing.assert_array_equal(st.lr_only, [False, False, True])
+
+
 def test_trial_extent():
-    s = _series([(0, 0, 1.0), (0, 10, 0.6), (0, 30, 0.3), (2, 5, 0.9)])
-    last, spacing = trial_extent(s, 3)
-    np.testing.assert_array_equal(last, [30.0, -1.0, 5.0])
-    np.testing.assert_array_equal(spacing, [15.0, np.nan, np.nan])
+    # trial 0: 3 rows from 0 to 30 (spacing 30/2); trial 2: one row; trial 3: two rows 5 and 15, first one not at 0
+    s = _series([(0, 0, 1.0), (0, 10, 0.6), (0, 30, 0.3), (2, 5, 0.9), (3, 5, 0.9), (3, 15, 0.8)])
+    last, spacing = trial_extent(s, 4)
+    np.testing.assert_array_equal(last, [30.0, -1.0, 5.0, 15.0])
+    np.testing.assert_array_equal(spacing, [15.0, np.nan, np.nan, 10.0])
 
 
 def test_refine_lr_recovers_the_vertex_of_a_parabola_in_log_lr():
