@@ -114,6 +114,15 @@ def test_best_per_batch_censoring_by_hand():
     assert best.setting[2] == -1
 
 
+def test_a_lower_bound_equal_to_the_best_does_not_censor():
+    # lr 0.1 reaches 0.5 exactly at its evaluation at step 50; lr 0.2 was stopped at step 50 without reaching it, so
+    # it needs at least 50 steps: it cannot be faster, and 50 is the known best (both are exp(log 50), bit-equal)
+    runs = _runs([(8, 0.1, 0, B, _line(100, 50)), (8, 0.2, 0, B, _line(50, 70))])
+    st, val, low, best = _best(runs)
+    assert val[1] == np.inf and low[1] == val[0]
+    assert not best.censored[0] and best.steps[0] == pytest.approx(50.0, rel=1e-12) and best.blocker[0] == -1
+
+
 def test_seeds_averaged_geometric_mean_before_the_best_setting():
     runs = _runs(
         [
