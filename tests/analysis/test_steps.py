@@ -542,3 +542,17 @@ def test_very_unequal_trials_take_the_sparse_path_with_the_same_answers():
     # 0.5: 5000 (an evaluation equal to it), 0 (first row already below), 10·0.4/0.8 = 5; 0.45: 5500 (v = 0.45 there
     # up to rounding: interpolated between 5499 and 5500), 0, 10·0.45/0.8 = 5.625; trial 3 has no rows
     np.testing.assert_allclose(got, [[5000.0, 0.0, 5.0, np.inf], [5500.0, 0.0, 5.625, np.inf]], rtol=1e-12)
+
+
+@pytest.mark.parametrize("path", ["dense", "sparse"])
+def test_first_row_hit_and_inf_evaluation_on_both_paths(path):
+    from analysis.steps import _dense, _sparse
+
+    # trial 0 is at 0.4 <= 0.5 at its first evaluation and rises later (0.45, 0.6): step 0, nothing to interpolate
+    # from (its last value 0.6 is not an earlier evaluation). Trial 1 overflows to inf at step 10, then is at 0.4 at
+    # step 20: no finite interpolation from inf, so step 20, and no invalid-value warning (warnings are errors here).
+    # Both trials have 3 rows (the dense path's reshape, no padding).
+    s = _series([(0, 0, 0.4), (0, 10, 0.45), (0, 20, 0.6), (1, 0, 1.0), (1, 10, np.inf), (1, 20, 0.4)])
+    targets = np.array([0.5])
+    got = _dense(s, 2, targets, np.array([0, 3]), 3) if path == "dense" else _sparse(s, 2, targets)
+    np.testing.assert_array_equal(got, [[0.0, 20.0]])
