@@ -154,24 +154,35 @@ def test_settings_group_by_nuisance_columns_not_seed():
 
 
 def test_settings_also_split_by_the_other_nuisance_and_split_columns():
-    # B = 8: weight_decay 0.0 (seeds 0, 1) and 0.1 are two settings of the same lr; B = 16: the same lr and
-    # weight_decay on two splits (micro 8 x accum 2, micro 16 x accum 1) are two settings; B = 32: two lrs only.
-    # Only at B = 32 do the settings differ in lr alone (where refine_lr may fit a parabola in lr).
+    # B = 8: weight_decay 0.0 (seeds 0, 1), weight_decay 0.1 and warmup_steps 10 are three settings of the same lr;
+    # B = 16: the same lr on two splits (micro 8 x accum 2, micro 16 x accum 1) are two settings; B = 32: two lrs
+    # only, and a diverged trial that belongs to no setting (-1). Only at B = 32 do the settings differ in lr alone
+    # (where refine_lr may fit a parabola in lr).
     trials = trials_table(
         {
-            "trial_id": [f"t{i}" for i in range(7)], "batch_size": [8, 8, 8, 16, 16, 32, 32],
-            "micro_batch_size": [8, 8, 8, 8, 16, 32, 32], "grad_accum": [1, 1, 1, 2, 1, 1, 1], "num_workers": [1] * 7,
-            "lr": [0.1] * 6 + [0.2], "seed": [0, 1, 0, 0, 0, 0, 0], "status": [B] * 7,
-            "weight_decay": [0.0, 0.0, 0.1, 0.0, 0.0, 0.0, 0.0],
+            "trial_id": [f"t{i}" for i in range(9)], "batch_size": [8, 8, 8, 8, 16, 16, 32, 32, 32],
+            "micro_batch_size": [8, 8, 8, 8, 8, 16, 32, 32, 32], "grad_accum": [1, 1, 1, 1, 2, 1, 1, 1, 1],
+            "num_workers": [1] * 9, "lr": [0.1] * 7 + [0.2, 0.4], "seed": [0, 1, 0, 0, 0, 0, 0, 0, 0],
+            "status": [B] * 8 + [D], "weight_decay": [0.0, 0.0, 0.1, 0.0, 0.0, 0.0, 0.0, 0.0, 0.0],
+            "warmup_steps": [0, 0, 0, 10, 0, 0, 0, 0, 0],
         }
     )  # fmt: skip
     runs = runs_from_tables(trials, metrics_table({k: [] for k in metrics_table_keys}))
     st = settings_of(runs, usable(runs))
     g = st.of_trial
-    assert g[0] == g[1] and len({g[0], g[2], g[3], g[4], g[5], g[6]}) == 6
-    np.testing.assert_array_equal(st.batch_size, [8, 8, 16, 16, 32, 32])
-    np.testing.assert_array_equal(sorted(st.n_seeds), [1, 1, 1, 1, 1, 2])
+    assert g[0] == g[1] and len(set(g[[0, 2, 3, 4, 5, 6, 7]])) == 7 and g[8] == -1
+    assert st.batch_size.dtype.kind == "i"  # batch sizes stay integers (the report prints them)
+    np.testing.assert_array_equal(st.batch_size, [8, 8, 8, 16, 16, 32, 32])
+    np.testing.assert_array_equal(sorted(st.n_seeds), [1, 1, 1, 1, 1, 1, 2])
     np.testing.assert_array_equal(st.lr_only, [False, False, True])
+
+
+def test_settings_members_in_ascending_trial_order():
+    # 40 trials alternating between two lrs (20 seeds each): each setting lists its trials in ascending row order
+    runs = _runs([(8, (0.1, 0.2)[i % 2], i // 2, B, _line(100, 40)) for i in range(40)])
+    st = settings_of(runs, usable(runs))
+    np.testing.assert_array_equal(st.members[0], np.arange(0, 40, 2))
+    np.testing.assert_array_equal(st.members[1], np.arange(1, 40, 2))
 
 
 def test_trial_extent():
@@ -500,7 +511,9 @@ def test_refine_lr_keeps_a_concave_triple_and_refines_the_next_batch_size():
 def test_no_usable_trial_gives_no_settings():
     runs = _runs([(8, 0.1, 0, D, _line(20, 5)), (16, 0.1, 0, D, _line(20, 5))])  # every trial diverged
     st, val, low, best = _best(runs)
-    assert st.batch_size.shape == (0,) and st.members == []
+    assert st.batch_size.shape == (0,) and st.lr.shape == (0,) and st.members == []
+    assert st.lr_only.shape == (0,)
+    np.testing.assert_array_equal(st.of_trial, [-1, -1])  # neither trial belongs to a setting
     for a in (val, low):  # aggregate_seeds: two empty float arrays
         assert a.shape == (0,) and a.dtype == np.float64
     assert best.batch_sizes.shape == (0,) and best.steps.shape == (0,)
