@@ -73,3 +73,45 @@ def test_branch_study_through_ray(tmp_path, ray_local, no_ray_address, capsys):
     assert main(["analyze", spec.sweep_dir, "--out", str(tmp_path / "a"), "--bootstrap", "0"]) == 0
     arts = {a.path for a in client.list_artifacts(parents[0].info.run_id, "analysis")}
     assert {"analysis/bcrit.json", "analysis/report.md", "analysis/branched.png"} <= arts
+
+
+def _dit_branch_spec(tmp_path, name: str, scale_by: str) -> dict:
+    return {
+        "kind": "branched",
+        "name": name,
+        "workload": "dit",
+        "reference": {"batch_size": 8, "lr": 5e-3, "seed": 0, "split": {"grad_accum": 1, "num_workers": 0}},
+        "branches": {
+            "points": [10],
+            "multipliers": [2],
+            "lr_rule": "sqrt",
+            "examples": 128,
+            "evals": 2,
+            "seeds": [0],
+            "scale_by": scale_by,
+        },
+        "analysis": {"epsilons": [0.02]},
+        "fixed": {"preset": "tiny", "dataset": "digits", "eval_every": 5, "eval_repeats": 1, "timestep_bins": 2},
+        "stopping": {"divergence_factor": 3.0},
+        "tracking": {"experiment": name},
+        "storage": str(tmp_path / name),
+    }
+
+
+def test_branches_on_more_workers_equal_branches_on_larger_micro_batches(tmp_path, ray_local, no_ray_address):
+    """scale_by: num_workers (k = 2: two DDP workers of 8, gloo, restored from an in-process reference's kept
+    checkpoint) trains the same branch as scale_by: micro_batch_size (one worker of 16): the same losses."""
+    dirs = {}
+    for scale_by in ("num_workers", "micro_batch_size"):
+        raw = _dit_branch_spec(tmp_path, f"mw-{scale_by.replace('_', '-')}", scale_by)
+        path = tmp_path / f"{scale_by}.yaml"
+        path.write_text(yaml.safe_dump(raw))
+        assert main(["branch", str(path)]) == 0
+        dirs[scale_by] = raw["storage"]
+    trials = pq.read_table(os.path.join(dirs["num_workers"], "trials.parquet")).to_pylist()
+    k2 = [r for r in trials if r["k"] == 2.0]
+    assert len(k2) == 1 and (k2[0]["micro_batch_size"], k2[0]["num_workers"], k2[0]["batch_size"]) == (8, 2, 16)
+    a, b = _eval_rows(dirs["num_workers"]), _eval_rows(dirs["micro_batch_size"])
+    assert a.keys() == b.keys() and (10, 2.0, 0) in a
+    for key in a:
+        assert np.allclose(a[key], b[key], rtol=1e-5), (key, a[key], b[key])
