@@ -479,3 +479,16 @@ def test_check_enough_full_messages():
         "pick a higher target"
     )
     pareto.check_enough(0.3, "eval/loss", b, np.array([5.0, 4.0, 3.0, np.inf]))  # three reach: no error
+
+
+def test_fit_pareto_converges_tightly_where_e_min_dominates():
+    """B_crit ~ 1.5e5, far above the largest batch size, with noise: S_min is weakly determined. The fit stops at the
+    optimum (hand gradient < 1e-11, where a 1e-8 step tolerance stops at 4e-11 and 1e-7 away in log S_min) and
+    equals the batched LM started from its own start to 2e-9 (S_min is flat to 1e-10)."""
+    s = np.array([421810.37737908, 204918.87947173, 110224.37889922, 53482.68706569])
+    s = np.r_[s, 25603.64782807, 12872.5515389, 6447.05449666, 3380.03973874]
+    fit = pareto.fit_pareto(BS, s)
+    p = np.log([fit.s_min, fit.e_min])
+    assert np.abs(_grad(BS, s, p)).max() < 1e-11
+    s_min, e_min = pareto.fit_pareto_batched(BS, s[None, :], pareto._init(1.0 / BS, s))
+    assert (fit.s_min, fit.e_min) == pytest.approx((s_min[0], e_min[0]), rel=2e-9)
