@@ -61,7 +61,7 @@ def fit_pareto(batch_sizes: np.ndarray, steps: np.ndarray) -> ParetoFit:
         return np.logaddexp(p[0], p[1] + np.log(x)) - y
 
     def jac(p: np.ndarray) -> np.ndarray:
-        q = 1.0 / (1.0 + np.exp(p[1] + np.log(x) - p[0]))  # share of S_min in the model
+        q = np.exp(p[0] - np.logaddexp(p[0], p[1] + np.log(x)))  # share of S_min in the model (no overflow)
         return np.stack([q, 1.0 - q], axis=1)
 
     res = least_squares(resid, _init(x, s), jac=jac, method="lm", xtol=1e-12, ftol=1e-12)

@@ -269,3 +269,226 @@ def test_bootstrap_trials_draws_settings_within_each_batch_size():
         0.25, abs=0.03
     )
     assert set(np.unique(r[:, 3][np.isfinite(r[:, 3])])) == {70.0} and not np.isnan(r[:, 3]).any()
+
+
+# --- known answers of the fit's parts, the batched LM, the seeds bootstrap and the refusal message ---
+
+
+def _wls_by_hand(x, s):
+    """argmin over (a, b) of Σ((a + b x - S)/S)²: the 2x2 normal equations with weights 1/S², solved by Cramer."""
+    w = 1.0 / s**2
+    sw, swx, swxx, sws, swxs = w.sum(), (w * x).sum(), (w * x * x).sum(), (w * s).sum(), (w * x * s).sum()
+    det = sw * swxx - swx**2
+    return (sws * swxx - swx * swxs) / det, (sw * swxs - swx * sws) / det
+
+
+def test_init_solves_relative_least_squares_and_clips_at_the_floor():
+    """Exact hyperbola: the start is (S_min, E_min) itself. Noisy data: the hand-solved relative least squares.
+    A negative coefficient is clipped to 1e-3 of the smallest S (S_min) or of the smallest S·B (E_min)."""
+    x = 1.0 / BS
+    for s_min, e_min in [(1000.0, 5.12e5), (5.0, 1.0e6), (3000.0, 100.0)]:
+        p = pareto._init(x, s_min + e_min * x)
+        assert np.exp(p) == pytest.approx([s_min, e_min], rel=1e-10)
+    s = (200 + 51200 * x) * np.exp(0.2 * np.sin(np.arange(len(x))))
+    assert np.exp(pareto._init(x, s)) == pytest.approx(_wls_by_hand(x, s), rel=1e-10)
+    s_rising = 100.0 + 0.05 * BS  # S grows with B: the E_min coefficient is negative
+    a, b = _wls_by_hand(x, s_rising)
+    assert b < 0
+    assert np.exp(pareto._init(x, s_rising)) == pytest.approx([a, 1e-3 * s_rising.min() * BS.min()], rel=1e-10)
+    s_pure = 51200 * x - 10.0  # below the pure E_min/B hyperbola: the S_min coefficient is negative
+    a, b = _wls_by_hand(x, s_pure)
+    assert a < 0
+    assert np.exp(pareto._init(x, s_pure)) == pytest.approx([1e-3 * s_pure.min(), b], rel=1e-10)
+
+
+def _grad(b, s, p):
+    """Gradient of Σ(log(S_min + E_min/B) - log S)² in (log S_min, log E_min), by hand."""
+    s_min, e_min = np.exp(p)
+    model = s_min + e_min / b
+    r = np.log(model) - np.log(s)
+    return np.array([2 * np.sum(r * s_min / model), 2 * np.sum(r * (e_min / b) / model)])
+
+
+def test_fit_pareto_is_the_least_squares_optimum_on_noisy_data():
+    """Multiplicative noise: the returned point zeroes the gradient of Σ(log S - log(S_min + E_min/B))² (by
+    hand), beats every point of a grid around it, and rms_log is the residual rms at that point."""
+    rng = np.random.default_rng(3)
+    for s_min, e_min, sd in [(200.0, 51200.0, 0.3), (1000.0, 2e4, 0.2), (20.0, 2e6, 0.2)]:
+        s = (s_min + e_min / BS) * rng.lognormal(0, sd, len(BS))
+        fit = pareto.fit_pareto(BS, s)
+        p = np.log([fit.s_min, fit.e_min])
+        assert _grad(BS, s, p) == pytest.approx([0, 0], abs=1e-7)  # scipy stops at gtol=1e-8
+        r = np.log(fit.s_min + fit.e_min / BS) - np.log(s)
+        assert fit.rms_log == pytest.approx(np.sqrt(np.mean(r**2)), rel=1e-9)
+        d = np.linspace(-0.01, 0.01, 11)
+        grid = p[None, :] + np.stack(np.meshgrid(d, d), -1).reshape(-1, 2)
+        costs = [np.sum((np.logaddexp(g[0], g[1] - np.log(BS)) - np.log(s)) ** 2) for g in grid]
+        assert np.sum(r**2) <= min(costs) + 1e-15
+
+
+def test_fit_pareto_known_residual_and_dropped_points():
+    """Log residuals ±0.1 alternating on 4 points of an exact hyperbola, symmetric in 1/B... rms_log is the
+    residual rms at the optimum; steps <= 0, nan or inf are dropped; steps below 1 (any unit) are kept."""
+    b = np.array([16.0, 64.0, 256.0, 1024.0])
+    s = 100 + 25600 / b
+    fit = pareto.fit_pareto(np.r_[b, 32, 128, 512], np.r_[s, 0.0, np.nan, -5.0])
+    assert (fit.s_min, fit.e_min) == pytest.approx((100.0, 25600.0), rel=1e-10)
+    small = pareto.fit_pareto(b, s * 1e-3)  # steps in thousands: the same fit, scaled
+    assert (small.s_min, small.e_min) == pytest.approx((0.1, 25.6), rel=1e-10)
+    with pytest.raises(pareto.TooFewBatchSizesError) as err:
+        pareto.fit_pareto(b, np.r_[s[:2], 0.0, np.inf])
+    assert str(err.value) == "need >= 3 batch sizes with finite steps, got 2"
+
+
+def test_fit_pareto_float32_and_integer_inputs_are_fitted_in_float64():
+    """Exactly representable float32 / int inputs give the float64 fit to 1e-12 (float32 logs would lose 1e-7)."""
+    s = 1000 + 2.0**20 / BS  # integers below 2**24: exact in float32
+    ref = pareto.fit_pareto(BS, s)
+    for b_in, s_in in [(BS.astype(np.float32), s), (BS, s.astype(np.float32)), (BS.astype(np.int64), s)]:
+        fit = pareto.fit_pareto(b_in, s_in)
+        assert (fit.s_min, fit.e_min) == pytest.approx((ref.s_min, ref.e_min), rel=1e-12)
+        assert (fit.s_min, fit.e_min) == pytest.approx((1000.0, 2.0**20), rel=1e-12)
+
+
+def _hard_replicates(rng):
+    """Replicates of every shape the bootstrap meets, far from the common start: S_min or E_min dominating
+    (B_crit far outside the batch sizes), heavy noise, few points, nan/inf/zero/negative entries."""
+    rows = []
+    for s_min, e_min, sd in [
+        (200.0, 51200.0, 0.2),
+        (1e4, 1e3, 0.05),  # S_min dominates: B_crit 0.1
+        (1.0, 1e7, 0.05),  # E_min dominates: B_crit 1e7
+        (50.0, 5e4, 0.6),
+        (3.0, 300.0, 0.1),
+    ]:
+        for _ in range(8):
+            rows.append((s_min + e_min / BS) * rng.lognormal(0, sd, len(BS)))
+    steps = np.array(rows)
+    steps[1, [0, 7]] = np.inf
+    steps[2, [2, 3, 4]] = np.nan
+    steps[3, 5] = 0.0
+    steps[4, 1] = -3.0
+    steps[9, 3:] = np.inf  # three points left
+    steps[17, :5] = np.nan  # three points left, at the large batch sizes
+    steps[25, [0, 1, 2, 3, 4, 6]] = np.inf  # two points left -> nan
+    steps[33, :] = np.nan
+    return steps
+
+
+def test_batched_fit_equals_scipy_on_hard_replicates():
+    """fit_pareto_batched (60 LM iterations from one start) equals fit_pareto (to 2e-6 where E_min is
+    barely determined; scipy stops at gtol 1e-8) and reaches a cost no higher than scipy's on every replicate with
+    >= 3 usable points; nan for the others."""
+    steps = _hard_replicates(np.random.default_rng(7))
+    for p0 in (np.log([150.0, 6e4]), np.log([2e3, 1e5])):
+        s_min, e_min = pareto.fit_pareto_batched(BS, steps, p0)
+        for r in range(len(steps)):
+            keep = np.isfinite(steps[r]) & (steps[r] > 0)
+            if keep.sum() < 3:
+                assert np.isnan(s_min[r]) and np.isnan(e_min[r]), r
+                continue
+            ref = pareto.fit_pareto(BS, steps[r])
+            # at an optimum on the boundary (S_min or E_min -> 0) compare against the other term's scale
+            assert s_min[r] == pytest.approx(ref.s_min, rel=2e-6, abs=1e-9 * ref.e_min / BS[-1]), (r, p0)
+            assert e_min[r] == pytest.approx(ref.e_min, rel=2e-6, abs=1e-9 * ref.s_min * BS[0]), (r, p0)
+            y = np.log(np.where(keep, steps[r], 1.0))
+            cost = np.sum(np.where(keep, np.log(s_min[r] + e_min[r] / BS) - y, 0) ** 2)
+            assert cost <= ref.rms_log**2 * keep.sum() * (1 + 1e-9), (r, p0)
+
+
+def test_batched_fit_exact_data_with_gaps_float32_batch_sizes_and_small_steps():
+    """Noise-free replicates with missing entries are recovered to 1e-12; float32 batch sizes (exact powers of two)
+    give the float64 answer; a start 20x off converges within
+    the 60 iterations; steps below 1 and exactly 3 points are fitted, not dropped."""
+    steps = np.tile(1000 + 2.0**20 / BS, (4, 1))
+    steps[1, [0, 3]] = np.nan
+    steps[2, [1, 2, 5, 6, 7]] = np.inf
+    steps[3] *= 1e-5  # every step below 1
+    want_s, want_e = np.array([1e3, 1e3, 1e3, 0.01]), np.array([2.0**20] * 3 + [2.0**20 * 1e-5])
+    for b, off in [(BS, [0.5, 0.5]), (BS.astype(np.float32), [0.5, 0.5]), (BS, [3.0, -3.0])]:
+        s_min, e_min = pareto.fit_pareto_batched(b, steps, np.log([1e3, 2.0**20]) + off)
+        assert s_min == pytest.approx(want_s, rel=1e-12) and e_min == pytest.approx(want_e, rel=1e-12)
+
+
+def _seed_settings(groups):
+    """Settings whose members are consecutive trial rows; groups: [(batch size, n_seeds), ...]."""
+    from analysis.steps import Settings
+
+    members, start = [], 0
+    for _, k in groups:
+        members.append(np.arange(start, start + k))
+        start += k
+    b = np.array([g[0] for g in groups], dtype=np.int64)
+    of = np.concatenate([np.full(k, i) for i, (_, k) in enumerate(groups)])
+    return Settings(of, b, np.arange(len(b), dtype=float), members, None)
+
+
+def test_ci_resamples_seeds_from_two_seeds_per_setting():
+    assert pareto.ci_resamples(_seed_settings([(4, 2), (8, 2), (16, 2)])) == flags.CI_SEEDS
+    assert pareto.ci_resamples(_seed_settings([(4, 1), (8, 1), (16, 2)])) == flags.CI_TRIALS
+
+
+def test_bootstrap_seeds_adjusted_residuals_variance_and_support():
+    """One setting per batch size: 3 seeds at B=4, 2 at B=8, 1 at B=16. A replicate is exp(xbar + c·mean of k
+    drawn residuals) with c = sqrt(k/(k-1)): its values lie on that finite support, and its log-variance is the
+    seeds' sample variance / k (the plain bootstrap gives (k-1)/k of it). One seed: always that seed."""
+    st = _seed_settings([(4, 3), (8, 2), (16, 1)])
+    logs = np.array([0.0, 0.1, 0.5, 1.0, 1.4, 0.0]) + np.log(100.0)  # skewed residuals at B=4
+    steps = np.exp(logs)[None, :]
+    bs, out = pareto.bootstrap_best(steps, np.zeros(6), st, 20000, np.random.default_rng(0), pareto.CI_SEEDS)
+    assert bs.tolist() == [4, 8, 16] and out.shape == (1, 20000, 3)
+    lo = np.log(out[0])
+    for col, x in [(0, logs[:3]), (1, logs[3:5])]:
+        k = len(x)
+        e = x - x.mean()
+        support = [x.mean() + np.sqrt(k / (k - 1)) * e[list(c)].mean() for c in np.ndindex(*(k,) * k)]
+        assert np.min(np.abs(lo[:, col, None] - np.array(support)[None, :]), axis=1).max() < 1e-12
+        assert np.var(lo[:, col]) == pytest.approx(np.var(x, ddof=1) / k, rel=0.04)
+    assert np.allclose(out[0, :, 2], steps[0, 5], rtol=1e-13)
+
+
+def test_bootstrap_seeds_censored_seed_with_no_evaluation():
+    """B=4: setting A's seeds reached at 100 and 100; setting B has one seed at 40000 and one stopped before any
+    evaluation (last step 0): its lower bound is 0, so B=4 is censored (nan) whenever... always, since B's
+    draws contain the unreached seed or not: with it, lower bound 0 < 100 -> nan; without, B = 40000 > 100 -> 100
+    (a floor of 1 on the last step would give sqrt(40000) = 200 > 100: never censored).
+    B=8: seeds 50, 60 and 40, 45 (known, no censoring)."""
+    st = _seed_settings([(4, 2), (4, 2), (8, 2), (8, 2)])
+    steps = np.array([[100.0, 100.0, 4e4, np.inf, 50.0, 60.0, 40.0, 45.0]])
+    last = np.array([100.0, 100.0, 4e4, 0.0, 50.0, 60.0, 40.0, 45.0])
+    _, out = pareto.bootstrap_best(steps, last, st, 4000, np.random.default_rng(1), pareto.CI_SEEDS)
+    b4 = out[0, :, 0]
+    assert np.mean(np.isnan(b4)) == pytest.approx(0.75, abs=0.03)  # the stopped seed drawn at least once
+    assert np.allclose(b4[~np.isnan(b4)], 100.0, rtol=1e-13)
+    assert np.isfinite(out[0, :, 1]).all() and (out[0, :, 1] < 60).all()
+
+
+def test_check_enough_full_messages():
+    b = np.array([8, 16, 32, 64])
+    best = np.array([5.0, np.inf, 3.0, np.inf])
+    with pytest.raises(pareto.TooFewBatchSizesError) as err:
+        pareto.check_enough(0.3, "eval/loss", b, best)
+    assert str(err.value) == (
+        "target 0.3 on eval/loss: only batch sizes [8, 32] reach it, [16, 64] do not (need >= 3); pick a higher target"
+    )
+    with pytest.raises(pareto.TooFewBatchSizesError) as err:
+        pareto.check_enough(0.25, "eval/loss", b, best, [0, 1, 0, 1])  # 0/1 flags
+    assert str(err.value) == (
+        "target 0.25 on eval/loss: only batch sizes [8, 32] reach it, [] do not; [16, 64] are censored (trials "
+        "stopped before reaching it: lower the sweep's stopping.target_loss or raise max_steps) (need >= 3); "
+        "pick a higher target"
+    )
+    pareto.check_enough(0.3, "eval/loss", b, np.array([5.0, 4.0, 3.0, np.inf]))  # three reach: no error
+
+
+def test_fit_pareto_converges_tightly_where_e_min_dominates():
+    """B_crit ~ 1.5e5, far above the largest batch size, with noise: S_min is weakly determined. The fit stops at the
+    optimum (hand gradient < 1e-11, where a 1e-8 step tolerance stops at 4e-11 and 1e-7 away in log S_min) and
+    equals the batched LM started from its own start to 2e-9 (S_min is flat to 1e-10)."""
+    s = np.array([421810.37737908, 204918.87947173, 110224.37889922, 53482.68706569])
+    s = np.r_[s, 25603.64782807, 12872.5515389, 6447.05449666, 3380.03973874]
+    fit = pareto.fit_pareto(BS, s)
+    p = np.log([fit.s_min, fit.e_min])
+    assert np.abs(_grad(BS, s, p)).max() < 1e-11
+    s_min, e_min = pareto.fit_pareto_batched(BS, s[None, :], pareto._init(1.0 / BS, s))
+    assert (fit.s_min, fit.e_min) == pytest.approx((s_min[0], e_min[0]), rel=2e-9)
