@@ -620,3 +620,131 @@ def test_window_state_from_the_ema_era() -> None:
     old = GNSWindow(window=7)  # a checkpoint from the EMA era: nothing to restore, the window starts empty
     old.load_state_dict({"beta": 0.95, "steps": 12, "g2": 0.1, "trace": 3.0})
     assert old.estimate.n == 0
+
+
+# --- Mutation-gap tests (issue 13): dtypes, user-facing messages, edge states of window_estimate -----------------
+
+
+def _delta_se_by_hand(g: list[float], t: list[float]) -> tuple[float, float]:
+    """Ratio of means and its first-order delta-method SE, written out with python floats (ddof=1)."""
+    n = len(g)
+    gm, tm = sum(g) / n, sum(t) / n
+    s_gg = sum((x - gm) ** 2 for x in g) / (n - 1)
+    s_tt = sum((y - tm) ** 2 for y in t) / (n - 1)
+    s_tg = sum((x - gm) * (y - tm) for x, y in zip(g, t, strict=True)) / (n - 1)
+    r = tm / gm
+    return r, math.sqrt(max((s_tt - 2.0 * r * s_tg + r * r * s_gg) / (n * gm * gm), 0.0))
+
+
+def test_estimators_return_float64_for_longdouble_and_float32_inputs():
+    """Known answers (b=2, B=6: |G|^2 = (6 big - 2 small)/4, tr = (small - big)/(1/2 - 1/6)) come back float64,
+    python floats for scalars, whatever the input precision (longdouble inputs must not leak out)."""
+    small, big = [5.0, 3.0], [2.0, 1.0]
+    g2_want = np.array([(6 * 2.0 - 2 * 5.0) / 4, (6 * 1.0 - 2 * 3.0) / 4])
+    tr_want = np.array([(5.0 - 2.0) * 3.0, (3.0 - 1.0) * 3.0])
+    for dt in (np.longdouble, np.float32):
+        s, bg = np.array(small, dtype=dt), np.array(big, dtype=dt)
+        for b, B in ((2, 6), (np.array([2, 2], dtype=dt), np.array([6, 6], dtype=dt))):
+            g2, tr = g2_unbiased(s, bg, b, B), trace_unbiased(s, bg, b, B)
+            assert g2.dtype == np.float64 and tr.dtype == np.float64
+            np.testing.assert_allclose(g2, g2_want, rtol=1e-6)
+            np.testing.assert_allclose(tr, tr_want, rtol=1e-6)
+    assert type(g2_unbiased(5.0, 2.0, 2, 6)) is float and g2_unbiased(5.0, 2.0, 2, 6) == 0.5
+    assert type(trace_unbiased(5.0, 2.0, 2, 6)) is float and trace_unbiased(5.0, 2.0, 2, 6) == pytest.approx(9.0)
+    assert type(b_simple(9.0, 0.5)) is float and b_simple(9.0, 0.5) == 18.0
+
+
+def test_scalar_b_with_array_B_broadcasts():
+    np.testing.assert_allclose(g2_unbiased([5.0, 5.0], [2.0, 2.0], 2, np.array([6, 10])), [0.5, (20 - 10) / 8])
+
+
+def test_batch_size_errors_name_the_problem():
+    with pytest.raises(ValueError) as e:
+        g2_unbiased(1.0, 2.0, 4, math.inf)
+    assert str(e.value) == "batch sizes b and B must be finite"
+    with pytest.raises(ValueError, match=r"small batch size b must be >= 1"):
+        trace_unbiased(1.0, 2.0, 0.5, 8)
+    with pytest.raises(ValueError, match=r"need b < B for the two-batch estimators"):
+        g2_unbiased(1.0, 2.0, 8, 8)
+    with pytest.raises(ValueError, match=r"window must be a positive number of optimizer steps"):
+        GNSWindow(0)
+
+
+def test_b_simple_of_overflowed_values_is_nan_without_warning():
+    """inf/inf is nan, quietly (pytest turns RuntimeWarnings into errors)."""
+    assert math.isnan(b_simple(math.inf, math.inf))
+
+
+def test_missing_values_are_non_finite_not_type_errors():
+    """A series read back with gaps (None) is treated as non-finite, not a crash on an object array."""
+    est = window_estimate([1.0, None, 2.0], [3.0, 4.0, 5.0])
+    assert est.state == "undefined" and math.isnan(est.value)
+    est = window_estimate([1.0, 2.0, 3.0], [3.0, None, 5.0])
+    assert est.state == "undefined" and math.isnan(est.value)
+    for g, t in (([1.0, None], [1.0, 2.0]), ([1.0, 2.0], [None, 2.0]), ([1.0, 2.0], [1.0, math.inf])):
+        with pytest.raises(ValueError) as e:
+            b_simple_with_se(g, t)
+        assert str(e.value) == "samples contain non-finite values"
+    with pytest.raises(ValueError, match=r"g2_small contains non-finite values"):
+        window_b_simple([1, 2], [1.0, None], [0.5, 0.5], 2, 4, window=10)
+
+
+def test_b_simple_with_se_errors_name_the_problem():
+    with pytest.raises(ValueError, match=r"must pair up, got 3 and 2"):
+        b_simple_with_se([1.0, 2.0, 3.0], [1.0, 2.0])
+    with pytest.raises(ValueError, match=r"need at least 2 independent repetitions"):
+        b_simple_with_se([1.0], [1.0])
+
+
+def test_window_estimate_zero_mean_trace_is_ok_with_delta_se():
+    """Mean tr(Sigma) exactly 0 is a possible value (B_simple = 0, no noise), with its delta-method SE."""
+    g, t = [1.0, 3.0, 2.0], [1.0, -1.0, 0.0]
+    est = window_estimate(g, t)
+    r, se = _delta_se_by_hand(g, t)
+    assert est.state == "ok" and est.n == 3
+    assert est.value == 0.0 == r
+    assert est.se == pytest.approx(se, rel=1e-12) and se > 0
+
+
+def test_window_estimate_overflow_in_the_covariance_is_undefined_quietly():
+    """Finite window means whose covariance overflows: no SE, so "undefined" (nan, nan, n kept), no warning."""
+    est = window_estimate([1e300, -0.5e300], [1.0, 1.0])
+    assert est.state == "undefined" and not est.ok and est.n == 2
+    assert math.isnan(est.value) and math.isnan(est.se)
+    for g, t in (([1e308, 1e308], [1.0, 1.0]), ([math.inf, -math.inf], [1.0, 1.0])):  # the means overflow / nan
+        est = window_estimate(g, t)
+        assert est.state == "undefined" and math.isnan(est.value) and est.n == 2
+
+
+def test_window_estimate_short_window_matches_hand_delta_method():
+    """window_b_simple's last entries use only the measurements inside the window, with the hand-computed SE."""
+    small = np.array([9.0, 7.0, 8.0, 6.5, 7.5])
+    big = np.array([3.0, 2.0, 2.5, 2.2, 1.9])
+    b, B = 2, 8
+    g2 = [(B * y - b * x) / (B - b) for x, y in zip(small, big, strict=True)]
+    tr = [(x - y) / (1 / b - 1 / B) for x, y in zip(small, big, strict=True)]
+    value, se = window_b_simple([10, 20, 30, 40, 50], small, big, b, B, window=25)
+    assert math.isnan(value[0]) and math.isnan(se[0])  # one measurement: warming
+    for i in range(1, 5):
+        lo = max(0, i - 2)  # steps in (s - 25, s]: this one and up to two before
+        r, s = _delta_se_by_hand(g2[lo : i + 1], tr[lo : i + 1])
+        assert value[i] == pytest.approx(r, rel=1e-12) and se[i] == pytest.approx(s, rel=1e-10)
+
+
+def test_window_b_simple_accepts_unsigned_steps():
+    """Steps stored as unsigned integers give the same result as int steps (no wrap-around of step - window)."""
+    small, big = [9.0, 7.0, 8.0, 6.5], [3.0, 2.0, 2.5, 2.2]
+    want = window_b_simple([1, 2, 3, 4], small, big, 2, 8, window=100)
+    got = window_b_simple(np.array([1, 2, 3, 4], dtype=np.uint32), small, big, 2, 8, window=100)
+    assert np.isfinite(want[0][1:]).all()
+    np.testing.assert_array_equal(got[0], want[0])
+    np.testing.assert_array_equal(got[1], want[1])
+    with pytest.raises(ValueError, match=r"strictly increasing"):
+        window_b_simple(np.array([2, 1], dtype=np.uint32), [9.0, 7.0], [3.0, 2.0], 2, 8, window=100)
+
+
+def test_gns_window_drops_a_step_whose_trace_overflowed():
+    """|G|^2 finite but tr(Sigma) = inf (b close to B): the measurement is not added to the window."""
+    w = GNSWindow(window=50)
+    w.update(1, 1e300, 0.0, 1e6, 1e6 + 1)
+    assert w.state_dict()["g2"] == [] and w.estimate.n == 0
