@@ -333,3 +333,17 @@ def test_bin_examples_must_be_even_and_at_least_two() -> None:
         cfg = TrialConfig(timestep_bins=2, gns_every=0, gns_bin_examples=n)
         with pytest.raises(ValueError, match=f"^per-bin GNS needs an even number >= 2 of examples per bin, got {n}$"):
             BinGNS(cfg, Toy(), FakeData(), make_scheduler(), 0, 1, CPU, contextlib.nullcontext)
+
+
+def test_measure_with_two_ranks_sums_their_tables(monkeypatch) -> None:
+    """``W = 2`` in this process: a stand-in ``all_reduce`` adds rank 1's table to rank 0's (what gloo does, as
+    ``test_gns_collection.py``'s spawned ``W = 2`` test checks for real), and rank 0 then logs every bin, the same
+    numbers as a ``W = 1`` measurement."""
+    step = 6
+    rank1 = _bin_gns(8, bins=5, rank=1, world=2).local_stats(step)
+
+    def all_reduce(t: torch.Tensor) -> None:
+        t += rank1  # in place, like torch.distributed.all_reduce (SUM)
+
+    monkeypatch.setattr(torch.distributed, "all_reduce", all_reduce)
+    assert _bin_gns(8, bins=5, rank=0, world=2).measure(step) == _bin_gns(8, bins=5).measure(step)
