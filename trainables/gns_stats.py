@@ -49,16 +49,16 @@ class LocalGradNormHook:
     DDP calls the hook once per gradient bucket, only on the micro-step that synchronises (not inside
     ``no_sync()``), with the bucket holding this rank's accumulated gradient before any averaging. The
     hook adds ``|bucket|^2`` (float64) to an accumulator and then runs torch's default ``allreduce_hook``
-    (divide by world size, all-reduce), so training is unchanged. After the synchronising backward,
-    ``pop()`` gives ``|g_local|^2`` summed over buckets, i.e. over all parameters.
+    (divide by world size, all-reduce over the default group, the one the trial's DDP model uses), so training
+    is unchanged. After the synchronising backward, ``pop()`` gives ``|g_local|^2`` summed over buckets, i.e.
+    over all parameters.
 
     The caller converts it to ``|G_b|^2``: the bucket holds whatever backward produced, so divide by
     ``s^2`` for a loss multiplied by ``s`` (AMP loss scale; a ``1/A`` accumulation factor not applied to
     the loss, etc.). McCandlish et al. 2018, App. A.1.
     """
 
-    def __init__(self, process_group: dist.ProcessGroup | None = None) -> None:
-        self.process_group = process_group  # None: the default (WORLD) group
+    def __init__(self) -> None:
         self._acc: torch.Tensor | None = None  # float64 sum of squared bucket norms, on the bucket device
         self.buckets = 0  # buckets seen since the last pop()
 
@@ -75,7 +75,8 @@ class LocalGradNormHook:
         sq = torch.linalg.vector_norm(buf, dtype=torch.float64).square()
         state._acc = sq if state._acc is None else state._acc + sq
         state.buckets += 1
-        return allreduce_hook(state.process_group, bucket)  # divides buf in place: after the norm
+        # the default (WORLD) group: the trial's DDP model always uses it; divides buf in place, after the norm
+        return allreduce_hook(None, bucket)
 
     def pop(self) -> float:
         """Return and reset the accumulated local squared norm; raises if no bucket was reduced since."""

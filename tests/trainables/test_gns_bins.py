@@ -11,6 +11,7 @@ small enough that the check is several sigma.
 from __future__ import annotations
 
 import contextlib
+import copy
 from types import SimpleNamespace
 
 import numpy as np
@@ -22,7 +23,7 @@ from analysis import metrics as M
 from analysis.gns import from_subbatch_grads
 from trainables.config import TrialConfig
 from trainables.diffusion import make_scheduler, per_example_loss
-from trainables.gns_bins import BinGNS, draw_examples, sub_batch_sq_norms
+from trainables.gns_bins import BinGNS, draw_examples, measurement_key, sub_batch_sq_norms
 
 CLASSES, PIXELS, EXAMPLES = 12, 64, 24
 CPU = torch.device("cpu")
@@ -191,7 +192,7 @@ def test_state_dict_round_trip() -> None:
     c = _bin_gns(8, bins=3, gns_window=3)  # without the restored state: one measurement, no value yet
     assert M.per_bin(M.GNS_BIN_B_SIMPLE, 0) not in c.measure(5)
     assert M.per_bin(M.GNS_BIN_B_SIMPLE, 0) in b.measure(5)
-    with pytest.raises(ValueError):
+    with pytest.raises(ValueError, match="^per-bin GNS state has 3 bins, this trial 4$"):
         _bin_gns(8, bins=4).load_state_dict(a.state_dict())
     d = _bin_gns(8, bins=3, gns_window=3)
     d.load_state_dict(None)  # a checkpoint written with per-bin GNS off: empty windows
@@ -199,3 +200,150 @@ def test_state_dict_round_trip() -> None:
     e = _bin_gns(8, bins=3, gns_window=3)  # a checkpoint from before the window rule: empty windows
     e.load_state_dict({"num_bins": 3, "emas": [{"beta": 0.95, "steps": 4, "g2": 1.0, "trace": 2.0}] * 3})
     assert e.state_dict() == d.state_dict()
+
+
+# --------------------------------------------------------------------------------------------------------
+# draws, argument checks, autocast, unused parameters, exact float64 rows
+# --------------------------------------------------------------------------------------------------------
+
+
+class RecordingData(FakeData):
+    """``FakeData`` that remembers every training index asked for."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.seen: list[int] = []
+
+    def get(self, indices, split: str = "train"):
+        self.seen.extend(int(i) for i in np.asarray(indices))
+        return super().get(indices, split)
+
+
+def test_draws_cover_every_example_and_both_bin_edges() -> None:
+    data = RecordingData()
+    _, _, t, _ = draw_examples(data, 9, 2000, 250, 259, 0.3)
+    assert sorted(set(data.seen)) == list(range(EXAMPLES))  # index 0 and the last one included
+    assert sorted(set(t.tolist())) == list(range(250, 260))  # lo..hi inclusive
+    _, _, t, _ = draw_examples(data, 9, 5, 7, 7, 0.3)  # a one-timestep bin (K = T)
+    assert t.tolist() == [7] * 5
+
+
+def test_measurement_depends_on_the_seed() -> None:
+    one, again, two = (_bin_gns(8, bins=3, seed=s).local_stats(5) for s in (1, 1, 2))
+    assert torch.equal(one, again)
+    assert all(not torch.equal(one[k, :2], two[k, :2]) for k in range(3))  # every bin draws other examples
+    assert measurement_key(1, 5, 0) != measurement_key(2, 5, 0)
+
+
+def _explicit_group_norms(model, batch, b: int, ctx=contextlib.nullcontext) -> tuple[float, float]:
+    """``(|G_b|^2, |G_B|^2)`` from explicitly computed group gradients (``analysis.gns.from_subbatch_grads``)."""
+    params = list(model.parameters())
+    x, y, t, noise = batch
+    rows = []
+    for i in range(len(t) // b):
+        sl = slice(b * i, b * (i + 1))
+        with ctx():
+            losses = per_example_loss(model, make_scheduler(), x[sl], y[sl], t[sl], noise[sl])
+        grads = torch.autograd.grad(losses.mean(), params)
+        rows.append(torch.cat([g.reshape(-1).double() for g in grads]).numpy())
+    small, big, _, _ = from_subbatch_grads(np.stack(rows), [b] * len(rows))
+    return float(small), float(big)
+
+
+def test_sub_batch_norms_single_examples_and_bad_group_sizes() -> None:
+    model, data, sched = Toy(), FakeData(), make_scheduler()
+    params = list(model.parameters())
+    batch = draw_examples(data, 5, 3, 0, 999, 0.3)
+    small, big = sub_batch_sq_norms(model, params, sched, batch, 1, CPU)  # b = 1: three groups of one example
+    ref_small, ref_big = _explicit_group_norms(model, batch, 1)
+    assert small == pytest.approx(ref_small, rel=1e-12) and big == pytest.approx(ref_big, rel=1e-12)
+    for n, b in ((5, 2), (4, 4), (4, 0)):  # a remainder, a single group, an empty group
+        batch = draw_examples(data, 5, n, 0, 999, 0.3)
+        msg = f"^need a batch of m >= 2 groups of b examples, got {n} examples and b={b}$"
+        with pytest.raises(ValueError, match=msg):
+            sub_batch_sq_norms(model, params, sched, batch, b, CPU)
+
+
+class LinToy(nn.Module):
+    """A float32 linear epsilon-model (CPU autocast runs ``nn.Linear`` in bfloat16); ``unused``: a trainable
+    parameter the loss never touches (its gradient is zero)."""
+
+    def __init__(self, unused: bool = False) -> None:
+        super().__init__()
+        gen = torch.Generator().manual_seed(11)
+        self.lin = nn.Linear(PIXELS, PIXELS)
+        self.emb = nn.Embedding(CLASSES + 1, PIXELS)
+        with torch.no_grad():
+            self.lin.weight.copy_(0.1 * torch.randn(PIXELS, PIXELS, generator=gen))
+            self.lin.bias.copy_(torch.randn(PIXELS, generator=gen))
+            self.emb.weight.copy_(torch.randn(CLASSES + 1, PIXELS, generator=gen))
+        if unused:
+            self.unused = nn.Parameter(torch.ones(5))
+
+    def forward(self, xt, timestep, class_labels):
+        pred = self.lin(xt.flatten(1)) + self.emb(class_labels)  # (n, D)
+        return SimpleNamespace(sample=pred.reshape(xt.shape))
+
+
+def _bf16():
+    return torch.autocast("cpu", dtype=torch.bfloat16)
+
+
+def test_sub_batch_norms_use_the_given_autocast_and_none_runs_float32() -> None:
+    model, sched = LinToy(), make_scheduler()
+    params = list(model.parameters())
+    batch = draw_examples(FakeData(), 77, 8, 0, 999, 0.3)
+    x, y, t, noise = batch
+    ref = _explicit_group_norms(copy.deepcopy(model).double(), (x.double(), y, t, noise.double()), 4)  # float64
+    plain = sub_batch_sq_norms(model, params, sched, batch, 4, CPU)  # autocast=None: float32 (CPU autocast off)
+    assert plain == pytest.approx(ref, rel=1e-6)
+    bf16 = sub_batch_sq_norms(model, params, sched, batch, 4, CPU, _bf16)
+    assert bf16 == pytest.approx(_explicit_group_norms(model, batch, 4, _bf16), rel=1e-6)  # the same bf16 pass
+    assert all(abs(v / r - 1) > 1e-4 for v, r in zip(bf16, ref, strict=True))  # and bf16 really changed them
+
+
+def test_unused_trainable_parameter_counts_as_zero_gradient() -> None:
+    model, sched = LinToy(unused=True), make_scheduler()
+    batch = draw_examples(FakeData(), 78, 8, 0, 999, 0.3)
+    used = [p for name, p in model.named_parameters() if name != "unused"]
+    with_unused = sub_batch_sq_norms(model, list(model.parameters()), sched, batch, 4, CPU)
+    assert with_unused == pytest.approx(sub_batch_sq_norms(model, used, sched, batch, 4, CPU), rel=1e-12)
+
+
+def test_local_stats_rows_are_the_float64_norms_of_the_keyed_draws_under_the_trial_autocast() -> None:
+    """Each bin's row is exactly (``==``) ``sub_batch_sq_norms`` of its keyed draw run under the autocast the trial
+    gave, stored in float64; ``measure`` logs the same numbers."""
+    n, step = 8, 3
+    cfg = TrialConfig(timestep_bins=3, gns_every=1, gns_bin_examples=n, class_dropout=0.3, seed=4)
+    gns = BinGNS(cfg, LinToy(unused=True), FakeData(), make_scheduler(), 0, 1, CPU, _bf16)
+    stats = gns.local_stats(step)
+    assert stats.dtype == torch.float64
+    logged = gns.measure(step)
+    for k, (lo, hi) in enumerate(gns.bins):
+        batch = draw_examples(gns.data, measurement_key(4, step, k), n, lo, hi, 0.3)
+        small, big = sub_batch_sq_norms(gns.model, gns.params, gns.scheduler, batch, n // 2, CPU, _bf16)
+        assert stats[k].tolist() == [small, big, n // 2, n]
+        assert (logged[M.per_bin(M.GNS_BIN_G2_SMALL, k)], logged[M.per_bin(M.GNS_BIN_G2_BIG, k)]) == (small, big)
+        assert (small, big) != sub_batch_sq_norms(gns.model, gns.params, gns.scheduler, batch, n // 2, CPU)
+
+
+def test_bin_examples_must_be_even_and_at_least_two() -> None:
+    assert _bin_gns(2, bins=2).local_stats(1)[:, 2:].tolist() == [[1, 2], [1, 2]]  # two halves of one example
+    for n in (1, 3):  # gns_every=0 skips the config's own check: BinGNS checks again
+        cfg = TrialConfig(timestep_bins=2, gns_every=0, gns_bin_examples=n)
+        with pytest.raises(ValueError, match=f"^per-bin GNS needs an even number >= 2 of examples per bin, got {n}$"):
+            BinGNS(cfg, Toy(), FakeData(), make_scheduler(), 0, 1, CPU, contextlib.nullcontext)
+
+
+def test_measure_with_two_ranks_sums_their_tables(monkeypatch) -> None:
+    """``W = 2`` in this process: a stand-in ``all_reduce`` adds rank 1's table to rank 0's (what gloo does, as
+    ``test_gns_collection.py``'s spawned ``W = 2`` test checks for real), and rank 0 then logs every bin, the same
+    numbers as a ``W = 1`` measurement."""
+    step = 6
+    rank1 = _bin_gns(8, bins=5, rank=1, world=2).local_stats(step)
+
+    def all_reduce(t: torch.Tensor) -> None:
+        t += rank1  # in place, like torch.distributed.all_reduce (SUM)
+
+    monkeypatch.setattr(torch.distributed, "all_reduce", all_reduce)
+    assert _bin_gns(8, bins=5, rank=0, world=2).measure(step) == _bin_gns(8, bins=5).measure(step)

@@ -135,5 +135,48 @@ def test_local_grad_norm_hook_matches_explicit_gradients(world: int, tmp_path: P
 
 
 def test_register_rejects_plain_module() -> None:
-    with pytest.raises(TypeError):
+    with pytest.raises(TypeError, match="^expected a DistributedDataParallel model, got Linear$"):
         LocalGradNormHook().register(nn.Linear(2, 2))  # type: ignore[arg-type]
+
+
+def test_pop_before_any_bucket_names_the_fix() -> None:
+    hook = LocalGradNormHook()
+    with pytest.raises(RuntimeError, match=r"^no gradient bucket was all-reduced since the last pop\(\): call it"):
+        hook.pop()
+    with pytest.raises(RuntimeError, match=r"the backward of a synchronising micro-step \(outside no_sync\(\)\)$"):
+        hook.pop_tensor()
+
+
+def test_hook_counts_each_bucket_once_in_float64(tmp_path: Path) -> None:
+    """One synchronising backward on a one-rank gloo group (in this process): ``buckets`` equals the number of times
+    DDP called the comm hook (counted by a wrapping hook, so DDP's bucketing is not assumed), the accumulated norm is
+    a float64 tensor equal to the float64 ``|grad|^2``, and ``pop`` resets both; a ``no_sync`` backward adds nothing."""
+    dist.init_process_group("gloo", init_method=rendezvous(tmp_path), rank=0, world_size=1)
+    try:
+        ddp = DistributedDataParallel(_model(), bucket_cap_mb=1e-4)  # tiny buckets: several per backward
+        hook = LocalGradNormHook()
+        calls = []
+
+        def counting(state, bucket):  # no annotations: DDP checks them at runtime (this file has string annotations)
+            calls.append(bucket.index())
+            return LocalGradNormHook._hook(state, bucket)
+
+        ddp.register_comm_hook(state=hook, hook=counting)
+        gen = torch.Generator().manual_seed(3)
+        for _ in range(2):  # the second backward runs after DDP's bucket rebuild
+            x, y = torch.randn(MICRO, 8, generator=gen), torch.randn(MICRO, 4, generator=gen)
+            ddp.zero_grad(set_to_none=True)
+            with ddp.no_sync():
+                nn.functional.mse_loss(ddp(x), y).backward()
+            assert hook.buckets == 0 and not calls
+            ddp.zero_grad(set_to_none=True)
+            nn.functional.mse_loss(ddp(x), y).backward()
+            assert len(calls) >= 1 and hook.buckets == len(calls)
+            value = hook.pop_tensor()
+            assert value.dtype == torch.float64 and value.ndim == 0
+            grads = [p.grad.double() for p in ddp.module.parameters()]  # W = 1: the average is the local gradient
+            assert float(value) == pytest.approx(float(sum((g**2).sum() for g in grads)), rel=1e-6)
+            assert hook.buckets == 0
+            calls.clear()
+    finally:
+        dist.destroy_process_group()
