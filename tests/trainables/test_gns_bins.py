@@ -347,3 +347,16 @@ def test_measure_with_two_ranks_sums_their_tables(monkeypatch) -> None:
 
     monkeypatch.setattr(torch.distributed, "all_reduce", all_reduce)
     assert _bin_gns(8, bins=5, rank=0, world=2).measure(step) == _bin_gns(8, bins=5).measure(step)
+
+
+def test_measurement_keys_are_private_per_bin_and_disjoint_from_training_keys() -> None:
+    """Each (seed, step, bin) measurement has its own generator, and no measurement key equals a training step's
+    key (``randomness.step_key``) or an epoch permutation's (``mix(seed, STREAM_EPOCH, epoch)``): the per-bin GNS
+    never reuses the examples or noise of training."""
+    from trainables.randomness import STREAM_EPOCH, mix, step_key
+
+    seeds, steps, bins = range(3), range(12), range(10)
+    gns = {measurement_key(s, t, k) for s in seeds for t in steps for k in bins}
+    assert len(gns) == len(seeds) * len(steps) * len(bins)  # bins of one measurement draw independently
+    training = {step_key(s, t) for s in seeds for t in steps} | {mix(s, STREAM_EPOCH, e) for s in seeds for e in steps}
+    assert not gns & training
