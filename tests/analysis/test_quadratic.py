@@ -150,3 +150,5 @@ def test_simulate_sweep_overflow_between_sparse_evaluations_is_a_silent_divergen
     runs = q.simulate_sweep(one, one, one, [1], [1e3, 1e-3], max_steps=400, eval_every=200)  # warnings are errors
     assert list(runs.status) == [m.STATUS_DIVERGED, m.STATUS_BUDGET_SPENT]
     assert _last_rows(runs)[0] == (200, np.inf)
+    runs = q.simulate_sweep(one, one, one, [1], [1e3], max_steps=120, eval_every=60)  # |θ_60| ~ 1e180: θ² overflows
+    assert list(runs.status) == [m.STATUS_DIVERGED] and _last_rows(runs)[0] == (60, np.inf)
