@@ -213,3 +213,22 @@ def test_a_coordinate_at_rest_without_noise_stays_at_rest_at_any_lr() -> None:
         want.append(0.5 * float((h * mm).sum()))
         mm = (1 - h) ** 2 * mm + c / 2.0
     np.testing.assert_allclose(q.expected_loss_curve(h, c, m0, 1.0, 2.0, 400), want, rtol=1e-12)
+
+
+def test_steps_to_target_finds_a_narrow_dip_on_the_256_point_grid() -> None:
+    # a fast coordinate decays (tau ~ 50 steps) while a noisy slow one fills up (tau ~ 5000): E L dips near t = 312 and
+    # rises again; a target 1e-4 above the minimum is below E L only at steps 311..314, which the 256-point geometric
+    # grid of 1..10000 hits (grids of 50 or 257 points, or from 2, would not: the crossing would be missed, inf)
+    h, c, m0, lr = np.array([1.0, 0.01]), np.array([0.0, 40.0]), np.array([1.0, 0.0]), 0.01
+    mm, curve = m0.copy(), []
+    for _ in range(10_001):
+        curve.append(0.5 * float((h * mm).sum()))
+        mm = (1 - lr * h) ** 2 * mm + lr**2 * c
+    curve = np.array(curve)
+    target = curve.min() * (1 + 1e-4)
+    below = np.flatnonzero(curve <= target)
+    assert (below[0], below[-1]) == (311, 314)
+    assert min(curve[310], curve[315]) > curve.min() * (1 + 1.5e-4)  # clear of the target
+    t = below[0]
+    want = t - 1 + (curve[t - 1] - target) / (curve[t - 1] - curve[t])
+    assert q.expected_steps_to_target(h, c, m0, lr, 1.0, target, 10_000) == pytest.approx(want, rel=1e-9)
