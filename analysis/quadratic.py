@@ -62,7 +62,9 @@ def _loss_at(
         flat = np.isclose(r, 1.0, rtol=0.0, atol=1e-15)
         m_star = np.where(flat, 0.0, q / np.where(flat, 1.0, 1.0 - r))
         decay = np.exp(t3 * np.log(np.maximum(r, 1e-300)))  # r**t, with 0**0 = 1
-        m = np.where(flat, m3 + t3 * q, m_star + decay * (m3 - m_star))  # (n, d, T)
+        # m0 == m* (e.g. a coordinate at rest without noise, m0 = c = 0) stays there even where r > 1: 0·inf is 0
+        rest = np.where(m3 == m_star, 0.0, decay * (m3 - m_star))
+        m = np.where(flat, m3 + t3 * q, m_star + rest)  # (n, d, T)
         loss = 0.5 * ((w * h)[None, :, None] * m).sum(axis=1)  # (n, T)
     return np.where(np.isfinite(loss), loss, np.inf)
 

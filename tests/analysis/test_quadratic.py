@@ -113,3 +113,42 @@ def test_simulate_sweep_stop_rules():
         assert (runs.status[i] == m.STATUS_REACHED_TARGET and v <= 0.3) or (
             runs.status[i] == m.STATUS_BUDGET_SPENT and step == 300
         )
+
+
+def _last_rows(runs):
+    s = runs.series(m.EVAL_LOSS)
+    return {int(t): (int(st), v) for t, st, v in zip(s.trial, s.step, s.value, strict=True)}
+
+
+def test_simulate_sweep_budget_defaults_and_table_columns():
+    one = np.ones(1)  # lr 5: |1 - lr h| = 4, diverged within the first 7 steps; lr 1e-3 runs out the default budget
+    runs = q.simulate_sweep(one, one, one, [4], [1e-3, 5.0], eval_every=7)
+    assert list(runs.status) == [m.STATUS_BUDGET_SPENT, m.STATUS_DIVERGED] and runs.source == "nqm-simulated"
+    s = runs.series(m.EVAL_LOSS)
+    steps = s.step[s.trial == 0]
+    np.testing.assert_array_equal(steps, np.r_[np.arange(0, 2000, 7), 2000])  # every 7th step and the last one
+    assert _last_rows(runs)[1][0] == 7
+    ex = runs.metrics.column("examples").to_numpy()
+    np.testing.assert_array_equal(ex, runs.metrics.column("step").to_numpy() * 4)
+    again = q.simulate_sweep(one, one, one, [4], [1e-3, 5.0], eval_every=7, seed=0)  # the default seed is 0
+    np.testing.assert_array_equal(runs.metrics.column("value").to_numpy(), again.metrics.column("value").to_numpy())
+
+
+def test_simulate_sweep_stop_thresholds_are_inclusive_noise_free():
+    one, zero = np.ones(1), np.zeros(1)  # c = 0: the loss is 0.5 (1 - lr)^(2t) exactly
+    runs = q.simulate_sweep(one, zero, one, [1], [3.0, 4.2], max_steps=10)  # x4 then x16; x10.24 per step
+    assert list(runs.status) == [m.STATUS_DIVERGED] * 2
+    assert [_last_rows(runs)[i][0] for i in (0, 1)] == [2, 1]  # default factor 10: 4 is not above it, 10.24 is
+    runs = q.simulate_sweep(one, zero, one, [1], [3.0], max_steps=10, divergence_factor=4.0)
+    assert _last_rows(runs)[0][0] == 2  # exactly 4 x the first loss is not divergence
+    runs = q.simulate_sweep(one, zero, one, [1], [0.5], max_steps=10, target_loss=0.125)  # 0.5, 0.125, ...
+    assert list(runs.status) == [m.STATUS_REACHED_TARGET] and _last_rows(runs)[0] == (1, 0.125)
+
+
+def test_simulate_sweep_overflow_between_sparse_evaluations_is_a_silent_divergence():
+    one = np.ones(1)  # lr 1e3 overflows float64 within ~100 steps, before the evaluation at step 200
+    runs = q.simulate_sweep(one, one, one, [1], [1e3, 1e-3], max_steps=400, eval_every=200)  # warnings are errors
+    assert list(runs.status) == [m.STATUS_DIVERGED, m.STATUS_BUDGET_SPENT]
+    assert _last_rows(runs)[0] == (200, np.inf)
+    runs = q.simulate_sweep(one, one, one, [1], [1e3], max_steps=120, eval_every=60)  # |θ_60| ~ 1e180: θ² overflows
+    assert list(runs.status) == [m.STATUS_DIVERGED] and _last_rows(runs)[0] == (60, np.inf)
