@@ -130,3 +130,20 @@ def test_streams_are_pinned() -> None:
     assert mix(2**64 - 1, 2**40) == 9094843591424651083
     assert epoch_permutation(0, 0, 12).tolist() == [3, 11, 5, 8, 0, 1, 4, 2, 10, 7, 9, 6]
     assert epoch_permutation(5, 3, 12).tolist() == [1, 9, 10, 6, 8, 2, 11, 5, 0, 7, 3, 4]
+
+
+def test_step_draws_depend_on_the_seed_and_the_step() -> None:
+    """Every (seed, step) has its own training draws: another step or another seed gives other timesteps, uniforms
+    and noise; the same (seed, step) the same ones. Training keys are distinct over a grid and disjoint from the
+    epoch-permutation keys."""
+    from trainables.randomness import STREAM_EPOCH, mix, step_draws, step_key
+
+    def draws(seed, step):
+        return step_draws(seed, step, 16, (2, 3, 3), 1000)
+
+    base = draws(0, 5)
+    assert all(torch.equal(a, b) for a, b in zip(base, draws(0, 5), strict=True))
+    for other in (draws(0, 6), draws(1, 5)):
+        assert all(not torch.equal(a, b) for a, b in zip(base, other, strict=True))
+    keys = {step_key(s, t) for s in range(4) for t in range(50)}
+    assert len(keys) == 200 and not keys & {mix(s, STREAM_EPOCH, e) for s in range(4) for e in range(50)}
