@@ -147,3 +147,13 @@ def test_step_draws_depend_on_the_seed_and_the_step() -> None:
         assert all(not torch.equal(a, b) for a, b in zip(base, other, strict=True))
     keys = {step_key(s, t) for s in range(4) for t in range(50)}
     assert len(keys) == 200 and not keys & {mix(s, STREAM_EPOCH, e) for s in range(4) for e in range(50)}
+
+
+def test_step_timesteps_cover_the_whole_range() -> None:
+    """Timesteps are uniform over 0..T-1: with T = 2 and 256 draws both 0 and 1 appear (a draw from 1..T-1 would
+    never train the least noisy timestep)."""
+    from trainables.randomness import step_draws
+
+    t, u, _ = step_draws(0, 3, 256, (1,), 2)
+    assert set(t.tolist()) == {0, 1} and t.dtype == torch.int64
+    assert 0.0 <= float(u.min()) and float(u.max()) < 1.0
