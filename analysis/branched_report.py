@@ -22,15 +22,33 @@ JSON_FILE, REPORT_FILE, PLOT_FILE = "bcrit.json", "report.md", "branched.png"
 
 
 def settings(runs: Runs) -> dict:
-    """The study's analysis settings from its directory (``{}`` when not saved there)."""
-    path = Path(runs.source) / branched.SETTINGS_FILE if runs.source else None
-    if path is None or not path.is_file():
-        return {}
-    try:
-        saved = json.loads(path.read_text())
-    except ValueError:
-        raise RunsTableError(f"{path}: not valid JSON; delete it to analyse with the default settings") from None
+    """The study's analysis settings from its directory (``{}`` when not saved there), or, for a study read from
+    MLflow, from the parent run's artifact of the same name (an error when it has none)."""
+    if runs.source.startswith("mlflow:"):
+        saved = _mlflow_settings(runs)
+    else:
+        path = Path(runs.source) / branched.SETTINGS_FILE if runs.source else None
+        if path is None or not path.is_file():
+            return {}
+        try:
+            saved = json.loads(path.read_text())
+        except ValueError:
+            raise RunsTableError(f"{path}: not valid JSON; delete it to analyse with the default settings") from None
     return {k: saved[k] for k in ("epsilons", "compare", "window", "delta") if k in saved}
+
+
+def _mlflow_settings(runs: Runs) -> dict:
+    from mlflow.tracking import MlflowClient
+
+    client = MlflowClient(runs.tracking_uri)
+    try:
+        text = client.download_artifacts(runs.parent_run_id, branched.SETTINGS_FILE)
+        return json.loads(Path(text).read_text())
+    except Exception:  # noqa: BLE001 - absent artifact (MLflow raises several types) or bad JSON
+        raise RunsTableError(
+            f"MLflow run {runs.parent_run_id} holds a branched study without its settings "
+            f"(artifact {branched.SETTINGS_FILE}); analyse its directory instead: bcrit analyze STUDY_DIR"
+        ) from None
 
 
 def analyze(runs: Runs, out_dir: str | Path | None = None, *, bootstrap: int = 200, seed: int = 0, plots=True) -> dict:

@@ -222,6 +222,7 @@ def _tables_from_runs(client, kids: list) -> tuple[pa.Table, pa.Table]:
         tid = tags.get("trial_id") or r.info.run_name or r.info.run_id
         try:
             ints = {k: int(p[k]) for k in _INT_PARAMS}
+            ints["num_workers"] = max(1, ints["num_workers"])  # 0 = in-process: one worker, as in trials.parquet
             lr = float(p["lr"])
         except KeyError as e:
             raise RunsTableError(f"MLflow run {r.info.run_id} ({tid}): missing param {e.args[0]!r}") from None
@@ -249,8 +250,23 @@ def _tables_from_runs(client, kids: list) -> tuple[pa.Table, pa.Table]:
                 rows["metric"].append(key)
                 rows["value"].append(float(h.value))
                 rows["wall_time"].append((h.timestamp - start) / 1000.0)
-    trials = trials_table({**cols, **extra})
+    trials = trials_table({**cols, **_branch_columns(extra)})
     return trials, metrics_table(rows)
+
+
+_BRANCH_PARAMS = {"parent_trial_id": str, "branch_step": int, "k": float}  # logged as params extra.<name>
+
+
+def _branch_columns(extra: dict[str, list]) -> dict[str, list]:
+    """A branched study's child params ``extra.parent_trial_id``, ``extra.branch_step``, ``extra.k`` as the typed
+    trials columns ``bcrit branch`` writes to ``trials.parquet`` (null on the reference's row)."""
+    if "extra.parent_trial_id" not in extra:
+        return extra
+    out = {k: v for k, v in extra.items() if k.removeprefix("extra.") not in _BRANCH_PARAMS}
+    for name, cast in _BRANCH_PARAMS.items():
+        values = extra.get(f"extra.{name}", [None] * len(extra["extra.parent_trial_id"]))
+        out[name] = [None if v in (None, "None", "") else cast(v) for v in values]
+    return out
 
 
 def runs_from_tables(trials: pa.Table, metrics: pa.Table, source: str = "") -> Runs:

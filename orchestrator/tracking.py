@@ -141,8 +141,18 @@ class MLflowTracking(Callback):
         params = [p for p in params if p.key not in logged]  # an adopted run may hold some already
         for i in range(0, len(params), MAX_PARAMS):
             self.client.log_batch(self.parent_id, params=params[i : i + MAX_PARAMS])
+        self._log_study_settings()
         self._write_parent_file({"sweep_uid": uid, "run_id": self.parent_id})
         return self.parent_id
+
+    def _log_study_settings(self) -> None:
+        """A branched study's analysis settings (the file ``bcrit branch`` writes before its first trial) as an
+        artifact of the parent run, so that ``bcrit analyze --mlflow-experiment`` reads the same settings."""
+        from analysis.branched import SETTINGS_FILE
+
+        path = os.path.join(self.sweep_dir, SETTINGS_FILE)
+        if os.path.isfile(path):
+            self.client.log_artifact(self.parent_id, path)
 
     def _read_parent_file(self) -> dict:
         path = os.path.join(self.sweep_dir, PARENT_FILE)
