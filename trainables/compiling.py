@@ -16,6 +16,7 @@ from __future__ import annotations
 import torch
 
 from trainables.config import ConfigError
+from trainables.exc_chain import exception_in_chain
 
 BACKEND = "inductor"  # torch.compile's default; tests of the checkpoint layout swap in "eager" (no code generation)
 
@@ -65,22 +66,14 @@ def compile_model(model: torch.nn.Module, device: torch.device) -> torch.nn.Modu
 
 def compile_failure_in(exc: BaseException) -> CompileError | None:
     """The torch.compile failure behind ``exc`` -- raised directly, chained, or inside Ray Train's wrappers of a
-    worker's exception (as `trainables.data.dataset_error_in` walks them) -- as one CompileError line, else None."""
+    worker's exception (`trainables.exc_chain`) -- as one CompileError line, else None."""
     from torch._dynamo.exc import BackendCompilerFailed
     from torch._inductor.exc import CppCompileError, InductorError, InvalidCxxCompiler
 
-    kinds = (BackendCompilerFailed, InductorError, CppCompileError, InvalidCxxCompiler)
-    seen, todo = set(), [exc]
-    while todo:
-        e = todo.pop()
-        if e is None or id(e) in seen:
-            continue
-        seen.add(id(e))
-        if isinstance(e, kinds):
-            inner = getattr(e, "inner_exception", None) or e  # BackendCompilerFailed wraps what the backend raised
-            lines = [ln.strip() for ln in str(inner).splitlines() if ln.strip()]
-            why = f"{type(inner).__name__}: {lines[0][:200]}" if lines else type(inner).__name__
-            return CompileError(f"torch.compile failed on this machine ({why}); set compile: false")
-        todo += [e.__cause__, e.__context__, getattr(e, "_base_exc", None), getattr(e, "cause", None)]
-        todo += list(getattr(e, "worker_failures", {}).values())
-    return None
+    e = exception_in_chain(exc, (BackendCompilerFailed, InductorError, CppCompileError, InvalidCxxCompiler))
+    if e is None:
+        return None
+    inner = getattr(e, "inner_exception", None) or e  # BackendCompilerFailed wraps what the backend raised
+    lines = [ln.strip() for ln in str(inner).splitlines() if ln.strip()]
+    why = f"{type(inner).__name__}: {lines[0][:200]}" if lines else type(inner).__name__
+    return CompileError(f"torch.compile failed on this machine ({why}); set compile: false")

@@ -20,6 +20,8 @@ from importlib import resources
 import numpy as np
 import torch
 
+from trainables.exc_chain import exception_in_chain
+
 DIGITS_SPLIT_SEED = 20181214  # fixed: the held-out set must not move with the trial seed
 LATENT_SHAPE = (1, 4, 32, 32)
 
@@ -29,20 +31,9 @@ class DatasetError(ValueError):
 
 
 def dataset_error_in(exc: BaseException) -> DatasetError | None:
-    """The `DatasetError` behind ``exc``, if any: raised directly, chained, or inside Ray Train's wrappers of a
-    worker's exception (``worker_failures``, ``UserExceptionWithTraceback``), so a bad file met by a worker
-    mid-training still reaches the user as its one line."""
-    seen, todo = set(), [exc]
-    while todo:
-        e = todo.pop()
-        if e is None or id(e) in seen:
-            continue
-        seen.add(id(e))
-        if isinstance(e, DatasetError):
-            return e
-        todo += [e.__cause__, e.__context__, getattr(e, "_base_exc", None), getattr(e, "cause", None)]
-        todo += list(getattr(e, "worker_failures", {}).values())
-    return None
+    """The `DatasetError` behind ``exc``, if any (`trainables.exc_chain`: chained or inside Ray Train's wrappers of
+    a worker's exception), so a bad file met by a worker mid-training still reaches the user as its one line."""
+    return exception_in_chain(exc, DatasetError)
 
 
 @dataclass(frozen=True)
