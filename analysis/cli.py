@@ -1,10 +1,11 @@
 """``bcrit analyze``: runs → ``bcrit.json``, plots and ``report.md`` (and MLflow artifacts of the parent run).
 
 ``bcrit analyze SWEEP_DIR|--mlflow-experiment NAME [--metric eval/loss] [--targets a,b,..] [--bootstrap N]
-[--seed S] [--no-mlflow] --out DIR``. User mistakes print one line ``bcrit analyze: error: ...`` and exit with
-status 2, before any compute (output directory, tracking store and parent run are checked first). Outputs are
-written to a private directory and moved into ``--out`` file by file (``os.replace``): a killed run leaves no
-partial file, and two runs on one sweep both finish with whole, identical files.
+[--seed S] [--no-mlflow] [--out DIR]`` (default ``SWEEP_DIR/analysis``). User mistakes print one line
+``bcrit analyze: error: ...`` and exit with status 2, before any compute (output directory, tracking store and
+parent run are checked first). Outputs are written to a private directory and moved into ``--out`` file by file
+(``os.replace``): a killed run leaves no partial file, and two runs on one sweep both finish with whole, identical
+files.
 """
 
 from __future__ import annotations
@@ -19,6 +20,7 @@ import tempfile
 from analysis import metrics as m
 
 PROG = "bcrit analyze"
+DEFAULT_OUT = "analysis"  # SWEEP_DIR/analysis when --out is not given
 
 
 class UsageError(ValueError):
@@ -47,7 +49,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--seed", type=int, default=0, help="seed of the bootstrap resampling")
     p.add_argument("--no-plots", action="store_true", help="write bcrit.json and report.md only")
     p.add_argument("--no-mlflow", action="store_true", help="do not log the results to the sweep's MLflow run")
-    p.add_argument("--out", required=True, help="output directory (files replaced atomically)")
+    p.add_argument("--out", help="output directory, files replaced atomically (default: SWEEP_DIR/analysis)")
 
 
 def register(subparsers) -> argparse.ArgumentParser:
@@ -152,9 +154,14 @@ def check_metric(runs, metric: str, targets: list[float] | None) -> None:
 def _run(args: argparse.Namespace) -> int:
     from analysis import loaders, report
     from analysis.mlflow_uri import check_tracking_uri
+    from analysis.plots import ANSWER_PNG
 
     if (args.sweep_dir is None) == (args.mlflow_experiment is None):
         raise UsageError("give exactly one of SWEEP_DIR or --mlflow-experiment NAME")
+    if args.out is None:
+        if args.sweep_dir is None:
+            raise UsageError("--mlflow-experiment needs --out DIR: where to write the results")
+        args.out = os.path.join(args.sweep_dir, DEFAULT_OUT)
     targets = None if args.targets is None else parse_targets(args.targets)
     if args.bootstrap < 0:
         raise UsageError(f"--bootstrap must be >= 0, got {args.bootstrap}")
@@ -193,6 +200,11 @@ def _run(args: argparse.Namespace) -> int:
             f"logged to MLflow run {parent}: B_crit per target as metrics (b_crit/<target>, ...), the table "
             "analysis/headline.json, the report analysis/report.html"
         )
+    print("\n".join(report.answer_lines(result)))  # the answer last, where a user looks first
+    print(f"report: {os.path.abspath(os.path.join(args.out, 'report.html'))}")
+    figure = os.path.join(args.out, ANSWER_PNG)
+    if os.path.exists(figure):
+        print(f"figure: {os.path.abspath(figure)}")
     return 0
 
 

@@ -5,7 +5,9 @@
 - ``steps_vs_batch.png``: steps-to-target vs batch size with the perfect-scaling line ``S ∝ 1/B``;
 - ``bcrit_vs_target.png``: ``B_crit`` vs target loss with the bootstrap band;
 - ``bins.png``: per timestep bin, ``B_crit`` and ``B_simple`` vs target side by side;
-- ``gns_training.png``: re-smoothed ``B_simple`` over training, globally and per bin.
+- ``gns_training.png``: re-smoothed ``B_simple`` over training, globally and per bin;
+- ``answer.png``: the answer (`answer`): steps vs B at the trustworthy targets with B_crit and its interval, and
+  per timestep bin B_crit with its interval beside B_simple at one common point of training.
 
 Flagged targets (``analysis.flags``) are drawn hollow with dashed fits and "(flagged)" in the legend; points
 with a flag of their own (``lr_at_edge``, ``coarse_steps``, ``near_floor``) get a black cross; a censored batch
@@ -20,6 +22,8 @@ import numpy as np
 
 from analysis import gns_view
 from analysis.loaders import Runs
+
+ANSWER_PNG = "answer.png"  # the one figure that shows the answer (analysis.answer)
 
 
 def _figure(ncols: int = 1, width: float = 6.4, height: float = 4.6):
@@ -183,6 +187,59 @@ def gns_training(result: dict, runs: Runs, path: Path, window: int | None = None
     return path
 
 
+def answer(result: dict, path: Path) -> Path | None:
+    """The answer in one figure (analysis.answer): left, steps-to-target vs batch size at the trustworthy targets
+    with the fitted ``S_min + E_min/B`` and B_crit (dotted) with its interval (shaded); right, per timestep bin at
+    the common point of training, B_crit with its interval beside B_simple, and the global B_crit there."""
+    from analysis.trust import headline
+
+    head = headline(result["targets"])
+    if not head:
+        return None
+    ans = result.get("answer") or {}
+    fig, (a0, a1) = _figure(ncols=2)
+    level = int(round(100 * result.get("bootstrap", {}).get("level", 0.9)))
+    for t, c in zip(head, _colors(len(head)), strict=True):
+        b = np.array([p["batch_size"] for p in t["points"]], dtype=float)
+        s = np.array([p["steps"] for p in t["points"]])
+        a0.scatter(b, s, color=c, zorder=3, label=f"{result['metric']} {t['target']:.4g}: B_crit {t['b_crit']:.3g}")
+        bb = np.geomspace(b.min(), b.max(), 200)
+        a0.plot(bb, t["s_min"] + t["e_min"] / bb, color=c, lw=1.2)
+        a0.axvline(t["b_crit"], color=c, ls=":", lw=1)
+        lo, hi = t["b_crit_ci"]
+        if lo is not None and hi is not None:
+            a0.axvspan(lo, hi, color=c, alpha=0.12, lw=0)
+    a0.set(xscale="log", yscale="log", xlabel="batch size B (examples per step)", ylabel="steps to target (steps)")
+    a0.set_title(f"Steps to target vs B; fit S_min + E_min/B; B_crit dotted, {level}% interval shaded", fontsize=9)
+    a0.legend(fontsize=7)
+    bins = [b for b in ans.get("bins", []) if b["entry"] is not None]
+    if bins:
+        x = np.arange(len(bins))
+        bc = np.array([b["entry"]["b_crit"] for b in bins])
+        ci = np.array([[np.nan if v is None else v for v in b["entry"]["b_crit_ci"]] for b in bins], dtype=float)
+        flagged = np.array([bool(b["entry"]["flags"]) for b in bins])
+        err = np.abs(np.stack([bc - ci[:, 0], ci[:, 1] - bc]))
+        a1.errorbar(x[~flagged], bc[~flagged], yerr=err[:, ~flagged], fmt="o", color="C0", capsize=4,
+                    label=f"B_crit ({level}% interval)")  # fmt: skip
+        if flagged.any():
+            a1.errorbar(x[flagged], bc[flagged], yerr=err[:, flagged], fmt="o", mfc="none", color="C0", capsize=4,
+                        label="B_crit (flagged)")  # fmt: skip
+        bs = np.array([np.nan if b["entry"].get("b_simple") is None else b["entry"]["b_simple"] for b in bins])
+        if np.isfinite(bs).any():
+            a1.scatter(x, bs, marker="s", color="C3", zorder=3, label="B_simple at the crossing (median)")
+        glob = next((t for t in head if t["target"] == ans.get("at_target")), None)
+        if glob is not None:
+            a1.axhline(glob["b_crit"], color="0.4", ls="--", lw=1, label=f"global B_crit {glob['b_crit']:.3g}")
+        a1.set_xticks(x, [f"bin {b['bin']}\nt={b['timesteps'][0]}-{b['timesteps'][1]}" for b in bins], fontsize=8)
+        a1.set(yscale="log", ylabel="batch size (examples per step)")
+        a1.set_title(f"Per timestep bin where {result['metric']} reaches {ans['at_target']:.4g}", fontsize=9)
+        a1.legend(fontsize=7)
+    else:
+        a1.set_visible(False)
+    fig.savefig(path, dpi=110)
+    return path
+
+
 def make_all(result: dict, runs: Runs, out: Path, gns_window: int | None = None) -> list[Path]:
     """Write every plot that the result has data for; return the paths."""
     paths = [
@@ -193,4 +250,5 @@ def make_all(result: dict, runs: Runs, out: Path, gns_window: int | None = None)
     if result["bins"]:
         paths.append(bins(result, out / "bins.png"))
     g = gns_training(result, runs, out / "gns_training.png", gns_window)
-    return paths + ([g] if g is not None else [])
+    a = answer(result, out / ANSWER_PNG)
+    return ([a] if a is not None else []) + paths + ([g] if g is not None else [])

@@ -4,7 +4,8 @@
   viewer with its plots embedded; the PNGs render on their own);
 - the headline per target as **metrics** (targets with no flags only, i.e. the trustworthy ones):
   ``b_crit/<target>``, ``b_crit_lo/<target>``, ``b_crit_hi/<target>``, ``s_min/<target>``, ``e_min/<target>``,
-  and the same per timestep bin prefixed ``bin<k>/``;
+  and the same per timestep bin prefixed ``bin<k>/``, and for the answer's bins (analysis.answer: each bin at the
+  point of training where the global loss reaches the answer's target) prefixed ``answer/bin<k>/``;
 - the headline as an **MLflow table** (``log_table``: the UI renders it), every target with its ``flags``;
 - the report's first lines (title, source, the B_crit table) as the run's **description**.
 
@@ -39,6 +40,9 @@ def _entries(result: dict):
     for b in result.get("bins", []):
         for t in b.get("targets", []):
             yield f"bin {b['bin']}", f"bin{b['bin']}/", b.get("timesteps"), t
+    for b in (result.get("answer") or {}).get("bins", []):  # each bin where the global loss reaches at_target
+        if b.get("entry") is not None:
+            yield f"bin {b['bin']} (answer)", f"answer/bin{b['bin']}/", b.get("timesteps"), b["entry"]
 
 
 def _finite(x) -> float | None:

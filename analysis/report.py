@@ -16,8 +16,8 @@ from pathlib import Path
 
 import numpy as np
 
+from analysis import answer, gns_view, pareto
 from analysis import flags as fl
-from analysis import gns_view, pareto
 from analysis import metrics as m
 from analysis.band import bands_between
 from analysis.bins import timestep_bins
@@ -54,16 +54,17 @@ def analyze_metric(
     "b_crit_refined", "points", "censored", "censored_batch_sizes", "unreached_batch_sizes"}``.
 
     ``flags`` (names from :mod:`analysis.flags`; empty = trustworthy) say why a number should not be taken at
-    face value. ``strict``: a target with fewer than 3 known batch sizes raises
-    :class:`pareto.TooFewBatchSizesError`; otherwise it is skipped with a line in ``notes``.
+    face value. ``strict``: a given target with fewer than 3 known batch sizes raises
+    :class:`pareto.TooFewBatchSizesError`; otherwise (and for automatic targets: the lowest can fall below where
+    trials stopped at the sweep's own target) it is skipped with a line in ``notes``.
     """
     series = runs.series(metric)
     n = len(runs.trial_ids)
     ok, bs = usable(runs), runs.batch_size
     if len(series.trial) == 0:
         raise pareto.TooFewBatchSizesError(f"no trial reported {metric!r} (have {runs.metric_names()[:8]})")
-    if targets is None:
-        targets = list(pareto.auto_targets(bs, ok, *final_losses(series, n), n=n_targets))
+    if targets is None:  # automatic targets: one that too few batch sizes reach is skipped with a note, not fatal
+        targets, strict = list(pareto.auto_targets(bs, ok, *final_losses(series, n), n=n_targets)), False
     steps = steps_to_target(series, n, targets)  # (T, n)
     steps[:, ~ok] = np.nan
     last, spacing = trial_extent(series, n)
@@ -160,6 +161,7 @@ def analyze(
             continue
         gns_view.attach_b_simple(runs, tg, k, gns_window)
         result["bins"].append({"bin": k, "timesteps": list(ranges[k]), "targets": tg})
+    result["answer"] = answer.build(runs, result, analyze_metric, kw, gns_window)
     result["excluded"] = excluded_counts(runs)
     result["n_trials"] = len(runs.trial_ids)
     result["bootstrap"] = {"replicates": bootstrap, "level": level, "seed": seed}
@@ -211,6 +213,7 @@ def render_markdown(result: dict, pngs: list[str]) -> str:
     lines = [
         f"# Critical batch size: `{result['metric']}`",
         "",
+        *([f"- {a}" for a in answer_lines(result)] + [""] if head else []),
         f"Source: `{result['source']}` · {result['n_trials']} trials · excluded: "
         + ", ".join(f"{v} {k}" for k, v in ex.items())
         + f" · bootstrap: {result['bootstrap']['replicates']} replicates, {level} interval.",
@@ -302,6 +305,38 @@ def summary_lines(result: dict) -> list[str]:
         out.append(f"headline: B_crit {vals} ({len(head)} of {len(result['targets'])} targets trustworthy)")
     else:
         out.append("headline: no trustworthy target (every target is flagged; see report.md and the README's flags)")
+    return out
+
+
+def answer_lines(result: dict) -> list[str]:
+    """The answer to both halves of the question (analysis.answer): global B_crit with intervals at the
+    trustworthy targets, then B_crit and B_simple per timestep bin at one common point of training, then the
+    sentence. Empty when no target is trustworthy (the headline line says so)."""
+    ans = result.get("answer") or {}
+    head = headline(result["targets"])
+    if not head:
+        return []
+    level = f"{100 * result.get('bootstrap', {}).get('level', 0.9):.0f}%"
+    over = head[0].get("ci_resamples", "trials")
+    vals = "; ".join(
+        f"{short_num(t['b_crit'])} [{short_num(t['b_crit_ci'][0])}, {short_num(t['b_crit_ci'][1])}] at "
+        f"{result['metric']} {t['target']:.4g}"
+        for t in head
+    )
+    out = [f"answer: B_crit = {vals}  ({level} intervals over {over})"]
+    if ans.get("bins"):
+        cells = []
+        for b in ans["bins"]:
+            e, (lo, hi) = b["entry"], b["timesteps"]
+            if e is None:
+                cells.append(f"t={lo}-{hi}: not reached by 3 batch sizes")
+                continue
+            ci = f"[{short_num(e['b_crit_ci'][0])}, {short_num(e['b_crit_ci'][1])}]"
+            flag = f" FLAGGED: {', '.join(e['flags'])}" if e["flags"] else ""
+            cells.append(f"t={lo}-{hi}: B_crit {short_num(e['b_crit'])} {ci}, B_simple {short_num(e.get('b_simple'))}"
+                         f"{flag}")  # fmt: skip
+        out.append(f"per timestep bin, where {result['metric']} reaches {ans['at_target']:.4g}: " + "; ".join(cells))
+        out.append(ans["sentence"])
     return out
 
 

@@ -169,21 +169,15 @@ def reference_id(sweep_dir: str) -> str | None:
         return f.read().strip() or None
 
 
-def local_cpus(configs: list[dict]) -> int:
-    from orchestrator.sweep import trial_need
-
-    biggest = max(trial_need(c)["CPU"] for c in configs)
-    return int(max(2 * (os.cpu_count() or 1), 2 * biggest))
-
-
 def run_study(spec: BranchSpec, resume: bool = False) -> tuple[str, list]:
     """Both phases through Ray Tune. Returns (reference trial id, the branches' ResultGrid)."""
     from analysis import metrics as M
+    from orchestrator.sweep import ray_cpus
     from orchestrator.tables import RunsTables
     from trainables.trial import ensure_ray
 
     ref_cfg, branch_cfgs = check_branch_spec(spec)
-    ensure_ray(num_cpus=local_cpus([ref_cfg, *branch_cfgs]))
+    ensure_ray(num_cpus=ray_cpus([ref_cfg, *branch_cfgs]))
     if os.environ.get("RAY_ADDRESS"):
         import ray
 

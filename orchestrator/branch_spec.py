@@ -134,7 +134,7 @@ class BranchSpec:
         return {
             **self._common(),
             "batch_size": self.b0,
-            **dataclasses.asdict(self.ref_split),
+            **self.ref_split.config(),
             "lr": self.lr0,
             "seed": self.ref_seed,
             "max_steps": max(self.points),
@@ -158,7 +158,7 @@ class BranchSpec:
         cfg = {
             **self._common(),
             "batch_size": b,
-            **dataclasses.asdict(self.branch_split(k)),
+            **self.branch_split(k).config(),
             "lr": self.lr0 * lr_factor(self.lr_rule, k),
             "seed": seed,
             "max_steps": steps,

@@ -7,7 +7,8 @@ scientific:                       # the variable under study: effective batch si
   batch_sizes: [16, 32, 64, 128]
   splits: [{grad_accum: 1, num_workers: 0}]  # every B runs these; micro_batch_size = B / (A x W) when omitted
   per_batch_size:                 # replaces `splits` for one B (add accumulation / multi-worker variants)
-    64: [{grad_accum: 1, num_workers: 0}, {grad_accum: 2, num_workers: 0}, {grad_accum: 1, num_workers: 2}]
+    64: [{grad_accum: 1, num_workers: 0}, {grad_accum: 2, num_workers: 0}, {grad_accum: 1, num_workers: 2, lr: 2.0e-3}]
+                                  # lr (grid search): run that split at these grid values only (a cheaper check)
   use_gpu: false
   cpus_per_worker: 1
 nuisance:                         # re-tuned per batch size
@@ -15,7 +16,8 @@ nuisance:                         # re-tuned per batch size
   lr: [2.0e-3, 6.0e-3]            # optuna: {low: 1.0e-4, high: 1.0e-2} (log scale)
   trials_per_batch_size: 8        # optuna only
 fixed: {preset: tiny, dataset: digits, seeds: [0], eval_every: 10}   # any other trial-config keys
-stopping: {target_loss: 0.2, max_steps: 100, divergence_factor: 3.0}
+                                  # eval_every may be {batch size: steps} (one per batch size)
+stopping: {target_loss: 0.2, max_steps: 100, divergence_factor: 3.0}   # max_steps may be {batch size: steps}
 tracking: {mlflow_uri: null, experiment: bcrit}   # null: $MLFLOW_TRACKING_URI, else sqlite in the sweep dir
 storage: ./runs/tiny
 ```
@@ -24,7 +26,6 @@ Every mistake raises one `UserError` line naming the key and the fix.
 
 from __future__ import annotations
 
-import dataclasses
 import itertools
 import os
 from dataclasses import dataclass, field
@@ -50,6 +51,12 @@ OWNED = {
     "seed": "fixed.seeds",
 }
 WORKLOADS = ("dit", "quadratic")
+# fixed keys that may be given per batch size ({batch size: value}): the evaluation cadence, so that every batch size
+# has >= 10 evaluations before its crossing (flag coarse_steps) without evaluating the small, slow ones every step
+PER_BATCH_SIZE_FIXED = ("eval_every",)
+# stopping keys that may be given per batch size: the step budget, so that slow learning rates at large batch sizes
+# stop soon after the best known steps instead of running the small batch sizes' budget
+PER_BATCH_SIZE_STOPPING = ("max_steps",)
 SPEC_FILE = "sweep_spec.yaml"  # the resolved spec, saved in the sweep dir (what --resume reads)
 
 
@@ -60,9 +67,26 @@ class Split:
     micro_batch_size: int
     grad_accum: int
     num_workers: int
+    # grid search only: run this split at these learning rates of the grid only (None: at every grid point). A
+    # split variant checks that B, not its split, sets the result: one lr of the grid shows it at a fraction of
+    # the cost (a 2-worker trial costs ~10x an in-process one on a small machine: Ray Train's worker group)
+    lr: tuple[float, ...] | None = None
 
     def label(self) -> str:
         return f"{self.micro_batch_size}x{self.grad_accum}x{max(1, self.num_workers)}"
+
+    def config(self) -> dict[str, int]:
+        """The trial-config keys of the split."""
+        return {"micro_batch_size": self.micro_batch_size, "grad_accum": self.grad_accum,
+                "num_workers": self.num_workers}  # fmt: skip
+
+    def runs(self, point: dict[str, Any]) -> bool:
+        """Whether this split runs at grid point ``point``."""
+        return self.lr is None or any(_same(point.get("lr"), x) for x in self.lr)
+
+
+def _same(a: Any, b: float) -> bool:
+    return isinstance(a, (int, float)) and abs(float(a) - b) <= 1e-12 * max(abs(b), 1e-300)
 
 
 @dataclass(frozen=True)
@@ -89,10 +113,13 @@ class SweepSpec:
     def base_config(self, batch_size: int, split: Split, seed: int) -> dict[str, Any]:
         """The trial-config dict of one (batch size, split, seed) before the nuisance values are filled in."""
         return {
-            **self.fixed,
-            **{k: v for k, v in self.stopping.items() if v is not None},
+            **{
+                k: v[batch_size] if k in PER_BATCH_SIZE_FIXED and isinstance(v, dict) else v
+                for k, v in self.fixed.items()
+            },  # fmt: skip
+            **{k: v[batch_size] if isinstance(v, dict) else v for k, v in self.stopping.items() if v is not None},
             "batch_size": batch_size,
-            **dataclasses.asdict(split),
+            **split.config(),
             "use_gpu": self.use_gpu,
             "cpus_per_worker": self.cpus_per_worker,
             "seed": seed,
@@ -113,15 +140,17 @@ class SweepSpec:
         """All trial-config dicts of a grid sweep; for optuna, one representative per group and nuisance corner
         (low and high ends of every range), which is what validation needs."""
         points = self.grid_points() or self._optuna_corners()
-        return [{**self.base_config(b, s, seed), **p} for b, s, seed in self.groups() for p in points]
+        return [{**self.base_config(b, s, seed), **p} for b, s, seed in self.groups() for p in points if s.runs(p)]
 
     def _optuna_corners(self) -> list[dict[str, Any]]:
         ends = [list(v) if isinstance(v, tuple) else [v] for v in self.nuisance.values()]
         return [dict(zip(self.nuisance, vals, strict=True)) for vals in itertools.product(*ends)]
 
     def num_trials(self) -> int:
-        per_group = len(self.grid_points()) if self.search == "grid" else self.trials_per_batch_size
-        return len(self.groups()) * per_group  # optuna: one study per group (batch size x split x seed)
+        if self.search == "grid":
+            points = self.grid_points()
+            return sum(sum(1 for p in points if s.runs(p)) for _b, s, _seed in self.groups())
+        return len(self.groups()) * self.trials_per_batch_size  # one study per group (batch size x split x seed)
 
     def to_yaml(self) -> str:
         import yaml
@@ -174,12 +203,20 @@ def parse_spec(data: dict, *, sweep_dir: str | None = None, source: str = "spec"
     for key, where in OWNED.items():
         if key in fixed:
             raise UserError(f"fixed.{key} is set by {where}; move it there")
+    for key in PER_BATCH_SIZE_FIXED:
+        if isinstance(fixed.get(key), dict):
+            fixed[key] = _per_batch_size(fixed[key], batch_sizes, f"fixed.{key}")
+    stop = dict(stop)
+    for key in PER_BATCH_SIZE_STOPPING:
+        if isinstance(stop.get(key), dict):
+            stop[key] = _per_batch_size(stop[key], batch_sizes, f"stopping.{key}")
     seeds = fixed.pop("seeds", [0])
     seeds = [seeds] if isinstance(seeds, int) else seeds
     if not isinstance(seeds, list) or not seeds or not all(isinstance(s, int) and s >= 0 for s in seeds):
         raise UserError(f"fixed.seeds must be a non-negative integer or a list of them, got {seeds!r}")
 
     search, nuisance, trials_per_b = _nuisance(nui)
+    _check_split_lrs(splits, search, nuisance)
     name = name.strip()
     storage = data.get("storage")
     storage = os.path.join("runs", name) if storage is None else storage
@@ -267,7 +304,7 @@ def _splits(v: Any, where: str) -> list[tuple[dict, str]]:
         raise UserError(f"{where} must be a non-empty list like [{{grad_accum: 1, num_workers: 0}}]")
     out = []
     for i, s in enumerate(v):
-        _keys(s, SPLIT_KEYS, f"{where}[{i}]")
+        _keys(s, (*SPLIT_KEYS, "lr"), f"{where}[{i}]")
         out.append((s, f"{where}[{i}]"))
     return out
 
@@ -290,7 +327,43 @@ def _resolve_split(b: int, s: dict, where: str) -> Split:
             f"{where}: micro_batch_size {micro} x grad_accum {a} x workers {max(1, w)} = {micro * per} != "
             f"batch size {b}; fix the split or drop micro_batch_size to derive it"
         )
-    return Split(micro, a, w)
+    lr = s.get("lr")
+    if lr is not None:
+        lr = [lr] if isinstance(lr, (int, float)) and not isinstance(lr, bool) else lr
+        if not isinstance(lr, list) or not lr or not all(isinstance(x, (int, float)) and x > 0 for x in lr):
+            raise UserError(f"{where}.lr must be a learning rate of nuisance.lr or a list of them, got {s['lr']!r}")
+        lr = tuple(float(x) for x in lr)
+    return Split(micro, a, w, lr)
+
+
+def _per_batch_size(v: dict, batch_sizes: list[int], where: str) -> dict[int, Any]:
+    """``{batch size: value}`` covering every batch size of the sweep (keys may be strings of integers)."""
+    out = {}
+    for k, x in v.items():
+        if not str(k).isdigit() or int(k) not in batch_sizes:
+            raise UserError(
+                f"{where}.{k} is not in scientific.batch_sizes {batch_sizes}; use those batch sizes as keys"
+            )
+        out[int(k)] = x
+    missing = [b for b in batch_sizes if b not in out]
+    if missing:
+        raise UserError(f"{where} has no value for batch size {missing[0]}; give one per batch size, or one number")
+    return out
+
+
+def _check_split_lrs(splits: dict[int, tuple[Split, ...]], search: str, nuisance: dict[str, Any]) -> None:
+    """A split's ``lr`` subset: grid search only, and every value one of ``nuisance.lr``."""
+    for b, ss in splits.items():
+        for s in ss:
+            if s.lr is None:
+                continue
+            where = f"the lr of split {s.label()} at batch size {b}"
+            if search != "grid":
+                raise UserError(f"{where}: a split's lr subset needs search: grid; drop it for optuna")
+            grid = nuisance.get("lr")
+            missing = [x for x in s.lr if not any(_same(g, x) for g in grid)]
+            if missing:
+                raise UserError(f"{where}: {missing[0]:g} is not in nuisance.lr {grid}; use values of the grid")
 
 
 def _nuisance(nui: dict) -> tuple[str, dict[str, Any], int]:

@@ -135,6 +135,14 @@ def local_cpus(spec: SweepSpec | None = None) -> int:
     return max(4, 2 * (os.cpu_count() or 1))
 
 
+def ray_cpus(configs: list[dict]) -> int:
+    """Logical CPUs for an embedded local Ray that runs these trials two at a time (`max_concurrent`): twice the
+    largest trial's need, at least twice this machine's cores. On 2 cores a sweep with a 2-worker trial (1 driver +
+    2 workers) gets 6, so two trials run at once -- one per core -- instead of one after the other."""
+    biggest = max((trial_need(c)["CPU"] for c in configs), default=1.0)
+    return int(max(2 * (os.cpu_count() or 1), 2 * biggest))
+
+
 # --- the Tuner ---------------------------------------------------------------------------------------------------
 def _trainable(spec: SweepSpec, worker_failures: int, verbose: bool = False):
     from ray import tune
@@ -372,11 +380,15 @@ def local_resources(spec: SweepSpec) -> dict[str, float]:
     return {"CPU": float(local_cpus(spec)), "GPU": float(torch.cuda.device_count())}
 
 
-def start_ray(spec: SweepSpec) -> None:
-    """``RAY_ADDRESS`` if set, else a local Ray sized for the spec (trainables.trial.ensure_ray)."""
+def start_ray(spec: SweepSpec, verbose: bool = False) -> None:
+    """``RAY_ADDRESS`` if set, else a local Ray sized for the spec (trainables.trial.ensure_ray); without
+    ``verbose``, Ray's known-harmless log lines are kept out of the terminal (orchestrator.ray_logs)."""
+    from orchestrator.ray_logs import filter_driver_logs
     from trainables.trial import ensure_ray
 
-    ensure_ray(num_cpus=local_cpus(spec))
+    ensure_ray(num_cpus=max(local_cpus(spec), ray_cpus(spec.trial_configs())), quiet=not verbose)
+    if not verbose:
+        filter_driver_logs()
 
 
 # --- output ------------------------------------------------------------------------------------------------------
@@ -415,7 +427,7 @@ def quiet_driver_logs(verbose: bool) -> None:
 def sweep(path: str, overrides: list[str] | None = None, *, resume: bool = False, verbose: bool = False):
     """Load, validate, run (or resume) a sweep; returns (spec, ResultGrid, wall seconds)."""
     spec = restore_spec(path) if os.path.isdir(path) else load_spec(path, overrides)
-    start_ray(spec)
+    start_ray(spec, verbose)
     t0 = time.perf_counter()
     tuner = restore_tuner(spec, verbose=verbose) if resume else build_tuner(spec, verbose=verbose)
     results = run(tuner, spec)

@@ -107,7 +107,7 @@ def _run(spec, resume: bool, verbose: bool = False) -> int:
     # validate before anything starts: against the local Ray we would start, or the cluster at RAY_ADDRESS
     configs = check_spec(spec, None if os.environ.get("RAY_ADDRESS") else local_resources(spec))
     resume = plan_start(spec, resume)
-    start_ray(spec)
+    start_ray(spec, verbose)
     if os.environ.get("RAY_ADDRESS"):
         configs = check_spec(spec)
     print(

@@ -186,21 +186,26 @@ def build_trainer(
     )
 
 
-def ensure_ray(num_cpus: int | None = None) -> None:
+def ensure_ray(num_cpus: int | None = None, quiet: bool = False) -> None:
     """Connect to ``RAY_ADDRESS`` when set, else start a local Ray (embedded default). On small machines the
-    logical CPUs are over-subscribed: each Tune driver takes a CPU besides its workers (REFERENCE.md)."""
+    logical CPUs are over-subscribed: each Tune driver takes a CPU besides its workers (REFERENCE.md). ``quiet``:
+    the driver's own Ray logger says only errors (not its start-up INFO and token-auth notice)."""
+    import logging
+
     import ray
 
     if ray.is_initialized():
         return
     os.environ.setdefault("RAY_TRAIN_HEALTH_CHECK_INTERVAL_S", "0.1")
+    level = logging.ERROR if quiet else logging.INFO
     if os.environ.get("RAY_ADDRESS"):
-        ray.init(address=os.environ["RAY_ADDRESS"], log_to_driver=True)
+        ray.init(address=os.environ["RAY_ADDRESS"], log_to_driver=True, logging_level=level)
     else:
         # address="local": start our own Ray even when another is running on this machine (a plain ray.init
         # would connect to it and then refuse num_cpus). The dashboard (127.0.0.1) serves the state API that
         # Ray Train's placement-group cleaner polls.
-        ray.init(address="local", num_cpus=num_cpus or max(4, (os.cpu_count() or 1) * 2), log_to_driver=True)
+        ray.init(address="local", num_cpus=num_cpus or max(4, (os.cpu_count() or 1) * 2), log_to_driver=True,
+                 logging_level=level)  # fmt: skip
 
 
 def run_trial(

@@ -252,3 +252,11 @@ def test_two_analyses_of_one_sweep_at_once(tracked, tmp_path):
 
     logged = {a.path for a in MlflowClient(uri).list_artifacts(parent, "analysis")}
     assert logged == {"analysis/bcrit.json", "analysis/report.md", "analysis/report.html", "analysis/headline.json"}
+
+
+def test_out_defaults_to_sweep_dir_analysis(tracked, capsys):
+    d, _uri, _parent = tracked
+    assert cli.main([str(d), "--bootstrap", "20", "--no-plots", "--no-mlflow"]) == 0
+    assert (d / "analysis" / "bcrit.json").exists()
+    assert cli.main(["--mlflow-experiment", "x", "--bootstrap", "20"]) == 2
+    assert "--mlflow-experiment needs --out DIR" in capsys.readouterr().err

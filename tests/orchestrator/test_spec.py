@@ -26,10 +26,16 @@ def dit_spec(tmp_path, **sections) -> dict:
 def test_tiny_example_expands_to_its_trials(tmp_path, no_ray_address):
     spec = load_spec(os.path.join(ROOT, "examples", "tiny.yaml"), [f"storage={tmp_path / 's'}"])
     configs = check_spec(spec, {"CPU": 6.0, "GPU": 0.0})
-    assert spec.num_trials() == len(configs) == 24  # 6 batch sizes x 3 lrs, plus two more splits of B=64 x 3 lrs
+    # 5 batch sizes x 4 lrs x 3 seeds, plus B=64 as 32x2 accumulation and 32x2 workers at lr 1e-2 x 3 seeds
+    assert spec.num_trials() == len(configs) == 5 * 4 * 3 + 2 * 3
     b64 = {(c["micro_batch_size"], c["grad_accum"], c["num_workers"]) for c in configs if c["batch_size"] == 64}
     assert b64 == {(64, 1, 0), (32, 2, 0), (32, 1, 2)}
-    assert {c["batch_size"] for c in configs} == {4, 8, 16, 32, 64, 128}
+    assert {c["batch_size"] for c in configs} == {8, 16, 32, 64, 128}
+    lrs = {b: sorted({c["lr"] for c in configs if c["batch_size"] == b}) for b in (8, 128)}
+    assert lrs == {8: [2.5e-3, 5e-3, 1e-2, 2e-2], 128: [5e-3, 1e-2, 2e-2, 4e-2]}
+    assert {(c["batch_size"], c["eval_every"], c["max_steps"]) for c in configs if c["seed"] == 0} == {
+        (8, 4, 200), (16, 3, 140), (32, 2, 110), (64, 2, 90), (128, 2, 80)
+    }  # fmt: skip
     assert spec.mlflow_uri == f"sqlite:///{tmp_path / 's' / 'mlflow.db'}"
 
 
@@ -138,3 +144,50 @@ def test_every_example_spec_loads(name, tmp_path):
         kind = yaml.safe_load(f).get("kind")
     spec = (load_branch_spec if kind == "branched" else load_spec)(path, [], sweep_dir=str(tmp_path / "s"))
     assert spec.name
+
+
+def test_split_lr_subset_runs_that_split_at_those_grid_points_only(tmp_path):
+    sci = {
+        "batch_sizes": [32, 64],
+        "per_batch_size": {64: [{"grad_accum": 1}, {"grad_accum": 2, "lr": 2e-3}, {"num_workers": 2, "lr": [1e-3]}]},
+    }
+    spec = parse_spec(dit_spec(tmp_path, scientific=sci, nuisance={"search": "grid", "lr": [1e-3, 2e-3, 4e-3]}))
+    got = sorted((c["batch_size"], c["grad_accum"], c["num_workers"], c["lr"]) for c in spec.trial_configs())
+    assert got == sorted(
+        [(32, 1, 0, lr) for lr in (1e-3, 2e-3, 4e-3)] + [(64, 1, 0, lr) for lr in (1e-3, 2e-3, 4e-3)]
+        + [(64, 2, 0, 2e-3), (64, 1, 2, 1e-3)]
+    )  # fmt: skip
+    assert spec.num_trials() == len(got) == 8
+    assert all("lr" not in s.config() for ss in spec.splits.values() for s in ss)
+
+
+@pytest.mark.parametrize(
+    ("split_lr", "nuisance", "message"),
+    [
+        (
+            5e-3,
+            {"search": "grid", "lr": [1e-3, 2e-3]},
+            "the lr of split 32x2x1 at batch size 64: 0.005 is not in nuisance.lr",
+        ),
+        ("fast", {"search": "grid", "lr": [1e-3]}, "must be a learning rate of nuisance.lr or a list of them"),
+        (1e-3, {"search": "optuna", "lr": {"low": 1e-4, "high": 1e-2}}, "a split's lr subset needs search: grid"),
+    ],
+)
+def test_split_lr_subset_bad_input(tmp_path, split_lr, nuisance, message):
+    sci = {"batch_sizes": [64], "per_batch_size": {64: [{"grad_accum": 1}, {"grad_accum": 2, "lr": split_lr}]}}
+    with pytest.raises(UserError, match=message):
+        parse_spec(dit_spec(tmp_path, scientific=sci, nuisance=nuisance))
+
+
+def test_per_batch_size_eval_every_and_max_steps(tmp_path):
+    spec = dit_spec(tmp_path, scientific={"batch_sizes": [16, 64], "splits": [{"grad_accum": 1}]})
+    spec["fixed"] = {**spec["fixed"], "eval_every": {16: 4, "64": 1}}
+    spec["stopping"] = {"max_steps": {16: 100, 64: 30}}
+    got = {(c["batch_size"], c["eval_every"], c["max_steps"]) for c in parse_spec(spec).trial_configs()}
+    assert got == {(16, 4, 100), (64, 1, 30)}
+    spec["fixed"]["eval_every"] = {16: 4}
+    with pytest.raises(UserError, match="fixed.eval_every has no value for batch size 64"):
+        parse_spec(spec)
+    spec["fixed"]["eval_every"] = {16: 4, 64: 1, 32: 2}
+    with pytest.raises(UserError, match=r"fixed.eval_every.32 is not in scientific.batch_sizes \[16, 64\]"):
+        parse_spec(spec)

@@ -1,0 +1,58 @@
+"""Known-harmless Ray log lines kept out of a sweep's terminal (``--verbose`` keeps them).
+
+Ray forwards every worker's stderr to the driver. Ray Train 2.60's controller logs one C++ error line per
+``TorchTrainer`` it starts -- ``core_worker.cc:... Actor with class name: 'PreemptionWatcher' ... has constructor
+arguments in the object store and max_restarts > 0`` (ray#53727) -- which a user reads as a failure of their
+trial; and the raylet warns that "N PYTHON worker processes have been started ... maximum expected startup
+concurrency" as the sweep starts trial actors and Train workers (ray#3644). Nothing is wrong (the trials run on);
+so the driver's log printer drops exactly these lines and nothing else. Ray's driver-side printer is a handler
+named ``ray_print_logs`` on its stream dispatcher (a private API: if it moves, nothing is filtered and the sweep
+runs as before).
+"""
+
+from __future__ import annotations
+
+import re
+
+# one pattern per known-harmless line, with the Ray issue that explains it
+HARMLESS = (
+    re.compile(r"Actor with class name: 'PreemptionWatcher' .* max_restarts > 0"),  # ray#53727
+    # the raylet counting the worker processes a sweep starts (trial actors, Train workers): ray#3644
+    re.compile(r"WARNING: \d+ PYTHON worker processes have been started on node: .* maximum expected startup"),
+)
+
+
+def is_harmless(line: str) -> bool:
+    return any(p.search(line) for p in HARMLESS)
+
+
+def drop_harmless(data: dict) -> dict | None:
+    """A log batch without the harmless lines; ``None`` when nothing is left to print."""
+    lines = [ln for ln in data.get("lines", []) if not is_harmless(ln)]
+    if not lines:
+        return None
+    return data if len(lines) == len(data.get("lines", [])) else {**data, "lines": lines}
+
+
+def filter_driver_logs() -> bool:
+    """Wrap Ray's driver-side log printer with :func:`drop_harmless` (once; after ``ray.init``). Returns whether
+    the printer was found and wrapped."""
+    try:
+        from ray._private.ray_logging import global_worker_stdstream_dispatcher as dispatcher
+    except ImportError:
+        return False
+    with dispatcher._lock:
+        for i, (name, handler) in enumerate(dispatcher.handlers):
+            if name == "ray_print_logs" and not getattr(handler, "_bcrit_filtered", False):
+
+                def filtered(data, _print=handler):
+                    kept = drop_harmless(data)
+                    if kept is not None:
+                        _print(kept)
+
+                filtered._bcrit_filtered = True
+                dispatcher.handlers[i] = (name, filtered)
+                return True
+            if name == "ray_print_logs":
+                return True
+    return False

@@ -1,0 +1,50 @@
+"""Ray's known-harmless log lines are dropped from a sweep's terminal, and nothing else is."""
+
+from ray._private.ray_logging import WorkerStandardStreamDispatcher
+
+from orchestrator import ray_logs
+
+NOISE = (
+    "[2026-11-25 03:10:44,495 E 4215 4272] core_worker.cc:2465: Actor with class name: 'PreemptionWatcher' and ID: "
+    "'f635659c8ec9a11209377f0b01000000' has constructor arguments in the object store and max_restarts > 0. If the "
+    "arguments in the object store go out of scope or are lost, the actor restart will fail. See "
+    "https://github.com/ray-project/ray/issues/53727 for more details."
+)
+REAL = "[2026-11-25 03:10:44,495 E 4215 4272] core_worker.cc:2465: Actor with class name: 'TrainWorker' died"
+
+
+def test_drop_harmless_keeps_every_other_line():
+    assert ray_logs.drop_harmless({"lines": [NOISE], "pid": 1}) is None
+    assert ray_logs.drop_harmless({"lines": [NOISE, REAL, "Traceback ..."], "pid": 1}) == {
+        "lines": [REAL, "Traceback ..."],
+        "pid": 1,
+    }
+    batch = {"lines": [REAL], "pid": 1}
+    assert ray_logs.drop_harmless(batch) is batch
+
+
+def test_filter_wraps_rays_printer_once(monkeypatch):
+    dispatcher = WorkerStandardStreamDispatcher()
+    printed = []
+    dispatcher.add_handler("other", lambda d: printed.append(("other", d["lines"])))
+    dispatcher.add_handler("ray_print_logs", lambda d: printed.append(("print", d["lines"])))
+    monkeypatch.setattr("ray._private.ray_logging.global_worker_stdstream_dispatcher", dispatcher)
+    assert ray_logs.filter_driver_logs()
+    assert ray_logs.filter_driver_logs()  # a second call does not wrap twice
+    dispatcher.emit({"lines": [NOISE]})
+    dispatcher.emit({"lines": [NOISE, REAL]})
+    assert printed == [("other", [NOISE]), ("other", [NOISE, REAL]), ("print", [REAL])]
+
+
+def test_filter_without_rays_printer(monkeypatch):
+    monkeypatch.setattr("ray._private.ray_logging.global_worker_stdstream_dispatcher", WorkerStandardStreamDispatcher())
+    assert not ray_logs.filter_driver_logs()
+
+
+def test_raylet_worker_count_warning_is_harmless():
+    line = (
+        "WARNING: 10 PYTHON worker processes have been started on node: 9050881b04c1 with address: 192.0.2.2, which "
+        "is 5x the maximum expected startup concurrency (2). This could be a result of using a large number of actors"
+    )
+    assert ray_logs.is_harmless(line)
+    assert not ray_logs.is_harmless("WARNING: the worker on node 9050881b04c1 died")
