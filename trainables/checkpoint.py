@@ -17,6 +17,7 @@ or a crafted file) is refused with `UnsafeCheckpoint`, nothing in it run. ``bcri
 
 from __future__ import annotations
 
+import collections
 import dataclasses
 import enum
 import os
@@ -67,7 +68,7 @@ def to_data(obj: Any, where: str = "state") -> Any:
         return to_data(dataclasses.asdict(obj), where)
     if isinstance(obj, Mapping):
         items = {k: to_data(v, f"{where}[{k!r}]") for k, v in obj.items()}
-        if all(items[k] is v for k, v in obj.items()) and type(obj) in (dict, _ordered_dict()):
+        if all(items[k] is v for k, v in obj.items()) and type(obj) in (dict, collections.OrderedDict):
             return obj
         return {(k.item() if isinstance(k, np.generic) else k): v for k, v in items.items()}
     if isinstance(obj, (list, tuple, set, frozenset)):
@@ -77,12 +78,6 @@ def to_data(obj: Any, where: str = "state") -> Any:
             return obj
         return tuple(out) if isinstance(obj, tuple) else out
     raise TypeError(f"checkpoint value {where} is a {type(obj).__name__}, which has no data form; store it as tensors")
-
-
-def _ordered_dict() -> type:
-    import collections
-
-    return collections.OrderedDict
 
 
 def rng_state() -> dict:

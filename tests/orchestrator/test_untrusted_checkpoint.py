@@ -225,7 +225,7 @@ def test_ray_train_worker_refuses_it(ckpt, tmp_path, marker, capsys, monkeypatch
     argv = ["train", str(cfg), "--storage", str(tmp_path / "runs"), "--name", "w1"]
     assert main(argv) == 0
     capsys.readouterr()
-    newest = sorted(glob.glob(str(tmp_path / "runs" / "w1" / "checkpoint_*")))[-1]
+    newest = sorted(p for p in glob.glob(str(tmp_path / "runs" / "w1" / "checkpoint_*")) if os.path.isdir(p))[-1]
     state = torch.load(os.path.join(newest, STATE_FILE), weights_only=True)
     state["payload"] = Payload(marker)
     torch.save(state, os.path.join(newest, STATE_FILE))
