@@ -301,6 +301,8 @@ def parse_branch_spec(data: dict, *, sweep_dir: str | None = None, source: str =
                 f"reference.checkpoints {checkpoints!r} has no checkpoint for branch point(s) {missing}; "
                 "branch only from kept steps"
             )
+        if workload == "dit":
+            _check_data_only(checkpoints, points)
     return BranchSpec(
         name=name,
         workload=workload,
@@ -373,3 +375,17 @@ def check_branch_spec(spec: BranchSpec, resources: dict | None = None) -> tuple[
             raise UserError(f"branch k={k:g} at step {p}: {e}") from None
         out.append(cfg.to_dict())
     return ref.to_dict(), out
+
+
+def _check_data_only(checkpoints: str, points) -> None:
+    """Every kept DiT checkpoint a branch starts from loads as data (trainables.checkpoint.read): a state holding
+    Python objects is refused here, before Ray starts, rather than in every branch trial."""
+    from trainables.checkpoint import STATE_FILE, UnsafeCheckpoint, read
+
+    for p in points:
+        path = os.path.join(branch_checkpoint(checkpoints, p), STATE_FILE)
+        if os.path.isfile(path):
+            try:
+                read(path, mmap=True)
+            except UnsafeCheckpoint as e:
+                raise UserError(f"reference.checkpoints: {e}") from None

@@ -35,6 +35,7 @@ def build_parser() -> argparse.ArgumentParser:
         "orchestrator.probe_cmd",
         "orchestrator.branch_cmd",
         "orchestrator.pack_cmd",
+        "orchestrator.migrate_cmd",
     ):
         try:
             mod = __import__(module, fromlist=["register"])

@@ -11,26 +11,38 @@ value minimised is the trainable's ``objective`` (steps to target; censored and 
 Ranges (spec ``nuisance.<name>: {low, high}``): ``lr`` and ``weight_decay`` log-uniform, ``beta2`` uniform,
 ``warmup_steps`` uniform integer (both ends included). Every group's TPE sampler gets the spec's
 ``nuisance.seed``, so the random start-up points coincide across groups (paired comparisons between batch sizes).
-``save``/``restore`` pickle the whole state (studies, sampler RNGs, quotas issued, trial -> group), which Tune
-writes with its experiment checkpoint. That file and Tune's trial list (``experiment_state-*.json``) are uploaded
-from the driver's staging directory one after the other by a background syncer, so a driver killed mid-upload can
-leave a searcher state older (or newer) than the trial list Tune restores: after restoring, the quotas are
-therefore recounted from the trials Tune actually restores (`reconcile`). ``Tuner.restore`` thus neither re-issues
-nor loses trials; a restored trial that the restored study never saw is told to it when it completes
-(``add_evaluated_point``), and one the study saw but Tune lost is simply never completed.
+**Search state as data** (docs/security.md): every group's study lives in Optuna's own journal storage, the file
+`SEARCH_FILE` in the sweep directory (``JournalStorage`` + ``JournalFileBackend``: one JSON line per operation,
+written as each trial is asked and told), and each suggestion's sampler is a fresh TPE sampler seeded from
+``(nuisance.seed, the trial's number in its study)``: what is suggested is a function of the seed and the stored
+history alone, so a resumed sweep continues exactly as an uninterrupted one would, with no sampler state to
+restore. ``save``/``restore`` (what Tune writes with its experiment checkpoint, under Tune's name
+``searcher-state-*.pkl``) hold JSON -- quotas issued, round-robin position, trial -> group -- never a pickle;
+``restore`` refuses a file that is not such JSON. Tune's trial list (``experiment_state-*.json``) and the searcher
+state are uploaded from the driver's staging directory one after the other by a background syncer, so a driver
+killed mid-upload can leave a searcher state older (or newer) than the trial list Tune restores: after restoring,
+the quotas are therefore recounted from the trials Tune actually restores (`reconcile`). ``Tuner.restore`` thus
+neither re-issues nor loses trials; a restored trial still running is found again in its study by its Tune trial
+id (a user attribute of the Optuna trial), and one the study never saw is told to it when it completes
+(``add_trial``); one the study saw but Tune lost is simply never completed.
 """
 
 from __future__ import annotations
 
 import json
-import pickle
+import logging
+import os
 from typing import Any
 
 from ray.tune.result import TRAINING_ITERATION
 from ray.tune.search import Searcher
-from ray.tune.search.optuna import OptunaSearch
 
 from orchestrator.tune_trainable import OBJECTIVE
+
+SEARCH_FILE = "optuna-journal.log"  # in the sweep directory: every group's study (Optuna's journal storage)
+TUNE_ID = "tune_trial_id"  # user attribute of an Optuna trial: the Tune trial it was suggested for
+STATE_FORMAT = "bcrit-grouped-optuna-search/2"  # the JSON searcher state (format 1 was a pickle)
+logger = logging.getLogger(__name__)
 
 LOG_SCALE = ("lr", "weight_decay")
 INT_PARAMS = ("warmup_steps",)
@@ -55,7 +67,8 @@ def startup_trials(trials_per_group: int) -> int:
 
 
 class GroupedOptunaSearch(Searcher):
-    """One TPE study per group; ``groups[i]`` is group i's fixed trial config (nuisance constants included)."""
+    """One TPE study per group; ``groups[i]`` is group i's fixed trial config (nuisance constants included).
+    ``storage_path``: the journal file holding the studies (None: in memory, for tests and tools)."""
 
     def __init__(
         self,
@@ -65,6 +78,7 @@ class GroupedOptunaSearch(Searcher):
         seed: int = 0,
         metric: str = OBJECTIVE,
         mode: str = "min",
+        storage_path: str | None = None,
     ):
         super().__init__(metric=metric, mode=mode)
         if not groups or not space or trials_per_group < 1:
@@ -73,7 +87,10 @@ class GroupedOptunaSearch(Searcher):
         self._space = dict(space)
         self._quota = trials_per_group
         self._seed = seed
-        self._searchers: list[OptunaSearch] | None = None  # built at the first suggestion (metric/mode final)
+        self._storage_path = storage_path
+        self._studies: list | None = None  # built at the first suggestion (metric/mode final), from the storage
+        self._open: dict[str, Any] = {}  # trial id -> its running optuna Trial
+        self._told: set[str] = set()  # trial ids whose result the storage holds already
         self._issued = [0] * len(groups)
         self._next = 0  # round-robin position
         self._group_of: dict[str, int] = {}  # trial id -> group index
@@ -81,11 +98,17 @@ class GroupedOptunaSearch(Searcher):
 
     @classmethod
     def from_spec(cls, spec) -> GroupedOptunaSearch:
-        """The searcher of an optuna ``SweepSpec``: ranges searched, constants fixed in every group."""
+        """The searcher of an optuna ``SweepSpec``: ranges searched, constants fixed in every group; the studies
+        in `SEARCH_FILE` of the sweep directory."""
         space = {k: v for k, v in spec.nuisance.items() if isinstance(v, tuple)}
         constants = {k: v for k, v in spec.nuisance.items() if not isinstance(v, tuple)}
         groups = [{**spec.base_config(b, s, seed), **constants} for b, s, seed in spec.groups()]
-        return cls(groups, space, spec.trials_per_batch_size, spec.search_seed)
+        path = os.path.join(spec.sweep_dir, SEARCH_FILE)
+        return cls(groups, space, spec.trials_per_batch_size, spec.search_seed, storage_path=path)
+
+    def __getstate__(self) -> dict:
+        """What Tune pickles into ``tuner.pkl``: the configuration, never open studies (they live in the storage)."""
+        return {**self.__dict__, "_studies": None, "_open": {}, "_told": set()}
 
     @property
     def total_trials(self) -> int:
@@ -95,31 +118,63 @@ class GroupedOptunaSearch(Searcher):
         """Trials suggested so far, per group."""
         return list(self._issued)
 
+    def studies(self) -> list:
+        """The groups' Optuna studies (built on first use)."""
+        if self._studies is None:
+            self._studies = self._build()
+        return self._studies
+
     def set_search_properties(self, metric: str | None, mode: str | None, config: dict, **spec) -> bool:
-        if self._searchers is not None:
+        if self._studies is not None:
             return False  # the studies exist: their direction can no longer change
         self._metric = metric or self._metric
         self._mode = mode or self._mode
         return True
 
-    def _build(self) -> list[OptunaSearch]:
+    def _build(self) -> list:
+        """Every group's study, created or loaded from the storage; its running trials found again by Tune id."""
         import optuna
+        from optuna.storages import InMemoryStorage, JournalStorage
+        from optuna.storages.journal import JournalFileBackend
 
         optuna.logging.set_verbosity(optuna.logging.WARNING)  # one "study created" line per group is noise
-        dists = distributions(self._space)
-        return [
-            OptunaSearch(
-                space=dists,
-                metric=self._metric,
-                mode=self._mode,
-                sampler=optuna.samplers.TPESampler(seed=self._seed, n_startup_trials=startup_trials(self._quota)),
-            )
-            for _ in self._groups
-        ]
+        if self._storage_path:
+            os.makedirs(os.path.dirname(os.path.abspath(self._storage_path)), exist_ok=True)
+            storage = JournalStorage(JournalFileBackend(self._storage_path))
+        else:
+            storage = InMemoryStorage()
+        direction = "minimize" if self._mode == "min" else "maximize"
+        studies = []
+        for i in range(len(self._groups)):
+            name = f"group-{i}"
+            study = optuna.create_study(
+                storage=storage, study_name=name, direction=direction, pruner=optuna.pruners.NopPruner(),
+                sampler=self._sampler(0), load_if_exists=True,
+            )  # fmt: skip
+            study_id = storage.get_study_id_from_name(name)
+            for t in study.get_trials(deepcopy=False):
+                tune_id = t.user_attrs.get(TUNE_ID)
+                if tune_id is None:
+                    continue
+                if t.state == optuna.trial.TrialState.RUNNING:
+                    trial_id = storage.get_trial_id_from_study_id_trial_number(study_id, t.number)
+                    self._open[tune_id] = optuna.trial.Trial(study, trial_id)
+                else:
+                    self._told.add(tune_id)
+            studies.append(study)
+        return studies
+
+    def _sampler(self, number: int):
+        """The TPE sampler of the study's trial ``number``: seeded from (seed, number), so a suggestion depends on
+        the seed and the stored history only. The same seed in every group: random start-up points coincide."""
+        import numpy as np
+        import optuna
+
+        seed = int(np.random.SeedSequence([self._seed, number]).generate_state(1)[0])
+        return optuna.samplers.TPESampler(seed=seed, n_startup_trials=startup_trials(self._quota))
 
     def suggest(self, trial_id: str) -> dict | str | None:
-        if self._searchers is None:
-            self._searchers = self._build()
+        studies = self.studies()
         n = len(self._groups)
         for k in range(n):
             i = (self._next + k) % n
@@ -130,23 +185,41 @@ class GroupedOptunaSearch(Searcher):
         self._next = (i + 1) % n
         self._issued[i] += 1
         self._group_of[trial_id] = i
-        params = self._searchers[i].suggest(trial_id)
-        return {"trial": {**self._groups[i], **params}}
+        study = studies[i]
+        study.sampler = self._sampler(len(study.get_trials(deepcopy=False)))
+        trial = study.ask(fixed_distributions=distributions(self._space))
+        trial.set_user_attr(TUNE_ID, trial_id)
+        self._open[trial_id] = trial
+        return {"trial": {**self._groups[i], **trial.params}}
 
     def on_trial_result(self, trial_id: str, result: dict) -> None:
-        i = self._group_of.get(trial_id)
-        if i is not None and trial_id not in self._adopted and self.metric in result and TRAINING_ITERATION in result:
-            self._searchers[i].on_trial_result(trial_id, result)
+        self.studies()  # a restored searcher finds its running trials there
+        trial = self._open.get(trial_id)
+        if trial is not None and self.metric in result and TRAINING_ITERATION in result:
+            trial.report(result[self.metric], result[TRAINING_ITERATION])
 
     def on_trial_complete(self, trial_id: str, result: dict | None = None, error: bool = False) -> None:
+        import optuna
+
         i = self._group_of.get(trial_id)
         if i is None:
             return
+        self.studies()
+        value = (result or {}).get(self.metric)
         params = self._adopted.pop(trial_id, None)
-        if params is None:
-            self._searchers[i].on_trial_complete(trial_id, result=result, error=error)
-        elif result and self.metric in result and not error:  # a restored trial this study never suggested
-            self._searchers[i].add_evaluated_point(params, result[self.metric])
+        trial = self._open.pop(trial_id, None)
+        State = optuna.trial.TrialState
+        state = State.COMPLETE if value is not None else State.FAIL if error else State.PRUNED
+        if params is not None:  # a restored trial this study never suggested
+            if state == State.COMPLETE and not error:
+                dists = distributions(self._space)
+                self.studies()[i].add_trial(optuna.trial.create_trial(params=params, distributions=dists, value=value))
+        elif trial is not None and trial_id not in self._told:
+            self._told.add(trial_id)
+            try:
+                self.studies()[i].tell(trial, value if state == State.COMPLETE else None, state=state)
+            except Exception as e:  # noqa: BLE001 - e.g. a NaN objective: the study keeps the trial as failed
+                logger.warning("trial %s: %s", trial_id, e)
 
     def group_index(self, trial_config: dict) -> int | None:
         """The group whose fixed config a trial's ``config["trial"]`` carries (``None``: not one of this sweep)."""
@@ -159,9 +232,7 @@ class GroupedOptunaSearch(Searcher):
     def reconcile(self, trials: dict[str, dict]) -> None:
         """Recount the quotas from the trials Tune restores (trial id -> config): a group's issued count is the
         number of its trials Tune knows, whatever the (possibly older or newer) searcher state said."""
-        if self._searchers is None:
-            self._searchers = self._build()
-        known = dict(self._group_of)
+        self.studies()  # finds the studies' running and finished trials again (by Tune trial id)
         self._issued, self._group_of, self._adopted = [0] * len(self._groups), {}, {}
         for trial_id, config in trials.items():
             i = self.group_index(config.get("trial", {}))
@@ -169,7 +240,7 @@ class GroupedOptunaSearch(Searcher):
                 continue
             self._issued[i] += 1
             self._group_of[trial_id] = i
-            if known.get(trial_id) != i:
+            if trial_id not in self._open and trial_id not in self._told:  # its study never saw it
                 self._adopted[trial_id] = {k: config["trial"][k] for k in self._space if k in config["trial"]}
 
     def restore_from_dir(self, checkpoint_dir: str) -> None:
@@ -178,16 +249,39 @@ class GroupedOptunaSearch(Searcher):
         if trials is not None:
             self.reconcile(trials)
 
+    def _fingerprint(self) -> dict:
+        return json.loads(json.dumps({"groups": self._groups, "space": self._space, "quota": self._quota}))
+
     def save(self, checkpoint_path: str) -> None:
-        with open(checkpoint_path, "wb") as f:
-            pickle.dump(self.__dict__.copy(), f)
+        """The searcher's own bookkeeping as JSON (the studies are in the journal storage already)."""
+        state = {
+            "format": STATE_FORMAT,
+            **self._fingerprint(),
+            "issued": self._issued,
+            "next": self._next,
+            "group_of": self._group_of,
+            "adopted": self._adopted,
+        }
+        with open(checkpoint_path, "w") as f:
+            json.dump(state, f)
 
     def restore(self, checkpoint_path: str) -> None:
-        with open(checkpoint_path, "rb") as f:
-            state = pickle.load(f)
-        if state["_groups"] != self._groups or state["_space"] != self._space or state["_quota"] != self._quota:
+        """Read what `save` wrote: JSON only; any other file (an older bcrit's pickle) is refused, not unpickled."""
+        try:
+            with open(checkpoint_path, encoding="utf-8") as f:
+                state = json.load(f)
+            if state.get("format") != STATE_FORMAT:
+                raise ValueError
+        except (ValueError, UnicodeDecodeError, AttributeError):
+            raise ValueError(
+                f"{checkpoint_path}: not a bcrit searcher state (JSON, {STATE_FORMAT}); a sweep of an older bcrit "
+                "(its searcher state was a pickle, which is not loaded) cannot be resumed: start it again"
+            ) from None
+        if {k: state[k] for k in ("groups", "space", "quota")} != self._fingerprint():
             raise ValueError(f"{checkpoint_path}: searcher state of another sweep spec (groups, ranges or quota)")
-        self.__dict__.update(state)
+        self._issued, self._next = list(state["issued"]), int(state["next"])
+        self._group_of = {k: int(v) for k, v in state["group_of"].items()}
+        self._adopted = dict(state["adopted"])
 
 
 def tune_trials(experiment_dir: str) -> dict[str, dict] | None:

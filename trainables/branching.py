@@ -41,14 +41,12 @@ def keep_checkpoint(keep_dir: str | None, keep_steps, step: int, checkpoint_dir:
 def start_dit(init_from: str, lr: float, model, opt, ema) -> int:
     """Load weights, optimizer state and EMA of a DiT checkpoint, set the branch's learning rate; return the
     checkpoint's step (the branch point)."""
-    import torch
-
-    from trainables.checkpoint import STATE_FILE
+    from trainables.checkpoint import STATE_FILE, read
 
     path = os.path.join(init_from, STATE_FILE)
     if not os.path.exists(path):
         raise FileNotFoundError(f"init_from {init_from!r} is not a bcrit trial checkpoint (no {STATE_FILE})")
-    state = torch.load(path, map_location="cpu", weights_only=False)
+    state = read(path)  # data only: a state holding Python objects is refused (UnsafeCheckpoint)
     model.load_state_dict(state["model"])
     opt.load_state_dict(state["optimizer"])
     for group in opt.param_groups:  # the checkpoint carries the reference's lr: the branch uses its own

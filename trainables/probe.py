@@ -21,7 +21,7 @@ import torch
 
 from analysis.bins import timestep_bins
 from analysis.gns import b_simple_with_se, g2_unbiased, mean_with_se, trace_unbiased
-from trainables.checkpoint import STATE_FILE
+from trainables.checkpoint import STATE_FILE, UnsafeCheckpoint, read
 from trainables.diffusion import NUM_TIMESTEPS, make_scheduler
 from trainables.gns_bins import draw_examples, sub_batch_sq_norms
 from trainables.randomness import STREAM_GNS, mix
@@ -76,10 +76,12 @@ def load_model(checkpoint: str, ema: bool = False, device: torch.device | None =
     if not os.path.isdir(checkpoint) or not os.path.isfile(path):
         raise ProbeError(f"{checkpoint} is not a bcrit trial checkpoint directory (no {STATE_FILE})")
     try:
-        state = torch.load(path, map_location="cpu", weights_only=False)  # not checkpoint.load: no RNG restore
+        state = read(path)  # data only (docs/security.md); not checkpoint.load: no RNG restore
         cfg = TrialConfig.from_saved(state["config"])
         info = state["dataset_info"]
         weights, step = state["model"], int(state["step"])
+    except UnsafeCheckpoint as e:
+        raise ProbeError(str(e)) from None
     except ConfigError as e:
         raise ProbeError(f"{checkpoint}: its trial config is unusable here: {e}") from None
     except Exception as e:  # unreadable or foreign state.pt

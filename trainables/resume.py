@@ -13,7 +13,7 @@ import glob
 import os
 from typing import Any
 
-from trainables.checkpoint import STATE_FILE
+from trainables.checkpoint import STATE_FILE, UnsafeCheckpoint, read
 from trainables.config import ConfigError
 
 # keys a resumed trial may change: bookkeeping and resources, not what the counters or results mean. `prefetch`
@@ -43,14 +43,15 @@ def checkpoints(run_dir: str) -> list[str]:
 
 
 def read_state(ckpt: str) -> dict:
-    """The rank-0 state of a checkpoint, or DamagedCheckpoint naming it and why."""
-    import torch
-
+    """The rank-0 state of a checkpoint, or DamagedCheckpoint naming it and why. A state that holds Python objects
+    (an older bcrit's, or a crafted file) is not damaged but refused: UnsafeCheckpoint, never skipped silently."""
     path = os.path.join(ckpt, STATE_FILE)
     if not os.path.isfile(path):
         raise DamagedCheckpoint(f"checkpoint {ckpt} is damaged: {STATE_FILE} is missing")
     try:
-        state = torch.load(path, map_location="cpu", weights_only=False, mmap=True)
+        state = read(path, mmap=True)
+    except UnsafeCheckpoint:
+        raise
     except Exception as e:  # noqa: BLE001 - truncated zip, bad pickle, ... all mean damaged
         reason = str(e).splitlines()[0][:160] if str(e) else type(e).__name__
         raise DamagedCheckpoint(f"checkpoint {ckpt} is damaged ({reason})") from None

@@ -15,9 +15,11 @@ import tempfile
 
 import torch
 
+from trainables.checkpoint import UnsafeCheckpoint
 from trainables.compiling import check_compile, compile_failure_in
 from trainables.config import ConfigError, TrialConfig
 from trainables.data import DatasetError, dataset_error_in, describe_dataset
+from trainables.exc_chain import exception_in_chain
 from trainables.loop import train_loop
 from trainables.presets import PRESETS
 
@@ -254,8 +256,8 @@ def run_trial(
         )
         try:
             result = trainer.fit()
-        except Exception as e:  # a bad latent file or failing compiler met by a worker: one line, not a traceback
-            bad = dataset_error_in(e) or compile_failure_in(e)
+        except Exception as e:  # a bad latent file, failing compiler, unsafe checkpoint met by a worker: one line
+            bad = dataset_error_in(e) or compile_failure_in(e) or exception_in_chain(e, UnsafeCheckpoint)
             if bad is None:
                 raise
             raise ConfigError(str(bad)) from None

@@ -78,7 +78,7 @@ def bad_checkpoints(ckpt, tmp_path_factory) -> dict[str, str]:
     no_ema_root = root / "no_ema"
     cfg = TrialConfig(preset="tiny", batch_size=8, micro_batch_size=8, max_steps=1, eval_every=1, eval_repeats=1)
     no_ema = run_local(cfg, checkpoint_root=str(no_ema_root)).checkpoints[-1]
-    state = torch.load(os.path.join(ckpt, "state.pt"), weights_only=False)
+    state = torch.load(os.path.join(ckpt, "state.pt"), weights_only=True)
     state["config"]["dataset"] = str(root / "no-such-latents")
     unknown = root / "unknown_dataset"
     unknown.mkdir()

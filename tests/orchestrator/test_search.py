@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import collections
 import glob
+import json
 import math
 import os
 
@@ -92,7 +93,8 @@ def test_values_in_ranges_log_and_int_scales(tmp_path):
     # log scale: first draws of 40 seeds fall below the geometric midpoint 1e-3 about half the time
     # (uniform draws on [1e-4, 1e-2] would do so 9% of the time)
     firsts = [
-        GroupedOptunaSearch.from_spec(optuna_spec(tmp_path, seed=k)).suggest("a")["trial"]["lr"] for k in range(40)
+        GroupedOptunaSearch.from_spec(optuna_spec(tmp_path / f"s{k}", seed=k)).suggest("a")["trial"]["lr"]
+        for k in range(40)
     ]
     assert 0.25 < sum(lr < 1e-3 for lr in firsts) / len(firsts) < 0.75
 
@@ -107,7 +109,7 @@ def test_results_routed_to_the_group_study(tmp_path):
     s.suggest("b")
     s.on_trial_complete("b", error=True)
     s.on_trial_complete("unknown", {OBJECTIVE: 1.0})  # a trial this searcher never issued: ignored
-    studies = [o._ot_study for o in s._searchers]
+    studies = s.studies()
     (a,) = studies[0].trials
     assert a.state == optuna.trial.TrialState.COMPLETE and a.value == 120.0 and a.params["lr"] == cfg["lr"]
     assert a.intermediate_values == {1: 150.0}
@@ -117,17 +119,17 @@ def test_results_routed_to_the_group_study(tmp_path):
 
 
 def test_seeded_reproducibility(tmp_path):
-    def lrs(seed):
-        s = GroupedOptunaSearch.from_spec(optuna_spec(tmp_path, trials=8, seed=seed))
+    def lrs(seed, run):
+        s = GroupedOptunaSearch.from_spec(optuna_spec(tmp_path / run, trials=8, seed=seed))
         return [(group_key(c["trial"]), c["trial"]["lr"], c["trial"]["warmup_steps"]) for c in drive(s, 0, 48)]
 
-    assert lrs(3) == lrs(3)
-    assert lrs(3) != lrs(4)
+    assert lrs(3, "a") == lrs(3, "b")
+    assert lrs(3, "c") != lrs(4, "d")
 
 
 def test_save_restore_mid_search_continues_with_remaining_quota(tmp_path):
     spec = optuna_spec(tmp_path, trials=5)
-    reference = GroupedOptunaSearch.from_spec(spec)
+    reference = GroupedOptunaSearch.from_spec(optuna_spec(tmp_path / "uninterrupted", trials=5))
     full = drive(reference, 0, 17)
     pending = reference.suggest("t17")  # in flight when the driver dies
     reference.on_trial_complete("t17", {OBJECTIVE: fake_objective(pending["trial"]), "training_iteration": 3})
@@ -144,10 +146,10 @@ def test_save_restore_mid_search_continues_with_remaining_quota(tmp_path):
     assert resumed.issued() == first.issued() and sum(resumed.issued()) == 18
     resumed.on_trial_complete("t17", {OBJECTIVE: fake_objective(pending["trial"]), "training_iteration": 3})
     tail = drive(resumed, 18, 32)
-    assert head + [pending] + tail == full  # same suggestions: nothing re-issued, nothing lost, same RNG state
+    assert head + [pending] + tail == full  # same suggestions: nothing re-issued, nothing lost, same samplers
     assert full[30:] == [GroupedOptunaSearch.FINISHED] * 2 and resumed.issued() == [5] * 6
-    assert all(len(o._ot_study.trials) == 5 for o in resumed._searchers)
-    assert all(t.state == optuna.trial.TrialState.COMPLETE for o in resumed._searchers for t in o._ot_study.trials)
+    assert all(len(st.trials) == 5 for st in resumed.studies())
+    assert all(t.state == optuna.trial.TrialState.COMPLETE for st in resumed.studies() for t in st.trials)
 
     other = GroupedOptunaSearch.from_spec(optuna_spec(tmp_path, trials=6))
     with pytest.raises(ValueError, match="another sweep spec"):
@@ -176,7 +178,7 @@ def test_restore_recounts_quotas_from_the_trials_tune_restores(tmp_path):
     # t8 (unknown to the restored study) is told to its study when it completes, without a KeyError
     resumed.on_trial_result("t8", {OBJECTIVE: 5.0, "training_iteration": 1})
     resumed.on_trial_complete("t8", {OBJECTIVE: 5.0, "training_iteration": 1})
-    study = resumed._searchers[group_of["t8"]]._ot_study
+    study = resumed.studies()[group_of["t8"]]
     assert any(t.value == 5.0 and t.params["lr"] == suggested["t8"]["trial"]["lr"] for t in study.trials)
     resumed.on_trial_complete("t0", {OBJECTIVE: 7.0, "training_iteration": 1})  # a trial both knew: as before
     assert resumed.group_index({"batch_size": -1}) is None
@@ -194,7 +196,10 @@ def test_bcrit_sweep_optuna_end_to_end(tmp_path, ray_local, no_ray_address):
     assert len({r["trial_id"] for r in rows}) == 6
     assert all(0.2 <= r["lr"] <= 1.5 for r in rows)
     assert all(len({r["lr"] for r in rows if r["batch_size"] == b}) == 3 for b in (16, 64))
-    assert glob.glob(os.path.join(tmp_path, "sweep", "tune", "searcher-state-*.pkl"))  # what Tuner.restore reads
+    (state,) = glob.glob(os.path.join(tmp_path, "sweep", "tune", "searcher-state-*.pkl"))  # what Tuner.restore reads
+    with open(state) as f:  # JSON despite the name Tune gives it; the studies are in the journal
+        assert sum(json.load(f)["issued"]) == 6
+    assert os.path.isfile(os.path.join(tmp_path, "sweep", "optuna-journal.log"))
     assert all(r["status"] in M.FINAL_STATUSES and r["status"] != M.STATUS_FAILED for r in rows)
 
 
@@ -239,3 +244,31 @@ def test_num_trials_counts_every_optuna_group():
 
     spec = load_spec(str(Path(__file__).parents[2] / "examples" / "dit-s2-imagenet.yaml"), [])
     assert spec.num_trials() == len(spec.groups()) * spec.trials_per_batch_size
+
+
+def test_search_state_is_data_and_a_pickle_is_refused_unopened(tmp_path):
+    """The studies live in Optuna's journal (JSON lines) in the sweep dir; the searcher state Tune saves is JSON; a
+    pickled state (an older bcrit's, or a crafted file) is refused without being unpickled."""
+    import json
+    import pickle
+
+    spec = optuna_spec(tmp_path, trials=2)
+    s = GroupedOptunaSearch.from_spec(spec)
+    drive(s, 0, 3)
+    path = str(tmp_path / "searcher-state-x.pkl")
+    s.save(path)
+    with open(path) as f:
+        assert json.load(f)["issued"] == s.issued()
+    with open(os.path.join(spec.sweep_dir, "optuna-journal.log")) as f:
+        assert all(json.loads(line) for line in f)
+    marker = tmp_path / "PWNED"
+
+    class Payload:
+        def __reduce__(self):
+            return (os.system, (f"touch {marker}",))
+
+    with open(path, "wb") as f:
+        pickle.dump({"_issued": Payload()}, f)
+    with pytest.raises(ValueError, match="not a bcrit searcher state"):
+        GroupedOptunaSearch.from_spec(spec).restore(path)
+    assert not marker.exists()

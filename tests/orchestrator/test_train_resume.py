@@ -29,7 +29,7 @@ def train(tmp_path, capsys, name="base", **changes) -> tuple[int, str, str]:
 
 
 def params(ckpt: str) -> dict:
-    return torch.load(os.path.join(ckpt, "state.pt"), weights_only=False)["model"]
+    return torch.load(os.path.join(ckpt, "state.pt"), weights_only=True)["model"]
 
 
 @pytest.fixture

@@ -53,7 +53,7 @@ def test_dit_branch_starts_from_kept_checkpoint(tmp_path):
     assert ev[0] == ref_eval[3]  # the reference's weights at step 3
     assert [v for _, v in _rows(branch, M.LR)] == [2e-3 * 2**0.5] * 2  # the branch's own lr
     assert branch.summary[M.STEP] == 2 and branch.summary[M.EXAMPLES] == 32  # counters from the branch point
-    state = torch.load(os.path.join(branch.checkpoints[-1], STATE_FILE), weights_only=False)
+    state = torch.load(os.path.join(branch.checkpoints[-1], STATE_FILE), weights_only=True)
     steps = {int(s["step"]) for s in state["optimizer"]["state"].values()}
     assert steps == {3 + 2}  # Adam's moments and step count came from the checkpoint
 

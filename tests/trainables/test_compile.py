@@ -93,7 +93,7 @@ def test_compiled_checkpoints_load_both_ways(graphs, tmp_path):
     half = cfg.replace(max_steps=3)
     compiled = run_local(half.replace(compile=True), checkpoint_root=str(tmp_path / "c"))
     assert graphs, "compile: true ran no compiled code"
-    state = torch.load(os.path.join(compiled.checkpoints[-1], STATE_FILE), weights_only=False)
+    state = torch.load(os.path.join(compiled.checkpoints[-1], STATE_FILE), weights_only=True)
     plain_keys = build_dit("tiny", sample_size=8, in_channels=1, num_classes=10).state_dict().keys()
     assert list(state["model"]) == list(plain_keys)  # no "_orig_mod." prefix
     # a compiled trial's checkpoint continues uncompiled, and an uncompiled one compiled (`compile` is resumable)
@@ -137,7 +137,7 @@ class _Session:
     def report(self, metrics, checkpoint_dir):
         self.last = {k: v for k, v in metrics.items() if k != "rows"}
         if checkpoint_dir and self.rank == 0:
-            state = torch.load(os.path.join(checkpoint_dir, STATE_FILE), weights_only=False)
+            state = torch.load(os.path.join(checkpoint_dir, STATE_FILE), weights_only=True)
             self.params = {k: v.double().flatten().tolist() for k, v in state["model"].items()}
 
     def restore(self):

@@ -136,7 +136,7 @@ class _Session:
 
     def report(self, metrics, checkpoint_dir):
         if checkpoint_dir and self.rank == 0:
-            state = torch.load(f"{checkpoint_dir}/state.pt", weights_only=False)
+            state = torch.load(f"{checkpoint_dir}/state.pt", weights_only=True)
             self.params = {k: v.double().flatten().tolist() for k, v in state["model"].items()}
 
     def restore(self):

@@ -80,7 +80,7 @@ def _params_after(cfg):
         def report(self, metrics, checkpoint_dir):
             super().report(metrics, checkpoint_dir)
             if checkpoint_dir:
-                state = torch.load(f"{checkpoint_dir}/state.pt", weights_only=False)
+                state = torch.load(f"{checkpoint_dir}/state.pt", weights_only=True)
                 captured["params"] = {k: v.double() for k, v in state["model"].items()}
 
     train_loop(cfg, Capture())

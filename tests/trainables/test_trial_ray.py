@@ -15,7 +15,7 @@ BASE = dict(preset="tiny", batch_size=16, max_steps=3, eval_every=3, eval_repeat
 
 
 def _final_params(checkpoint_dir):
-    state = torch.load(os.path.join(checkpoint_dir, "state.pt"), weights_only=False)
+    state = torch.load(os.path.join(checkpoint_dir, "state.pt"), weights_only=True)
     return {k: v.double() for k, v in state["model"].items()}
 
 
