@@ -5,7 +5,7 @@ PY     := $(VENV)/bin/python
 BCRIT  := $(VENV)/bin/bcrit
 STAMP  := $(VENV)/.installed
 
-.PHONY: install demo test test-all lint bench bench-gpu clean mutate
+.PHONY: install demo test test-all lint bench bench-gpu clean mutate cluster-up
 
 # torch first, pinned to the local CPU wheel: an unpinned torch pulls a multi-GB CUDA build.
 $(STAMP): pyproject.toml
@@ -37,6 +37,16 @@ test-all: $(STAMP)
 bench-gpu: $(STAMP)
 	$(PY) -m pytest -m gpu tests/trainables/test_gpu.py -q
 	PYTHONPATH=. $(PY) benchmarks/bench_trial_input.py --device cuda --preset DiT-S/2 --batch 256 --steps 50 --reps 3 --n 20000 --compile
+
+# Start the AWS cluster (docs/cluster.md): bcrit's offline check of the config first (Ray's validation, SSH only from
+# your CIDR through your security group, MLflow and dashboard on loopback), then `ray up`. Needs AWS credentials and
+# boto3. CLUSTER_FLAGS=--allow-world-ssh accepts SSH from the whole internet; RAY_UP_FLAGS=-y skips Ray's prompt.
+CLUSTER       ?= cluster.yaml
+CLUSTER_FLAGS ?=
+RAY_UP_FLAGS  ?=
+cluster-up: $(STAMP)
+	$(BCRIT) check-cluster $(CLUSTER) $(CLUSTER_FLAGS)
+	$(VENV)/bin/ray up $(CLUSTER) $(RAY_UP_FLAGS)
 
 lint: $(STAMP)
 	$(VENV)/bin/ruff check . && $(VENV)/bin/ruff format --check .

@@ -36,6 +36,7 @@ def build_parser() -> argparse.ArgumentParser:
         "orchestrator.branch_cmd",
         "orchestrator.pack_cmd",
         "orchestrator.migrate_cmd",
+        "orchestrator.cluster_check",
     ):
         try:
             mod = __import__(module, fromlist=["register"])

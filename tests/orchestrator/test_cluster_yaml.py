@@ -11,11 +11,12 @@ Every property is also checked to fail: each mutation below breaks one of them i
 
 import copy
 import re
-import shlex
 from pathlib import Path
 
 import pytest
 import yaml
+
+from orchestrator.cluster_check import option, tokens
 
 ROOT = Path(__file__).resolve().parents[2]
 CLUSTER_YAML = ROOT / "cluster.yaml"
@@ -25,7 +26,6 @@ MLFLOW_PORT = "5000"
 IMAGE_RE = re.compile(r"^rayproject/ray:(?P<version>\d+\.\d+\.\d+)(-py\d+)?-gpu$")
 # EC2 families with NVIDIA GPUs (head must not be one; workers must be one).
 GPU_FAMILIES = {"g4dn", "g5", "g6", "g6e", "gr6", "p3", "p3dn", "p4d", "p4de", "p5", "p5e", "p5en", "p6"}
-SHELL_OPS = {"&", "&&", "||", ";", "|", "}", ")", ">", "2>&1", "<"}
 COMMAND_KEYS = ("initialization_commands", "setup_commands", "head_setup_commands", "worker_setup_commands")
 HEAD_ONLY_KEYS = ("head_setup_commands", "head_start_ray_commands")
 # libyaml when present: keeps the ~30 load/dump round trips of this module well under a second.
@@ -50,28 +50,9 @@ def ray_prepare_and_validate(config: dict) -> dict:
     return prepared
 
 
-def _tokens(cmd: str) -> list[str]:
-    # Split shell operators glued to words (`disown;`, `x)`) so option parsing stops at them.
-    return shlex.split(cmd.replace(";", " ; "))
-
-
-def _option(tokens: list[str], start: int, *names: str) -> str | None:
-    """Value of the first of ``names`` among the options after ``tokens[start]``, up to the next shell operator."""
-    for i in range(start, len(tokens)):
-        tok = tokens[i]
-        if tok in SHELL_OPS:
-            break
-        for name in names:
-            if tok == name and i + 1 < len(tokens):
-                return tokens[i + 1]
-            if tok.startswith(name + "="):
-                return tok.split("=", 1)[1]
-    return None
-
-
 def _mlflow_servers(cmd: str) -> list[list[str]]:
     """The argument lists of every ``mlflow server`` / ``mlflow ui`` invocation in a shell command."""
-    toks = _tokens(cmd)
+    toks = tokens(cmd)
     return [
         toks[i + 2 :]
         for i in range(len(toks) - 1)
@@ -97,9 +78,10 @@ def violations(text: str) -> list[str]:
     bad: list[str] = []
 
     # 1. Nothing bound to, or opened for, every address.
-    for pattern in ("0.0.0.0", "::/0"):
-        if pattern in text:
-            bad.append(f"'{pattern}' appears in the config")
+    #    (A whole address, so 10.0.0.0/8 is no match.)
+    for shown, pattern in (("0.0.0.0", r"(?<![0-9.])0\.0\.0\.0(?![0-9])"), ("::/0", r"(?<![0-9a-fA-F:])::/0")):
+        if re.search(pattern, text):
+            bad.append(f"'{shown}' appears in the config")
 
     # 2. MLflow: exactly one server, started on the head only, bound to loopback, port 5000, sqlite store, artifacts on
     #    shared storage.
@@ -114,26 +96,26 @@ def violations(text: str) -> list[str]:
     if len(servers) != 1:
         bad.append(f"expected one mlflow server command on the head, found {len(servers)}")
     for args in servers:
-        host = _option(args, 0, "--host", "-h")
+        host = option(args, 0, "--host", "-h")
         if host != LOOPBACK:
             bad.append(f"mlflow server --host is {host!r}, must be {LOOPBACK}")
-        port = _option(args, 0, "--port", "-p")
+        port = option(args, 0, "--port", "-p")
         if port != MLFLOW_PORT:
             bad.append(f"mlflow server --port is {port!r}, must be {MLFLOW_PORT}")
-        store = _option(args, 0, "--backend-store-uri") or ""
+        store = option(args, 0, "--backend-store-uri") or ""
         if not store.startswith("sqlite:////home/ray/mlflow/"):
             bad.append(f"mlflow backend store {store!r} is not sqlite:////home/ray/mlflow/...")
-        art = _option(args, 0, "--default-artifact-root") or ""
+        art = option(args, 0, "--default-artifact-root") or ""
         if not (art.startswith("/mnt/") or art.startswith("s3://")):
             bad.append(f"mlflow artifact root {art!r} is not on shared storage")
 
     # 3. Ray dashboard / Jobs API on loopback (`ray start --dashboard-host`; Ray's default is localhost).
     for key, lst in cmds.items():
         for cmd in lst:
-            toks = _tokens(cmd)
+            toks = tokens(cmd)
             for i, tok in enumerate(toks[:-1]):
                 if tok == "ray" and toks[i + 1] == "start":
-                    dash = _option(toks, i + 2, "--dashboard-host")
+                    dash = option(toks, i + 2, "--dashboard-host")
                     if dash not in (None, LOOPBACK, "localhost"):
                         bad.append(f"{key}: ray start --dashboard-host {dash}")
 
@@ -179,11 +161,11 @@ def violations(text: str) -> list[str]:
     for key in ("head_setup_commands", "worker_setup_commands"):
         installs = []
         for cmd in prepared[key]:
-            toks = _tokens(cmd)
+            toks = tokens(cmd)
             for i in range(len(toks) - 1):
                 if toks[i] == "pip" and toks[i + 1] == "install":
-                    editable = _option(toks, i + 2, "-e", "--editable")
-                    constrained = _option(toks, i + 2, "-c", "--constraint") is not None or "--no-deps" in toks
+                    editable = option(toks, i + 2, "-e", "--editable")
+                    constrained = option(toks, i + 2, "-c", "--constraint") is not None or "--no-deps" in toks
                     if editable in repo_mounts or any(t.startswith("bcrit @ git+") for t in toks[i + 2 :]):
                         installs.append(constrained)
         if not installs:
@@ -315,3 +297,203 @@ def test_ray_validation_rejects_broken_configs(text, name):
     with pytest.raises(Exception) as err:  # jsonschema.ValidationError or ValueError, as `ray up` raises
         ray_prepare_and_validate(cfg)
     assert type(err.value).__name__ in ("ValidationError", "ValueError"), err.value
+
+
+# ---- bcrit check-cluster: the cluster's front door (SSH ingress, loopback ports), through the CLI ----------------
+
+SG = "sg-0123456789abcdef0"
+CIDR = "203.0.113.0/24"
+
+
+def _fill(text: str, sg: str = SG, cidr: str = CIDR) -> str:
+    """The shipped file with its two network placeholders set, as a user would (an IPv6 CIDR under Ipv6Ranges)."""
+    assert "sg-XXXXXXXX" in text and "X.X.X.X/32" in text
+    text = text.replace("sg-XXXXXXXX", sg).replace("X.X.X.X/32", cidr)
+    if ":" in cidr:
+        text = text.replace("IpRanges:", "Ipv6Ranges:").replace("CidrIp:", "CidrIpv6:")
+    return text
+
+
+def _check(tmp_path, capsys, text: str, *flags: str) -> tuple[int, str, str]:
+    from orchestrator.cli import main
+
+    path = tmp_path / "cluster.yaml"
+    path.write_text(text)
+    rc = main(["check-cluster", str(path), *flags])
+    out, err = capsys.readouterr()
+    return rc, out, err
+
+
+def _refused(tmp_path, capsys, text: str, *flags: str) -> str:
+    rc, out, err = _check(tmp_path, capsys, text, *flags)
+    assert rc == 2, (out, err)
+    lines = err.strip().splitlines()
+    assert len(lines) == 1 and lines[0].startswith("bcrit check-cluster: error: "), err
+    assert "Traceback" not in err and out == ""
+    return lines[0]
+
+
+@pytest.fixture
+def ray_aws_config(monkeypatch):
+    """Ray's AWS launcher module. It imports boto3/botocore at the top, which the test venv need not have: then
+    stand-ins are put in sys.modules for this test only (no function that talks to AWS is called)."""
+    import importlib
+    import importlib.util
+    import sys
+    import types
+
+    stubbed = importlib.util.find_spec("boto3") is None
+    if stubbed:
+        for name in ("boto3", "boto3.exceptions", "boto3.resources", "boto3.resources.base"):
+            monkeypatch.setitem(sys.modules, name, _stub_module(name, types))
+        for name in ("botocore", "botocore.client", "botocore.config", "botocore.exceptions"):
+            monkeypatch.setitem(sys.modules, name, _stub_module(name, types))
+        for name in [m for m in sys.modules if m.startswith("ray.autoscaler._private.aws")]:
+            monkeypatch.delitem(sys.modules, name)
+        monkeypatch.setattr(sys.modules["boto3"], "__version__", "99.0", raising=False)
+    module = importlib.import_module("ray.autoscaler._private.aws.config")
+    yield module
+    if stubbed:
+        for name in [m for m in sys.modules if m.startswith("ray.autoscaler._private.aws")]:
+            del sys.modules[name]  # imported against the stand-ins: do not leave them to other tests
+
+
+def _stub_module(name, types):
+    class _Any:
+        def __init__(self, *args, **kwargs):
+            pass
+
+    module = types.ModuleType(name)
+    module.__getattr__ = lambda attr: _Any
+    return module
+
+
+def test_ray_creates_no_group_only_when_every_node_type_names_one(text, ray_aws_config, monkeypatch):
+    """The design rests on this Ray 2.60 behaviour (ray/autoscaler/_private/aws/config.py): a group Ray creates
+    always gets SSH from the whole internet; with SecurityGroupIds on every node type it creates none."""
+    assert ray_aws_config._create_default_ssh_inbound_rules()[0]["IpRanges"] == [{"CidrIp": "0.0.0.0/0"}]
+    called = []
+    monkeypatch.setattr(ray_aws_config, "_upsert_security_groups", lambda cfg, types: called.append(types) or {})
+    filled = ray_prepare_and_validate(_load(_fill(text)))
+    ray_aws_config._configure_security_group(copy.deepcopy(filled))
+    assert called == []
+    _worker(filled)["node_config"].pop("SecurityGroupIds")
+    with pytest.raises(KeyError):  # the fake upsert returns no group; Ray was about to create one for the worker
+        ray_aws_config._configure_security_group(filled)
+    assert called == [["gpu_worker"]]
+
+
+def test_shipped_file_is_refused_until_the_user_sets_the_group(tmp_path, capsys, text):
+    line = _refused(tmp_path, capsys, text)
+    assert "node_config.SecurityGroupIds is still the placeholder sg-XXXXXXXX" in line
+    assert "SSH (22) from your CIDR" in line
+
+
+def test_cidr_placeholder_is_refused(tmp_path, capsys, text):
+    line = _refused(tmp_path, capsys, text.replace("sg-XXXXXXXX", SG))
+    assert "provider.security_group.IpPermissions[0].IpRanges[0].CidrIp is still the placeholder" in line
+
+
+@pytest.mark.parametrize("cidr", [CIDR, "198.51.100.7/32", "10.0.0.0/8", "2001:db8::/48"])
+def test_filled_file_passes(tmp_path, capsys, text, cidr):
+    filled = _fill(text, cidr=cidr)
+    assert violations(filled) == []
+    rc, out, err = _check(tmp_path, capsys, filled)
+    assert rc == 0, err
+    assert f"from {cidr} via {SG}" in out and err == ""
+
+
+@pytest.mark.parametrize("world", ["0.0.0.0/0", "::/0"])
+def test_world_ssh_needs_the_explicit_opt_in(tmp_path, capsys, text, world):
+    filled = _fill(text, cidr=world)
+    line = _refused(tmp_path, capsys, filled)
+    assert f"is {world}, SSH from the whole internet" in line and "--allow-world-ssh" in line
+    rc, out, err = _check(tmp_path, capsys, filled, "--allow-world-ssh")
+    assert rc == 0 and "ok" in out
+    assert "warning: SSH is open to the whole internet" in err
+
+
+@pytest.mark.parametrize(
+    "cidr, expect",
+    [
+        ("10.0.0.5/24", "the network is 10.0.0.0/24"),
+        ("300.1.1.1/32", "not a valid CIDR"),
+        ("198.51.100.7", "no prefix length"),
+        ("10.0.0.0/33", "not a valid CIDR"),
+        ("my-laptop", "no prefix length"),
+        ("", "is not set"),
+    ],
+)
+def test_bad_cidr_is_refused(tmp_path, capsys, text, cidr, expect):
+    line = _refused(tmp_path, capsys, _fill(text, cidr=repr(cidr)))
+    assert "IpRanges[0].CidrIp" in line and expect in line, line
+
+
+def _edit(text: str, mutate) -> str:
+    cfg = _load(_fill(text))
+    mutate(cfg)
+    return _dump(cfg)
+
+
+def _rule(port: int, cidr: str) -> dict:
+    return {"IpProtocol": "tcp", "FromPort": port, "ToPort": port, "IpRanges": [{"CidrIp": cidr}]}
+
+
+FRONT_DOOR = {
+    "worker without a group": (
+        lambda c: _worker(c)["node_config"].pop("SecurityGroupIds"),
+        "gpu_worker.node_config.SecurityGroupIds is not set, so Ray would create a group with SSH from 0.0.0.0/0",
+    ),
+    "not a group id": (lambda c: _head(c)["node_config"].__setitem__("SecurityGroupIds", ["default"]), "sg- and"),
+    "no SSH rule stated": (lambda c: c["provider"].pop("security_group"), "IpPermissions is not set"),
+    "MLflow port to the user's CIDR": (
+        lambda c: c["provider"]["security_group"]["IpPermissions"].append(_rule(5000, CIDR)),
+        "IpPermissions[1] opens tcp 5000-5000: only SSH (tcp 22)",
+    ),
+    "all ports": (
+        lambda c: c["provider"]["security_group"]["IpPermissions"].__setitem__(
+            0, {"IpProtocol": "-1", "IpRanges": [{"CidrIp": CIDR}]}
+        ),
+        "only SSH",
+    ),
+    "MLflow on all interfaces": (
+        lambda c: _set_mlflow(c, "--host 127.0.0.1", "--host 0.0.0.0"),
+        "head_start_ray_commands: mlflow server --host 0.0.0.0",
+    ),
+    "dashboard on all interfaces": (
+        lambda c: c.__setitem__(
+            "head_start_ray_commands",
+            [x.replace("--dashboard-host=127.0.0.1", "--dashboard-host=0.0.0.0") for x in c["head_start_ray_commands"]],
+        ),
+        "ray start --dashboard-host 0.0.0.0",
+    ),
+    "not a Ray config": (lambda c: c.__setitem__("mlflow_port", 5000), "does not pass Ray's own validation"),
+}
+
+
+@pytest.mark.parametrize("name", list(FRONT_DOOR))
+def test_front_door_violations_are_refused_in_one_line(tmp_path, capsys, text, name):
+    mutate, expect = FRONT_DOOR[name]
+    line = _refused(tmp_path, capsys, _edit(text, mutate))
+    assert expect in line, line
+
+
+def test_world_rule_for_another_port_is_refused_even_with_the_opt_in(tmp_path, capsys, text):
+    edited = _edit(text, lambda c: c["provider"]["security_group"]["IpPermissions"].append(_rule(8265, "0.0.0.0/0")))
+    assert "only SSH (tcp 22)" in _refused(tmp_path, capsys, edited, "--allow-world-ssh")
+
+
+def test_unreadable_or_non_mapping_file_is_one_line(tmp_path, capsys):
+    from orchestrator.cli import main
+
+    assert main(["check-cluster", str(tmp_path / "missing.yaml")]) == 2
+    assert "cannot read" in capsys.readouterr().err
+    assert "not a Ray cluster config" in _refused(tmp_path, capsys, "- just a list\n")
+
+
+def test_make_cluster_up_checks_before_ray_up():
+    lines = (ROOT / "Makefile").read_text().split("\ncluster-up:", 1)[1].split("\n\n", 1)[0].splitlines()
+    recipe = [ln.strip() for ln in lines[1:]]
+    check = next(i for i, ln in enumerate(recipe) if "check-cluster" in ln)
+    up = next(i for i, ln in enumerate(recipe) if "ray up" in ln)
+    assert check < up
