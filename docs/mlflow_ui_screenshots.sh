@@ -25,11 +25,11 @@ shot() {  # name, url, height
     --virtual-time-budget=60000 --screenshot="$OUT/$1.png" "$2" 2>/dev/null
 }
 # 1. children sorted by the numeric batch_size metric (a string param would give 128, 16, 32, 4, 64, 8)
-shot runs "$BASE/runs?searchFilter=tags.%60mlflow.parentRunId%60%20%3D%20%27$PARENT%27&orderByKey=metrics.%60batch_size%60&orderByAsc=true"
+shot runs "$BASE/runs?workflowType=machine_learning&searchFilter=tags.%60mlflow.parentRunId%60%20%3D%20%27$PARENT%27&orderByKey=metrics.%60batch_size%60&orderByAsc=true"
 # 2. the parent run: description (the report's head) and the B_crit metrics per target
-shot parent "$BASE/runs/$PARENT" 1400
+shot parent "$BASE/runs/$PARENT?workflowType=machine_learning" 1400
 # 3. the report in the artifact viewer, plots embedded
-shot report "$BASE/runs/$PARENT/artifacts/analysis/report.html" 1200
+shot report "$BASE/runs/$PARENT/artifacts/analysis/report.html?workflowType=machine_learning" 1200
 # 4. the headline table (log_table), flags included
-shot table "$BASE/runs/$PARENT/artifacts/analysis/headline.json" 1000
+shot table "$BASE/runs/$PARENT/artifacts/analysis/headline.json?workflowType=machine_learning" 1000
 ls -l "$OUT"/*.png

@@ -117,7 +117,11 @@ class SweepSpec:
                 k: v[batch_size] if k in PER_BATCH_SIZE_FIXED and isinstance(v, dict) else v
                 for k, v in self.fixed.items()
             },  # fmt: skip
-            **{k: v[batch_size] if isinstance(v, dict) else v for k, v in self.stopping.items() if v is not None},
+            **{
+                k: v[batch_size] if k in PER_BATCH_SIZE_STOPPING and isinstance(v, dict) else v
+                for k, v in self.stopping.items()
+                if v is not None
+            },  # fmt: skip
             "batch_size": batch_size,
             **split.config(),
             "use_gpu": self.use_gpu,
