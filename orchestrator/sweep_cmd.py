@@ -126,4 +126,24 @@ def _run(spec, resume: bool, verbose: bool = False) -> int:
     print(f"[bcrit] results: {spec.sweep_dir}/trials.parquet, {spec.sweep_dir}/metrics.parquet")
     print(f"[bcrit] next: bcrit analyze {spec.sweep_dir} --out {spec.sweep_dir}/analysis")
     print(f"[bcrit] browse: mlflow ui --backend-store-uri {spec.mlflow_uri}")
+    page = parent_run_page(spec.sweep_dir)
+    if page:
+        print(f"[bcrit] then open {page}")
     return 0
+
+
+def parent_run_page(sweep_dir: str, ui: str = "http://127.0.0.1:5000") -> str | None:
+    """The sweep's parent run in the MLflow UI (``mlflow ui``'s default address), in its model-training view
+    (``workflowType=machine_learning``: MLflow 3's UI otherwise opens its GenAI view); None without a parent."""
+    import json
+
+    from analysis.loaders import SWEEP_PARENT_FILE
+
+    try:
+        with open(os.path.join(sweep_dir, SWEEP_PARENT_FILE)) as f:
+            saved = json.load(f)
+    except (OSError, ValueError):
+        return None
+    if not saved.get("experiment_id") or not saved.get("run_id"):
+        return None
+    return f"{ui}/#/experiments/{saved['experiment_id']}/runs/{saved['run_id']}?workflowType=machine_learning"
