@@ -101,3 +101,24 @@ def test_trusted_intervals_cover_on_the_second_simulator():
     assert glob["coverage"] >= 0.85
     assert 0.85 <= bins["coverage"] <= 0.97
     assert bins["width"] < 0.25  # a 90% interval of about ±10%, not an arbitrarily wide one
+
+
+def test_synth_sweeps_stops_at_the_global_target_and_diverges_the_largest_lr_at_large_batch_sizes():
+    sw = Sweep()
+    runs = simulate(np.random.default_rng(4), sw)
+    lr, b = runs.trials.column("lr").to_numpy(), runs.batch_size
+    diverged = runs.status == m.STATUS_DIVERGED
+    np.testing.assert_array_equal(diverged, (lr == lr.max()) & (b >= sw.diverge_from))
+    g = runs.series(m.EVAL_LOSS)
+    ends = np.r_[np.flatnonzero(np.diff(g.trial)), len(g.trial) - 1]
+    reached = runs.status[g.trial[ends]] == m.STATUS_REACHED_TARGET
+    assert reached.sum() >= 0.5 * len(ends)  # the others: diverged, or an lr far off the optimum out of budget
+    assert (g.value[ends][reached] <= sw.stop_loss).all()  # a stopped trial's last evaluation is its first below
+    before = g.value[ends[reached] - 1]
+    assert (before > sw.stop_loss).all()
+    spent = runs.status[g.trial[ends]] == m.STATUS_BUDGET_SPENT
+    assert (g.value[ends][spent] > sw.stop_loss).all()
+    n_evals = np.diff(np.r_[-1, ends])
+    assert (n_evals[spent] == n_evals.max()).all()  # out of budget: every evaluation made
+    k0 = runs.series(m.per_bin(m.EVAL_LOSS_BIN, 0))
+    np.testing.assert_array_equal(k0.step, g.step)  # bins are evaluated, and stop, with eval/loss
