@@ -5,7 +5,8 @@ Pipeline per metric (McCandlish et al. 2018; Shallue et al. 2018):
 1. steps-to-target of every trial for every target (interpolated, censored = never reached);
 2. best trial per batch size (nuisance hyper-parameters tuned), diverged/failed trials excluded;
 3. log-space Pareto fit ``S = S_min + E_min/B`` → ``B_crit = E_min/S_min``;
-4. percentile bootstrap over trials → ``b_crit_ci``;
+4. percentile bootstrap over seeds (or trials, with one seed per setting), the points' scatter about the fit beyond
+   what the replicates show added (analysis.pareto.lack_of_fit_var) → ``b_crit_ci``;
 5. the same on ``eval/loss/bin{k}`` per timestep bin, with ``B_simple`` at each crossing beside it.
 """
 
@@ -91,6 +92,8 @@ def analyze_metric(
         ci = (float("nan"), float("nan"))
         if boot is not None:
             reps = np.where(fitted[None, :], boot[j], np.nan)  # the batch sizes of the point estimate only
+            tau2 = pareto.lack_of_fit_var(best.batch_sizes[fitted], best.steps[fitted], fit, reps[:, fitted])
+            reps = pareto.with_lack_of_fit(reps, tau2, rng)
             s_min, e_min = pareto.fit_pareto_batched(best.batch_sizes, reps, np.log([fit.s_min, fit.e_min]))
             ci = pareto.percentile_ci(e_min / s_min, level)
         ref_steps, ref_lr = refine_lr(val, st, best)

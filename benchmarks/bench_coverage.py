@@ -12,13 +12,21 @@ Run: ``PYTHONPATH=. .venv/bin/python benchmarks/bench_coverage.py [--draws 200] 
    here in a few lines (:func:`old_b_crit`, :func:`old_interval`).
 3. The noisy quadratic model (``examples/quadratic.yaml`` simulated in-process, ``analysis.quadratic.simulate_sweep``)
    against its closed form on the sweep's own lr grid: error at trustworthy and at flagged targets.
+
+``--sim old|new|both`` runs only the issue-17 comparison instead: coverage of the 90% interval at the *trusted*
+(unflagged) targets, globally and per timestep bin, on ``synth_runs`` ("old") and on the independent simulator
+``tests/analysis/synth_sweeps.py`` ("new"), before (the interval without the lack-of-fit term: seeds resampled only,
+``analysis.pareto.lack_of_fit_var`` patched to 0, which is exactly the earlier code) and after, with the median
+relative width ``hi/lo - 1``: ``bench_coverage.py --sim both [--draws 40] [--bootstrap 400] [--ablations]``.
 """
 
 from __future__ import annotations
 
 import argparse
+import sys
 import time
 from collections import Counter
+from pathlib import Path
 
 import numpy as np
 
@@ -169,12 +177,73 @@ def quadratic(sweeps: int, n_boot: int) -> None:
     )
 
 
+# variants for --ablations, (simulator, its options): which feature the seed bootstrap misses (new: Sweep fields)
+ABLATIONS = {
+    "new, optimum on the middle grid lr at every B": ("new", dict(lr_slope=0.0, lr_opt_spread=0.0)),
+    "new, no seed-to-seed lr jitter": ("new", dict(lr_jitter=0.0)),
+    "new, lr jitter 0.4 octave": ("new", dict(lr_jitter=0.4)),
+    "new, coarse evaluations (20 per trial)": ("new", dict(n_evals=20)),
+    "new, no evaluation noise": ("new", dict(eval_noise=0.0)),
+    "new, 2x seed noise (sigma 0.08)": ("new", dict(sigma=0.08)),
+    "old, one seed per setting (ci_resamples trials)": ("old", dict(seeds=1)),
+}
+
+
+def _trusted_rows(sim: str, draws: int, n_boot: int, **kw) -> dict:
+    """{(before|after, global|bins): summary} for one simulator."""
+    from unittest import mock
+
+    from coverage_sims import coverage_records, summary
+
+    out = {}
+    for when in ("before", "after"):
+        t0 = time.perf_counter()
+        if when == "before":
+            with mock.patch.object(pareto, "lack_of_fit_var", lambda *a: 0.0):
+                rec = coverage_records(sim, draws, n_boot, **kw)
+        else:
+            rec = coverage_records(sim, draws, n_boot, **kw)
+        for scope, which in (("global", ~rec["is_bin"]), ("bins", rec["is_bin"])):
+            out[when, scope] = summary(rec, which & rec["trusted"]) | {"all": int(which.sum())}
+        out[when, "seconds"] = time.perf_counter() - t0
+    return out
+
+
+def trusted_coverage(sims: list[str], draws: int, n_boot: int, ablations: bool) -> None:
+    print(f"## trusted targets: coverage of the 90% interval, {draws} sweeps per simulator, bootstrap {n_boot}")
+    print("| simulator | scope | trusted targets (of all) | coverage before | after | truth below / above the "
+          "interval, after | median width before | after | median abs. error |")  # fmt: skip
+    print("|---|---|---:|---:|---:|---:|---:|---:|---:|")
+    runs = [(sim, sim, {}) for sim in sims]
+    if ablations:
+        runs += [(sim, label, kw) for label, (sim, kw) in ABLATIONS.items() if sim in sims]
+    for sim, label, kw in runs:
+        r = _trusted_rows(sim, draws, n_boot, **kw)
+        for scope in ("global", "bins"):
+            b, a = r["before", scope], r["after", scope]
+            print(
+                f"| {label} | {scope} | {a['n']} ({a['all']}) | {b['coverage']:.3f} | **{a['coverage']:.3f}** | "
+                f"{a['truth_below']:.3f} / {a['truth_above']:.3f} | {b['width']:.3f} | {a['width']:.3f} | "
+                f"{a['error']:.3f} |"
+            )
+        print(f"<!-- {label}: {r['before', 'seconds']:.0f} s before, {r['after', 'seconds']:.0f} s after -->")
+
+
 def main() -> None:
     p = argparse.ArgumentParser(description=__doc__)
-    p.add_argument("--draws", type=int, default=200)
-    p.add_argument("--bootstrap", type=int, default=1000)
+    p.add_argument("--draws", type=int, default=None, help="sweeps (default 200, or 40 with --sim)")
+    p.add_argument("--bootstrap", type=int, default=None, help="replicates (default 1000, or 400 with --sim)")
     p.add_argument("--quick", action="store_true", help="fewer draws everywhere (a smoke run)")
+    p.add_argument("--sim", choices=("old", "new", "both"), help="only the trusted-target coverage (issue 17)")
+    p.add_argument("--ablations", action="store_true", help="with --sim: also the simulators' variants")
     a = p.parse_args()
+    if a.sim:
+        sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tests" / "analysis"))
+        sims = ["old", "new"] if a.sim == "both" else [a.sim]
+        trusted_coverage(sims, 8 if a.quick else a.draws or 40, a.bootstrap or 400, a.ablations)
+        return
+    a.draws = 200 if a.draws is None else a.draws
+    a.bootstrap = 1000 if a.bootstrap is None else a.bootstrap
     draws = 20 if a.quick else a.draws
     coverage_figure(draws, a.bootstrap)
     fixes(10 if a.quick else 40)

@@ -1,0 +1,73 @@
+"""Coverage of the B_crit interval at the trusted (unflagged) targets, on two independent simulators (test and
+benchmark helper, not a test module).
+
+``old``: ``synth_runs`` (``COVERAGE_SWEEP``: 3 seeds, 10% scatter, global stop at 0.2) with two timestep bins of true
+B_crit 128 and 1024; its global targets are ``COVERAGE_TARGETS`` as in the coverage figure of issue 12. ``new``:
+``synth_sweeps`` (correlated noise along loss curves, interpolated crossings, seed-to-seed lr optimum, B_crit that
+moves along training, four bins); its targets are spread automatically, as ``bcrit analyze`` does. Per-bin targets
+are automatic on both, as in :func:`analysis.report.analyze`.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+from analysis import metrics as m
+from analysis.report import analyze_metric
+
+OLD_BIN_E_MIN = (200.0 * 128, 200.0 * 1024)  # synth_runs bins: true B_crit = bin_e_min / s_min (s_min = 200)
+
+
+def _old_sweep(rng: np.random.Generator, **kw):
+    from synth_runs import COVERAGE_SWEEP, COVERAGE_TARGETS, synth_runs
+
+    runs = synth_runs(rng, **{**COVERAGE_SWEEP, **kw}, bins=2, bin_e_min=OLD_BIN_E_MIN)
+    truths = {m.EVAL_LOSS: lambda y: 256.0}
+    for k, e in enumerate(OLD_BIN_E_MIN):
+        truths[m.per_bin(m.EVAL_LOSS_BIN, k)] = lambda y, e=e: e / 200.0
+    return runs, truths, {m.EVAL_LOSS: list(COVERAGE_TARGETS)}
+
+
+def _new_sweep(rng: np.random.Generator, **kw):
+    from synth_sweeps import Sweep, simulate, truth
+
+    sw = Sweep(**kw)
+    runs = simulate(rng, sw)
+    names = [m.EVAL_LOSS] + [m.per_bin(m.EVAL_LOSS_BIN, k) for k in range(len(sw.bins))]
+    return runs, {nm: (lambda y, nm=nm: truth(sw, nm, y)) for nm in names}, {}
+
+
+SIMULATORS = {"old": _old_sweep, "new": _new_sweep}
+
+
+def coverage_records(sim: str, draws: int, bootstrap: int, first_seed: int = 500, level: float = 0.9, **kw) -> dict:
+    """Analyse ``draws`` sweeps of simulator ``sim``; arrays over every analysed (sweep, metric, target):
+    ``truth``, ``b_crit``, ``lo``, ``hi``, ``trusted`` (no flags), ``is_bin``. ``kw``: the simulator's options."""
+    rec: dict[str, list] = {k: [] for k in ("truth", "b_crit", "lo", "hi", "trusted", "is_bin")}
+    for d in range(draws):
+        runs, truths, targets = SIMULATORS[sim](np.random.default_rng(first_seed + d), **kw)
+        for name, tr in truths.items():
+            res = analyze_metric(runs, name, targets.get(name), bootstrap=bootstrap, seed=d, level=level,
+                                 strict=False, notes=[])  # fmt: skip
+            for r in res:
+                lo, hi = r["b_crit_ci"]
+                rec["truth"].append(tr(r["target"]))
+                rec["b_crit"].append(r["b_crit"])
+                rec["lo"].append(np.nan if lo is None else lo)
+                rec["hi"].append(np.nan if hi is None else hi)
+                rec["trusted"].append(not r["flags"])
+                rec["is_bin"].append(name != m.EVAL_LOSS)
+    return {k: np.asarray(v) for k, v in rec.items()}
+
+
+def summary(rec: dict, which: np.ndarray) -> dict:
+    """Coverage, misses below/above, median relative width ``hi/lo - 1`` and median |error| over ``which``."""
+    t, est, lo, hi = (rec[k][which] for k in ("truth", "b_crit", "lo", "hi"))
+    return {
+        "n": int(which.sum()),
+        "coverage": float(np.mean((lo <= t) & (t <= hi))) if len(t) else float("nan"),
+        "truth_below": float(np.mean(t < lo)) if len(t) else float("nan"),
+        "truth_above": float(np.mean(t > hi)) if len(t) else float("nan"),
+        "width": float(np.median(hi / lo - 1)) if len(t) else float("nan"),
+        "error": float(np.median(np.abs(est / t - 1))) if len(t) else float("nan"),
+    }
