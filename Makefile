@@ -5,7 +5,7 @@ PY     := $(VENV)/bin/python
 BCRIT  := $(VENV)/bin/bcrit
 STAMP  := $(VENV)/.installed
 
-.PHONY: install demo test test-all lint bench bench-gpu clean mutate cluster-up
+.PHONY: install demo demo-figure test test-all lint bench bench-gpu clean mutate cluster-up
 
 # torch first, pinned to the local CPU wheel: an unpinned torch pulls a multi-GB CUDA build.
 $(STAMP): pyproject.toml
@@ -18,12 +18,15 @@ $(STAMP): pyproject.toml
 install: $(STAMP)
 
 # The tiny sweep end to end (continued, not restarted, if runs/tiny already holds it), then the analysis.
+# Its last lines are the answer, then the paths of report.html and of the figure (docs/demo-answer.png is a copy:
+# `make demo-figure`). The sweep's own lines before them say where the tables and the MLflow store are.
 demo: $(STAMP)
 	@if [ -d runs/tiny/tune ]; then $(BCRIT) sweep examples/tiny.yaml --resume; else $(BCRIT) sweep examples/tiny.yaml; fi
-	$(BCRIT) analyze runs/tiny --out runs/tiny/analysis
-	@echo "sweep dir:  runs/tiny  (trials.parquet, metrics.parquet, analysis/)"
-	@echo "MLflow:     sqlite:///$(CURDIR)/runs/tiny/mlflow.db"
-	@echo "browse:     $(VENV)/bin/mlflow ui --backend-store-uri sqlite:///$(CURDIR)/runs/tiny/mlflow.db"
+	@$(BCRIT) analyze runs/tiny
+
+# The README's figure, from the last `make demo`.
+demo-figure:
+	cp runs/tiny/analysis/answer.png docs/demo-answer.png
 
 # Default suite: everything but @pytest.mark.slow. pytest's exit 5 (no tests collected) is a failure here.
 test: $(STAMP)

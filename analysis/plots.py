@@ -187,6 +187,16 @@ def gns_training(result: dict, runs: Runs, path: Path, window: int | None = None
     return path
 
 
+def _plain_ticks(ax, x: bool = True) -> None:
+    """Log axes labelled 8, 16, 30 ... rather than 10^1 (batch sizes and steps are read as plain numbers)."""
+    from matplotlib.ticker import LogLocator, NullFormatter, ScalarFormatter
+
+    for axis in [ax.xaxis, ax.yaxis] if x else [ax.yaxis]:
+        axis.set_major_locator(LogLocator(subs=(1.0, 2.0, 5.0)))
+        axis.set_major_formatter(ScalarFormatter())
+        axis.set_minor_formatter(NullFormatter())
+
+
 def answer(result: dict, path: Path) -> Path | None:
     """The answer in one figure (analysis.answer): left, steps-to-target vs batch size at the trustworthy targets
     with the fitted ``S_min + E_min/B`` and B_crit (dotted) with its interval (shaded); right, per timestep bin at
@@ -210,6 +220,7 @@ def answer(result: dict, path: Path) -> Path | None:
         if lo is not None and hi is not None:
             a0.axvspan(lo, hi, color=c, alpha=0.12, lw=0)
     a0.set(xscale="log", yscale="log", xlabel="batch size B (examples per step)", ylabel="steps to target (steps)")
+    _plain_ticks(a0)
     a0.set_title(f"Steps to target vs B; fit S_min + E_min/B; B_crit dotted, {level}% interval shaded", fontsize=9)
     a0.legend(fontsize=7)
     bins = [b for b in ans.get("bins", []) if b["entry"] is not None]
@@ -232,6 +243,7 @@ def answer(result: dict, path: Path) -> Path | None:
             a1.axhline(glob["b_crit"], color="0.4", ls="--", lw=1, label=f"global B_crit {glob['b_crit']:.3g}")
         a1.set_xticks(x, [f"bin {b['bin']}\nt={b['timesteps'][0]}-{b['timesteps'][1]}" for b in bins], fontsize=8)
         a1.set(yscale="log", ylabel="batch size (examples per step)")
+        _plain_ticks(a1, x=False)
         a1.set_title(f"Per timestep bin where {result['metric']} reaches {ans['at_target']:.4g}", fontsize=9)
         a1.legend(fontsize=7)
     else:

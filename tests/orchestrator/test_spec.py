@@ -34,7 +34,7 @@ def test_tiny_example_expands_to_its_trials(tmp_path, no_ray_address):
     lrs = {b: sorted({c["lr"] for c in configs if c["batch_size"] == b}) for b in (8, 128)}
     assert lrs == {8: [2.5e-3, 5e-3, 1e-2, 2e-2], 128: [5e-3, 1e-2, 2e-2, 4e-2]}
     assert {(c["batch_size"], c["eval_every"], c["max_steps"]) for c in configs if c["seed"] == 0} == {
-        (8, 4, 240), (16, 3, 170), (32, 2, 110), (64, 2, 90), (128, 2, 80)
+        (8, 5, 240), (16, 4, 170), (32, 3, 100), (64, 2, 80), (128, 2, 70)
     }  # fmt: skip
     assert spec.mlflow_uri == f"sqlite:///{tmp_path / 's' / 'mlflow.db'}"
 
