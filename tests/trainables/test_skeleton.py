@@ -240,3 +240,28 @@ def test_restore_wins_over_init_from(tmp_path):
     _, own = run(Cfg(max_steps=2, eval_every=1), root=tmp_path)
     trial, _ = run(Cfg(max_steps=3, eval_every=1, init_from="/nonexistent"), resume_from=own.checkpoints[-1])
     assert not any(c.startswith("branch") for c in trial.learner.calls) and trial.step == 3
+
+
+def test_learner_defaults():
+    class Bare(Learner):
+        pass
+
+    bare = Bare()
+    assert bare.train_size is None and bare.flush() == 0.0 and bare.interval(3, 1.0) == {}
+    assert bare.start(0, 0.0) is None and bare.close() is None
+    for call in (lambda: bare.step(0), bare.evaluate, bare.state_dict, lambda: bare.load_state_dict({})):
+        with pytest.raises(NotImplementedError):
+            call()
+    for call in (lambda: bare.save("d", dict), lambda: bare.load("d")):
+        with pytest.raises(NotImplementedError):
+            call()
+    with pytest.raises(NotImplementedError, match=r"^Bare cannot start from a checkpoint \(init_from\)$"):
+        bare.branch_from("ckpt")
+
+
+def test_a_learner_without_epochs_reports_epoch_zero():
+    class Fresh(Halving):
+        train_size = None
+
+    _, s = run(Cfg(max_steps=2), Fresh())
+    assert [rep[M.EPOCH] for rep in s.reports] == [0.0, 0.0] and s.reports[-1][M.EXAMPLES] == 16
