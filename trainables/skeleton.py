@@ -39,6 +39,8 @@ from trainables.stopping import eval_status, status_after_step
 if TYPE_CHECKING:
     import torch
 
+CLOCK = time.perf_counter  # start-up seconds (a test swaps in a fake clock)
+
 
 class Session(Protocol):
     """The trial's runner: a Ray Train worker (`trainables.trial.RaySession`), a Tune trial actor
@@ -138,7 +140,7 @@ class TrialSkeleton:
 
     def __init__(self, cfg: ScheduleConfig, session: Session, learner: Learner, started: float | None = None):
         self.cfg, self.session, self.learner = cfg, session, learner
-        self.started = time.perf_counter() if started is None else started  # start-up is counted from here
+        self.started = CLOCK() if started is None else started  # start-up is counted from here
         self.step, self.first_eval, self.train_seconds = 0, None, 0.0
         self.status = M.STATUS_RUNNING
         self.startup_seconds = 0.0
@@ -175,7 +177,7 @@ class TrialSkeleton:
                     self.status = M.STATUS_RUNNING
             elif self.cfg.init_from:  # a branch: counters start at 0 (trainables.branching)
                 self.learner.branch_from(self.cfg.init_from)
-        self.startup_seconds = time.perf_counter() - self.started
+        self.startup_seconds = CLOCK() - self.started
         self._resend = self.row_log.rows()  # the sweep's watermarks drop the rows it already holds
 
     def state(self) -> dict:
@@ -205,12 +207,14 @@ class TrialSkeleton:
         self.first_eval = loss if self.first_eval is None else self.first_eval
         return eval_status(loss, self.first_eval, self.cfg.divergence_factor, self.cfg.target_loss)
 
-    def report(self, final: bool, save: bool | None = None) -> None:
-        """Report the rows since the last report; with a checkpoint when ``save`` (default: at the end and every
-        ``checkpoint_every`` steps)."""
+    def checkpoint_due(self, final: bool) -> bool:
+        """A report carries a checkpoint at the end of the trial and every ``checkpoint_every`` steps."""
+        every = self.cfg.checkpoint_every
+        return final or bool(every and self.step % every == 0)
+
+    def report(self, save: bool) -> None:
+        """Report the rows recorded since the last report; with a checkpoint when ``save``."""
         cfg = self.cfg
-        if save is None:
-            save = final or bool(cfg.checkpoint_every and self.step % cfg.checkpoint_every == 0)
         metrics = {
             **self.counters(),
             "status": self.status,
@@ -234,10 +238,10 @@ class TrialSkeleton:
     def run(self) -> str:
         """Evaluate at step 0, then train until a stop rule fires; returns the final status."""
         if self.status != M.STATUS_RUNNING:  # restored from a final checkpoint: say so once, train nothing
-            self.report(final=True, save=False)
+            self.report(save=False)
         elif self.step == 0 and self.first_eval is None:
             self.status = self.evaluate()
-            self.report(final=self.status != M.STATUS_RUNNING)
+            self.report(save=self.checkpoint_due(final=self.status != M.STATUS_RUNNING))
         self.learner.start(self.step, self.train_seconds)
         while self.status == M.STATUS_RUNNING:
             self.advance()
@@ -261,4 +265,4 @@ class TrialSkeleton:
             self.train_seconds += self.learner.flush()
             for name, value in self.learner.interval(self.step, self.train_seconds).items():
                 self.record(name, value)
-            self.report(final)
+            self.report(save=self.checkpoint_due(final))

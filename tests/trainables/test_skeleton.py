@@ -265,3 +265,49 @@ def test_a_learner_without_epochs_reports_epoch_zero():
 
     _, s = run(Cfg(max_steps=2), Fresh())
     assert [rep[M.EPOCH] for rep in s.reports] == [0.0, 0.0] and s.reports[-1][M.EXAMPLES] == 16
+
+
+def test_startup_seconds_from_the_given_start_to_the_end_of_restore(monkeypatch):
+    import trainables.skeleton as skeleton
+
+    monkeypatch.setattr(skeleton, "CLOCK", lambda: 10.0)
+    trial = TrialSkeleton(Cfg(max_steps=1), LocalSession(), Halving(), started=4.0)
+    trial.restore()
+    assert trial.startup_seconds == 6.0
+    trial = TrialSkeleton(Cfg(max_steps=1), LocalSession(), Halving())  # default: from construction
+    trial.restore()
+    assert trial.startup_seconds == 0.0
+
+
+def test_a_fresh_trial_may_run_without_restore():
+    s = LocalSession()
+    trial = TrialSkeleton(Cfg(max_steps=2), s, Halving())
+    assert trial.run() == M.STATUS_BUDGET_SPENT
+    assert [rep["startup_seconds"] for rep in s.reports] == [0.0, 0.0]
+    assert steps_of(s, M.EVAL_LOSS) == [0, 2]
+
+
+def test_a_checkpoint_without_status_resumes_running(tmp_path):
+    _, first = run(Cfg(max_steps=2), root=tmp_path)
+    path = os.path.join(first.checkpoints[-1], STATE)
+    with open(path) as f:
+        state = json.load(f)
+    del state["status"]  # written before the status was saved
+    with open(path, "w") as f:
+        json.dump(state, f)
+    trial, _ = run(Cfg(max_steps=4), resume_from=first.checkpoints[-1])
+    assert trial.status == M.STATUS_BUDGET_SPENT and trial.step == 4
+
+
+def test_restored_at_step_zero_does_not_evaluate_again(tmp_path):
+    _, first = run(Cfg(max_steps=4, checkpoint_every=2), root=tmp_path)
+    assert first.checkpoints[0].endswith("checkpoint_step00000000")  # the initial report's checkpoint
+    trial, s = run(Cfg(max_steps=4, checkpoint_every=2), resume_from=first.checkpoints[0])
+    assert trial.learner.calls[:2] == ["start0", "step0"]
+    assert steps_of(s, M.EVAL_LOSS) == [0, 2, 4]  # step 0's evaluation only in the re-sent rows
+    assert s.reports[0]["rows"][: len(first.reports[0]["rows"])] == first.reports[0]["rows"]
+
+
+def test_a_trial_ended_by_its_first_evaluation_is_checkpointed(tmp_path):
+    _, s = run(Cfg(target_loss=1.0), root=tmp_path)
+    assert [os.path.basename(c) for c in s.checkpoints] == ["checkpoint_step00000000"]
