@@ -12,6 +12,7 @@ A trial always ends itself (target, budget, divergence), never by Tune: the plac
 from __future__ import annotations
 
 import contextlib
+import functools
 import math
 import os
 from collections.abc import Callable
@@ -31,8 +32,14 @@ class Workload:
     name: str
     config_cls: type
     check: Callable[[Any, dict | None], None]
-    train_func: Callable[[dict], Any]  # Ray Train per-worker function taking {"trial": cfg_dict}
-    loop: Callable[[Any, Any], dict]  # train_loop(cfg, session) for the in-process path
+    loop: Callable[[Any, Any], dict]  # train_loop(cfg, session): in-process, and in every Ray Train worker
+
+    @property
+    def train_func(self) -> Callable[[dict], Any]:
+        """The Ray Train per-worker function taking ``{"trial": cfg_dict}`` (trainables.trial.train_func)."""
+        from trainables.trial import train_func
+
+        return functools.partial(train_func, config_cls=self.config_cls, loop=self.loop)
 
 
 def get_workload(name: str) -> Workload:
@@ -40,12 +47,12 @@ def get_workload(name: str) -> Workload:
         from trainables import quadratic
 
         q = quadratic
-        return Workload(name, q.QuadraticConfig, q.check_quadratic, q.train_func, q.train_loop)
+        return Workload(name, q.QuadraticConfig, q.check_quadratic, q.train_loop)
     from trainables.config import TrialConfig
     from trainables.loop import train_loop
-    from trainables.trial import check_trial, train_func
+    from trainables.trial import check_trial
 
-    return Workload("dit", TrialConfig, check_trial, train_func, train_loop)
+    return Workload("dit", TrialConfig, check_trial, train_loop)
 
 
 def objective(metrics: dict, target_loss: float | None, max_steps: int) -> float:

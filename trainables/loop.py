@@ -1,22 +1,17 @@
-"""The per-worker training loop of one trial: build, (restore), train, evaluate, decide to stop, report.
+"""The DiT trial on one worker: build, (restore), train, evaluate, decide to stop, report.
 
-It talks to its runner through a small ``Session`` (rank, world size, device, report, checkpoint to resume),
-so the same loop runs inside a Ray Train worker (`trainables.trial`) and in-process for fast tests.
-
-Every report carries the counters (``step``, ``micro_step``, ``examples``, ``epoch``), ``status``, the latest
-scalars, and ``rows``: every value recorded since the previous report as ``[step, examples, metric, value,
-wall_time, unix_time]`` (the long format of ``metrics.parquet``; ``unix_time``: when it was measured, for
-MLflow). A trial stops itself -- budget spent, target reached, diverged -- so the trainer returns normally
-(REFERENCE.md: the placement-group leak when Tune stops trials).
+`train_loop` builds a `DiTLearner` (data, model, DDP, optimizer, schedules, evaluation, GNS) and hands it to the
+trial skeleton (`trainables.skeleton`), which keeps the counters, rows, reports, checkpoints and stop rules shared
+with the quadratic workload. It talks to its runner through a small ``Session`` (rank, world size, device, report,
+checkpoint to resume), so the same loop runs inside a Ray Train worker (`trainables.trial`) and in-process for
+fast tests.
 """
 
 from __future__ import annotations
 
 import contextlib
 import os
-import tempfile
 import time
-from typing import Protocol
 
 import torch
 
@@ -30,22 +25,12 @@ from trainables.diffusion import make_scheduler
 from trainables.evaluation import HeldOutEval
 from trainables.gns_stats import LocalGradNormHook
 from trainables.presets import build_dit
-from trainables.row_log import RowLog
+from trainables.skeleton import Learner, Session, StepOutcome, TrialSkeleton
 from trainables.step import TrainStep, global_gns_available
-from trainables.stopping import eval_status, status_after_step
 from trainables.sys_metrics import SysMetrics
 from trainables.timing import StepTimer
 
 GNS_UNAVAILABLE = "unavailable: global GNS needs num_workers x grad_accum >= 2 (this trial has 1 x 1)"
-
-
-class Session(Protocol):
-    rank: int
-    world_size: int
-    device: torch.device
-
-    def report(self, metrics: dict, checkpoint_dir: str | None) -> None: ...
-    def restore(self) -> contextlib.AbstractContextManager[str | None]: ...
 
 
 def _autocast(cfg: TrialConfig, device: torch.device):
@@ -54,197 +39,151 @@ def _autocast(cfg: TrialConfig, device: torch.device):
     return contextlib.nullcontext
 
 
-def train_loop(cfg: TrialConfig, session: Session) -> dict:
-    """Run the trial on this worker; returns the summary (identical on every rank)."""
-    rank, world, device = session.rank, session.world_size, session.device
-    torch.set_num_threads(cfg.threads_per_worker or cfg.cpus_per_worker)
-    t_start = time.perf_counter()
-    # 1. data, model (same init on every rank), DDP, optimizer, schedules
-    data = load_dataset(cfg.dataset, cfg.eval_size)
-    info = data.info
-    torch.manual_seed(cfg.seed)
-    model = build_dit(cfg.preset, sample_size=info.image_size, in_channels=info.channels, num_classes=info.num_classes)
-    model = model.to(device).train()
-    if cfg.compile:
-        compile_model(model, device)  # in place: state_dict keys unchanged (trainables.compiling)
-    ddp, hook = model, None
-    if world > 1:
-        ids = [device.index] if device.type == "cuda" else None
-        ddp = torch.nn.parallel.DistributedDataParallel(model, device_ids=ids)
-        if cfg.gns:
-            hook = LocalGradNormHook()
-            hook.register(ddp)
-    opt = torch.optim.AdamW(
-        model.parameters(),
-        lr=cfg.lr,
-        betas=(cfg.beta1, cfg.beta2),
-        eps=cfg.adam_eps,
-        weight_decay=cfg.weight_decay,
-    )
-    from diffusers.optimization import get_constant_schedule_with_warmup
-    from diffusers.training_utils import EMAModel
+class DiTLearner(Learner):
+    """A diffusers DiT trained with AdamW (EMA, warm-up, clipping, GNS) on one worker of ``world``."""
 
-    lr_sched = get_constant_schedule_with_warmup(opt, num_warmup_steps=cfg.warmup_steps)
-    ema = EMAModel(model.parameters(), decay=cfg.ema_decay) if cfg.ema_decay else None
-    gns_ema = GNSWindow(cfg.gns_steps)  # the global B_simple's window (name kept: checkpoint key "gns_ema")
-    scheduler = make_scheduler()
-    autocast = _autocast(cfg, device)
-    evaluator = HeldOutEval(data, cfg.eval_repeats, cfg.timestep_bins, rank, world, device)
-    train_step = TrainStep(cfg, model, ddp, data, scheduler, rank, world, device, autocast, hook)
-    bin_gns = None
-    if cfg.gns_every:
-        from trainables.gns_bins import BinGNS
+    def __init__(self, cfg: TrialConfig, rank: int, world: int, device: torch.device):
+        from diffusers.optimization import get_constant_schedule_with_warmup
+        from diffusers.training_utils import EMAModel
 
-        bin_gns = BinGNS(cfg, model, data, scheduler, rank, world, device, autocast)
+        self.cfg, self.rank, self.world, self.device = cfg, rank, world, device
+        # data, model (same init on every rank), DDP, optimizer, schedules
+        self.data = load_dataset(cfg.dataset, cfg.eval_size)
+        info = self.data.info
+        self.train_size = info.train_size
+        torch.manual_seed(cfg.seed)
+        model = build_dit(
+            cfg.preset, sample_size=info.image_size, in_channels=info.channels, num_classes=info.num_classes
+        )
+        self.model = model = model.to(device).train()
+        if cfg.compile:
+            compile_model(model, device)  # in place: state_dict keys unchanged (trainables.compiling)
+        ddp, hook = model, None
+        if world > 1:
+            ids = [device.index] if device.type == "cuda" else None
+            ddp = torch.nn.parallel.DistributedDataParallel(model, device_ids=ids)
+            if cfg.gns:
+                hook = LocalGradNormHook()
+                hook.register(ddp)
+        betas = (cfg.beta1, cfg.beta2)
+        self.opt = torch.optim.AdamW(
+            model.parameters(), lr=cfg.lr, betas=betas, eps=cfg.adam_eps, weight_decay=cfg.weight_decay
+        )
+        self.lr_sched = get_constant_schedule_with_warmup(self.opt, num_warmup_steps=cfg.warmup_steps)
+        self.ema = EMAModel(model.parameters(), decay=cfg.ema_decay) if cfg.ema_decay else None
+        self.gns_window = GNSWindow(cfg.gns_steps)  # the global B_simple's window (checkpoint key "gns_ema")
+        self.scheduler = make_scheduler()
+        self.autocast = _autocast(cfg, device)
+        self.evaluator = HeldOutEval(self.data, cfg.eval_repeats, cfg.timestep_bins, rank, world, device)
+        data, scheduler, autocast = self.data, self.scheduler, self.autocast
+        self.train_step = TrainStep(cfg, model, ddp, data, scheduler, rank, world, device, autocast, hook)
+        self.bin_gns = None
+        if cfg.gns_every:
+            from trainables.gns_bins import BinGNS
 
-    # 2. restore
-    step, first_eval, train_seconds, status = 0, None, 0.0, M.STATUS_RUNNING
-    last: dict[str, float] = {}
-    row_log = RowLog()  # every row reported, carried by checkpoints (trainables.row_log)
-    with session.restore() as ckpt_dir:
-        if ckpt_dir:
-            state = checkpoint.load(ckpt_dir, rank)
-            model.load_state_dict(state["model"])
-            opt.load_state_dict(state["optimizer"])
-            lr_sched.load_state_dict(state["lr_scheduler"])
-            if ema is not None:
-                ema.load_state_dict(state["ema"])
-            gns_ema.load_state_dict(state["gns_ema"])
-            if bin_gns is not None:
-                bin_gns.load_state_dict(state["bin_gns"])
-            step, first_eval, train_seconds = state["step"], state["first_eval"], state["train_seconds"]
-            last = state["last"]
-            row_log.load_state_dict(state.get("row_log"))
-            # a finished trial re-run (e.g. by Tune after a driver crash) trains no further; a larger max_steps
-            # extends a trial whose budget was spent
-            status = state.get("status", M.STATUS_RUNNING)
-            if status == M.STATUS_BUDGET_SPENT and step < cfg.max_steps:
-                status = M.STATUS_RUNNING
-        elif cfg.init_from:  # a branch of a branched study: counters start at 0 (trainables.branching)
-            branching.start_dit(cfg.init_from, cfg.lr, model, opt, ema)
-    startup_seconds = time.perf_counter() - t_start
-    rows: list[list] = []
-    resend = row_log.rows()  # after a restore: sent again once with the next report (watermarks drop duplicates)
+            self.bin_gns = BinGNS(cfg, model, data, scheduler, rank, world, device, autocast)
 
-    def record(name: str, value: float) -> None:
-        rows.append([step, step * cfg.batch_size, name, float(value), train_seconds, time.time()])
-        last[name] = float(value)
+    # --- training and evaluation -----------------------------------------------------------------------------
+    def start(self, step: int, train_seconds: float) -> None:
+        self.timer = StepTimer(self.device)  # CUDA events on a GPU (no extra sync), wall clock on CPU
+        self.sys_metrics = SysMetrics(self.device, self.cfg.batch_size, step, train_seconds)  # sys/* per report
 
-    def evaluate() -> str:
-        nonlocal first_eval
-        if ema is not None and cfg.eval_ema:
-            ema.store(model.parameters())
-            ema.copy_to(model.parameters())
-        loss, per_bin = evaluator(model, scheduler, autocast)
-        if ema is not None and cfg.eval_ema:
-            ema.restore(model.parameters())
-        record(M.EVAL_LOSS, loss)
-        for k, v in enumerate(per_bin):
-            record(M.per_bin(M.EVAL_LOSS_BIN, k), v)
-        first_eval = loss if first_eval is None else first_eval
-        return eval_status(loss, first_eval, cfg.divergence_factor, cfg.target_loss)
-
-    def report(final: bool, save: bool | None = None) -> None:
-        nonlocal resend
-        if save is None:
-            save = final or (cfg.checkpoint_every and step % cfg.checkpoint_every == 0)
-        metrics = {
-            M.STEP: step,
-            M.MICRO_STEP: step * cfg.accum,
-            M.EXAMPLES: step * cfg.batch_size,
-            M.EPOCH: step * cfg.batch_size / info.train_size,
-            "status": status,
-            "train_seconds": train_seconds,
-            "startup_seconds": startup_seconds,
-            **last,
-            "rows": resend + rows,
-        }
-        row_log.add(rows)
-        resend, rows[:] = [], []
-        if not save:
-            session.report(metrics, None)
-            return
-        with tempfile.TemporaryDirectory(prefix="bcrit-ckpt-") as d:
-            state = None
-            if rank == 0:
-                state = {
-                    "model": model.state_dict(),
-                    "optimizer": opt.state_dict(),
-                    "lr_scheduler": lr_sched.state_dict(),
-                    "ema": ema.state_dict() if ema is not None else None,
-                    "gns_ema": gns_ema.state_dict(),
-                    "bin_gns": bin_gns.state_dict() if bin_gns is not None else None,
-                    "step": step,
-                    "first_eval": first_eval,
-                    "train_seconds": train_seconds,
-                    "last": dict(last),
-                    "status": status,
-                    "config": cfg.to_dict(),
-                    "dataset_info": vars(info),
-                    "row_log": row_log.state_dict(),
-                }
-            checkpoint.save(d, rank, state)
-            branching.keep_checkpoint(cfg.keep_dir, cfg.keep_steps, step, d)
-            session.report(metrics, d)
-
-    # 3. train until a stop rule fires
-    if status != M.STATUS_RUNNING:  # resumed from a final checkpoint: say so once, train nothing
-        report(final=True, save=False)
-    if step == 0 and first_eval is None:
-        status = evaluate()
-        report(final=status != M.STATUS_RUNNING)
-    timer = StepTimer(device)  # CUDA events on a GPU (no extra sync), wall clock on CPU
-    sys_metrics = SysMetrics(device, cfg.batch_size, step, train_seconds)  # sys/* of each report interval
-    while status == M.STATUS_RUNNING:
-        timer.start()
-        lr = lr_sched.get_last_lr()[0]
-        s = train_step(step)
+    def step(self, step: int) -> StepOutcome:
+        cfg, opt = self.cfg, self.opt
+        self.timer.start()
+        lr = self.lr_sched.get_last_lr()[0]
+        s = self.train_step(step)
         if s.finite:
             if cfg.grad_clip > 0:
-                torch.nn.utils.clip_grads_with_norm_(train_step.params, cfg.grad_clip, torch.tensor(s.g2_big**0.5))
+                torch.nn.utils.clip_grads_with_norm_(self.train_step.params, cfg.grad_clip, torch.tensor(s.g2_big**0.5))
             opt.step()
-            lr_sched.step()
-            if ema is not None:
-                ema.step(model.parameters())
+            self.lr_sched.step()
+            if self.ema is not None:
+                self.ema.step(self.model.parameters())
         opt.zero_grad(set_to_none=True)
-        step += 1
-        bin_values = bin_gns.measure(step) if bin_gns is not None and step % cfg.gns_every == 0 else {}
-        train_seconds += timer.stop()  # training time includes the GNS measurements
-        record(M.TRAIN_LOSS, s.loss)
-        record(M.LR, lr)
-        record(M.GRAD_NORM, s.g2_big**0.5)
-        if s.g2_small is not None and s.finite:  # a non-finite step ends the trial as diverged below
-            bin_values = {**live_metrics(gns_ema, step, s.g2_small, s.g2_big, s.b_small, s.b_big), **bin_values}
-        for name, value in bin_values.items():
-            record(name, value)
-        if s.finite:
-            status = status_after_step(step, cfg.eval_every, cfg.max_steps, evaluate)
-        else:
-            status = M.STATUS_DIVERGED
-        final = status != M.STATUS_RUNNING
-        if final or step % cfg.report_interval == 0:
-            train_seconds += timer.flush()
-            for name, value in sys_metrics.interval(step, train_seconds).items():
-                record(name, value)
-            report(final)
-    train_step.close()
+        done = step + 1
+        measure_bins = self.bin_gns is not None and done % cfg.gns_every == 0
+        bin_values = self.bin_gns.measure(done) if measure_bins else {}
+        seconds = self.timer.stop()  # training time includes the GNS measurements
+        values = {M.TRAIN_LOSS: s.loss, M.LR: lr, M.GRAD_NORM: s.g2_big**0.5}
+        if s.g2_small is not None and s.finite:  # a non-finite step ends the trial as diverged
+            live = live_metrics(self.gns_window, done, s.g2_small, s.g2_big, s.b_small, s.b_big)
+            bin_values = {**live, **bin_values}
+        return StepOutcome(seconds, {**values, **bin_values}, s.finite)
 
+    def evaluate(self) -> dict[str, float]:
+        model, ema = self.model, self.ema if self.cfg.eval_ema else None
+        if ema is not None:
+            ema.store(model.parameters())
+            ema.copy_to(model.parameters())
+        loss, per_bin = self.evaluator(model, self.scheduler, self.autocast)
+        if ema is not None:
+            ema.restore(model.parameters())
+        return {M.EVAL_LOSS: loss, **{M.per_bin(M.EVAL_LOSS_BIN, k): v for k, v in enumerate(per_bin)}}
+
+    def flush(self) -> float:
+        return self.timer.flush()
+
+    def interval(self, step: int, train_seconds: float) -> dict[str, float]:
+        return self.sys_metrics.interval(step, train_seconds)
+
+    def close(self) -> None:
+        self.train_step.close()
+
+    # --- checkpoints (trainables.checkpoint: rank 0's state, every rank's RNG) --------------------------------
+    def state_dict(self) -> dict:
+        return {
+            "model": self.model.state_dict(),
+            "optimizer": self.opt.state_dict(),
+            "lr_scheduler": self.lr_sched.state_dict(),
+            "ema": self.ema.state_dict() if self.ema is not None else None,
+            "gns_ema": self.gns_window.state_dict(),
+            "bin_gns": self.bin_gns.state_dict() if self.bin_gns is not None else None,
+            "config": self.cfg.to_dict(),
+            "dataset_info": vars(self.data.info),
+        }
+
+    def load_state_dict(self, state: dict) -> None:
+        self.model.load_state_dict(state["model"])
+        self.opt.load_state_dict(state["optimizer"])
+        self.lr_sched.load_state_dict(state["lr_scheduler"])
+        if self.ema is not None:
+            self.ema.load_state_dict(state["ema"])
+        self.gns_window.load_state_dict(state["gns_ema"])
+        if self.bin_gns is not None:
+            self.bin_gns.load_state_dict(state["bin_gns"])
+
+    def save(self, directory: str, state) -> None:
+        checkpoint.save(directory, self.rank, state() if self.rank == 0 else None)
+
+    def load(self, directory: str) -> dict:
+        return checkpoint.load(directory, self.rank)  # also restores this rank's RNG states
+
+    def branch_from(self, init_from: str) -> None:
+        branching.start_dit(init_from, self.cfg.lr, self.model, self.opt, self.ema)
+
+
+def train_loop(cfg: TrialConfig, session: Session) -> dict:
+    """Run the trial on this worker; returns the summary (identical on every rank)."""
+    world = session.world_size
+    torch.set_num_threads(cfg.threads_per_worker or cfg.cpus_per_worker)
+    started = time.perf_counter()
+    learner = DiTLearner(cfg, session.rank, world, session.device)  # 1. build
+    trial = TrialSkeleton(cfg, session, learner, started)
+    trial.restore()  # 2. restore (or branch from init_from)
+    status = trial.run()  # 3. train until a stop rule fires
+    gns_on = cfg.gns and global_gns_available(world, cfg.accum)
     return {
         "status": status,
-        M.STEP: step,
-        M.MICRO_STEP: step * cfg.accum,
-        M.EXAMPLES: step * cfg.batch_size,
-        M.EPOCH: step * cfg.batch_size / info.train_size,
+        **trial.counters(),
         "batch_size": cfg.batch_size,
         "micro_batch_size": cfg.micro_batch_size,
         "grad_accum": cfg.accum,
         "num_workers": cfg.num_workers,
-        "train_seconds": train_seconds,
-        "startup_seconds": startup_seconds,
+        "train_seconds": trial.train_seconds,
+        "startup_seconds": trial.startup_seconds,
         "gns_window": cfg.gns_steps,
-        "gns_global": "on"
-        if cfg.gns and global_gns_available(world, cfg.accum)
-        else (GNS_UNAVAILABLE if cfg.gns else "off"),
-        "last": dict(last),
+        "gns_global": "on" if gns_on else (GNS_UNAVAILABLE if cfg.gns else "off"),
+        "last": dict(trial.last),
         "pid": os.getpid(),
     }

@@ -1,6 +1,7 @@
-"""The noisy quadratic model (analysis.quadratic) as a trial: same report format, checkpoints and stop rules as
-the DiT trial (trainables.loop), so a sweep with ``workload: quadratic`` runs through the same machinery in
-seconds. Its closed-form B_crit (``analysis.quadratic.closed_form_b_crit``) is the end-to-end check.
+"""The noisy quadratic model (analysis.quadratic) as a trial: the DiT trial's skeleton (trainables.skeleton: report
+format, checkpoints, stop rules) around a `QuadraticLearner`, so a sweep with ``workload: quadratic`` runs through
+the same machinery in seconds. Its closed-form B_crit (``analysis.quadratic.closed_form_b_crit``) is the end-to-end
+check.
 
 SGD on ``L = ½ Σ h_i θ_i²`` with ``h_i = i^-h_decay``, gradient noise ``N(0, c/B)``, ``c = noise_scale · h``
 (the NQM's ``C ∝ H``), ``θ_i(0) = theta0``: the update of :func:`analysis.quadratic.simulate`, one step at a time.
@@ -13,7 +14,6 @@ from __future__ import annotations
 import json
 import math
 import os
-import tempfile
 import time
 from dataclasses import asdict, dataclass, field
 from typing import Any
@@ -21,10 +21,9 @@ from typing import Any
 import numpy as np
 
 from analysis import metrics as M
-from trainables.branching import keep_checkpoint, start_quadratic
+from trainables.branching import start_quadratic
 from trainables.config import BOUNDS, COUNT, Bound, ConfigError, check_bounds, config_from_dict
-from trainables.row_log import RowLog
-from trainables.stopping import eval_status, status_after_step
+from trainables.skeleton import Learner, Session, StepOutcome, TrialSkeleton
 
 STATE_FILE = "quadratic_state.json"
 
@@ -122,98 +121,57 @@ def check_quadratic(cfg: QuadraticConfig, resources: dict | None = None) -> None
         raise ConfigError(f"{need} CPUs asked for but {int(resources.get('CPU', 0))} available; lower num_workers")
 
 
-def train_loop(cfg: QuadraticConfig, session) -> dict:
-    """Train until a stop rule fires, reporting like trainables.loop (rows, counters, status, checkpoints)."""
-    t_start = time.perf_counter()
-    h, c, theta = cfg.problem()
-    rng = np.random.default_rng(cfg.seed)
-    step, first_eval, train_seconds, status = 0, None, 0.0, M.STATUS_RUNNING
-    row_log = RowLog()  # every row reported, carried by checkpoints (trainables.row_log)
-    with session.restore() as d:
-        if d:
-            with open(os.path.join(d, STATE_FILE)) as f:
-                s = json.load(f)
-            theta, step, first_eval = np.asarray(s["theta"]), s["step"], s["first_eval"]
-            train_seconds, status = s["train_seconds"], s["status"]
-            rng.bit_generator.state = s["rng"]
-            row_log.load_state_dict(s.get("row_log"))
-        elif cfg.init_from:  # a branch: the reference's theta, its own noise stream keyed by (seed, branch step)
-            theta, branch_step = start_quadratic(cfg.init_from, STATE_FILE)
-            rng = np.random.default_rng([cfg.seed, branch_step])
-    startup = time.perf_counter() - t_start
-    sd = np.sqrt(c / (cfg.noise_unit or cfg.batch_size))
-    units = cfg.batch_size // cfg.noise_unit if cfg.noise_unit else 0
-    rows: list[list] = []
-    resend = row_log.rows()  # after a restore: sent again once with the next report (watermarks drop duplicates)
-    last: dict[str, float] = {}
+class QuadraticLearner(Learner):
+    """SGD on the NQM: parameters ``theta`` and the noise generator are its whole state (one JSON file)."""
 
-    def evaluate() -> str:
-        nonlocal first_eval
-        with np.errstate(over="ignore", invalid="ignore"):
-            loss = float(0.5 * (h * theta**2).sum())
-        loss = loss if math.isfinite(loss) else math.inf
-        rows.append([step, step * cfg.batch_size, M.EVAL_LOSS, loss, train_seconds, time.time()])
-        last[M.EVAL_LOSS] = loss
-        first_eval = loss if first_eval is None else first_eval
-        return eval_status(loss, first_eval, cfg.divergence_factor, cfg.target_loss)
+    def __init__(self, cfg: QuadraticConfig):
+        self.cfg = cfg
+        self.h, c, self.theta = cfg.problem()
+        self.rng = np.random.default_rng(cfg.seed)
+        self.sd = np.sqrt(c / (cfg.noise_unit or cfg.batch_size))
+        self.units = cfg.batch_size // cfg.noise_unit if cfg.noise_unit else 0
 
-    def report(final: bool) -> None:
-        nonlocal resend
-        metrics = {
-            M.STEP: step,
-            M.MICRO_STEP: step * cfg.accum,
-            M.EXAMPLES: step * cfg.batch_size,
-            M.EPOCH: 0.0,  # the NQM samples fresh examples: no epochs
-            "status": status,
-            "train_seconds": train_seconds,
-            "startup_seconds": startup,
-            "worker_pid": os.getpid(),  # which process trained (a restarted worker shows a new pid)
-            **last,
-            "rows": resend + rows,
-        }
-        row_log.add(rows)
-        resend, rows[:] = [], []
-        if not (final or (cfg.checkpoint_every and step % cfg.checkpoint_every == 0)):
-            session.report(metrics, None)
-            return
-        with tempfile.TemporaryDirectory(prefix="bcrit-nqm-") as d:
-            state = {
-                "theta": theta.tolist(),
-                "step": step,
-                "first_eval": first_eval,
-                "train_seconds": train_seconds,
-                "status": status,
-                "rng": rng.bit_generator.state,
-                "row_log": row_log.state_dict(as_lists=True),
-            }
-            with open(os.path.join(d, STATE_FILE), "w") as f:
-                json.dump(state, f)
-            keep_checkpoint(cfg.keep_dir, cfg.keep_steps, step, d)
-            session.report(metrics, d)
-
-    if status != M.STATUS_RUNNING:  # restored from a final checkpoint: nothing left to do
-        report(final=True)
-    elif step == 0 and first_eval is None:
-        status = evaluate()
-        report(final=status != M.STATUS_RUNNING)
-    while status == M.STATUS_RUNNING:
+    def step(self, step: int) -> StepOutcome:
+        cfg, h, theta, rng = self.cfg, self.h, self.theta, self.rng
+        sd, units = self.sd, self.units
         t0 = time.perf_counter()
         with np.errstate(over="ignore", invalid="ignore"):
             xi = sd * (rng.standard_normal((units, cfg.dim)).mean(axis=0) if units else rng.standard_normal(cfg.dim))
-            theta = theta - cfg.lr * (h * theta + xi)
-        step += 1
+            self.theta = theta - cfg.lr * (h * theta + xi)
         if cfg.step_seconds:
             time.sleep(cfg.step_seconds)
-        train_seconds += time.perf_counter() - t0
-        status = status_after_step(step, cfg.eval_every, cfg.max_steps, evaluate)
-        final = status != M.STATUS_RUNNING
-        if final or step % cfg.report_interval == 0:
-            report(final)
-    return {"status": status, M.STEP: step, "last": dict(last), "pid": os.getpid()}
+        return StepOutcome(time.perf_counter() - t0)
+
+    def evaluate(self) -> dict[str, float]:
+        with np.errstate(over="ignore", invalid="ignore"):
+            loss = float(0.5 * (self.h * self.theta**2).sum())
+        return {M.EVAL_LOSS: loss if math.isfinite(loss) else math.inf}
+
+    def state_dict(self) -> dict:
+        return {"theta": self.theta.tolist(), "rng": self.rng.bit_generator.state}
+
+    def load_state_dict(self, state: dict) -> None:
+        self.theta = np.asarray(state["theta"])
+        self.rng.bit_generator.state = state["rng"]
+
+    def save(self, directory: str, state) -> None:
+        with open(os.path.join(directory, STATE_FILE), "w") as f:
+            json.dump(state(), f, default=lambda a: a.tolist())  # the row log's numpy columns as lists
+
+    def load(self, directory: str) -> dict:
+        with open(os.path.join(directory, STATE_FILE)) as f:
+            return json.load(f)
+
+    def branch_from(self, init_from: str) -> None:
+        """The reference's theta, its own noise stream keyed by (seed, branch step)."""
+        self.theta, branch_step = start_quadratic(init_from, STATE_FILE)
+        self.rng = np.random.default_rng([self.cfg.seed, branch_step])
 
 
-def train_func(config: dict) -> dict:
-    """The Ray Train per-worker function (V2): ``config = {"trial": cfg_dict}``."""
-    from trainables.trial import RaySession
-
-    return train_loop(QuadraticConfig.from_dict(config["trial"]), RaySession())
+def train_loop(cfg: QuadraticConfig, session: Session) -> dict:
+    """Train until a stop rule fires, reporting like the DiT trial (trainables.skeleton)."""
+    started = time.perf_counter()
+    trial = TrialSkeleton(cfg, session, QuadraticLearner(cfg), started)
+    trial.restore()
+    status = trial.run()
+    return {"status": status, M.STEP: trial.step, "last": dict(trial.last), "pid": os.getpid()}

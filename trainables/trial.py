@@ -12,6 +12,7 @@ import logging
 import os
 import shutil
 import tempfile
+from collections.abc import Callable
 
 import torch
 
@@ -143,9 +144,11 @@ def run_local(cfg: TrialConfig, checkpoint_root: str | None = None, resume_from:
     return session
 
 
-def train_func(config: dict) -> dict:
-    """What each Ray Train worker runs."""
-    return train_loop(TrialConfig.from_dict(config["trial"]), RaySession())
+def train_func(config: dict, config_cls: type = TrialConfig, loop: Callable | None = None) -> dict:
+    """What each Ray Train worker runs, for every workload: ``loop(config_cls.from_dict(config["trial"]),
+    RaySession())``; default: the DiT trial. Bind another workload with ``functools.partial`` (e.g.
+    `orchestrator.tune_trainable.Workload.train_func`): Ray Train counts one required argument either way."""
+    return (loop or train_loop)(config_cls.from_dict(config["trial"]), RaySession())
 
 
 def build_trainer(
@@ -161,8 +164,8 @@ def build_trainer(
     """A ``TorchTrainer`` for the trial. A run of the same ``name`` in ``storage_path`` resumes from its
     latest checkpoint (Ray Train V2), which is how a retried or restored Tune trial continues. ``train_loop``:
     the per-worker function taking ``{"trial": cfg.to_dict()}`` (default: the DiT trial's `train_func`; another
-    workload, e.g. ``trainables.quadratic.train_func``, with a config of the same resource fields). ``log_level``:
-    Ray Train's console logging (INFO shows worker-group set-up and checkpoint lines)."""
+    workload's, `train_func` bound to its config class and loop, with a config of the same resource fields).
+    ``log_level``: Ray Train's console logging (INFO shows worker-group set-up and checkpoint lines)."""
     from ray.train import CheckpointConfig, FailureConfig, LoggingConfig, RunConfig, ScalingConfig
     from ray.train.torch import TorchConfig, TorchTrainer
 
