@@ -5,9 +5,9 @@ Ray forwards every worker's stderr to the driver. Ray Train 2.60's controller lo
 arguments in the object store and max_restarts > 0`` (ray#53727) -- which a user reads as a failure of their
 trial; and the raylet warns that "N PYTHON worker processes have been started ... maximum expected startup
 concurrency" as the sweep starts trial actors and Train workers (ray#3644). Nothing is wrong (the trials run on);
-so the driver's log printer drops exactly these lines and nothing else. Ray's driver-side printer is a handler
-named ``ray_print_logs`` on its stream dispatcher (a private API: if it moves, nothing is filtered and the sweep
-runs as before).
+so the driver's log printer drops exactly these lines and nothing else. Ray's driver-side printers are a handler
+named ``ray_print_logs`` on its stream dispatcher (workers' logs) and ``ray._private.worker.print_to_stdstream``
+(the raylet's messages): private APIs; if they move, nothing is filtered and the sweep runs as before.
 """
 
 from __future__ import annotations
@@ -35,12 +35,24 @@ def drop_harmless(data: dict) -> dict | None:
 
 
 def filter_driver_logs() -> bool:
-    """Wrap Ray's driver-side log printer with :func:`drop_harmless` (once; after ``ray.init``). Returns whether
-    the printer was found and wrapped."""
+    """Wrap Ray's driver-side log printer with :func:`drop_harmless` (once; after ``ray.init``): the handler that
+    prints the workers' logs, and the function the driver's error listener prints the raylet's warnings with.
+    Returns whether the log printer was found and wrapped."""
     try:
+        from ray._private import worker as ray_worker
         from ray._private.ray_logging import global_worker_stdstream_dispatcher as dispatcher
     except ImportError:
         return False
+    direct = getattr(ray_worker, "print_to_stdstream", None)
+    if direct is not None and not getattr(direct, "_bcrit_filtered", False):
+
+        def print_kept(data, *args, _print=direct, **kwargs):
+            kept = drop_harmless(data)
+            if kept is not None:
+                _print(kept, *args, **kwargs)
+
+        print_kept._bcrit_filtered = True
+        ray_worker.print_to_stdstream = print_kept
     with dispatcher._lock:
         for i, (name, handler) in enumerate(dispatcher.handlers):
             if name == "ray_print_logs" and not getattr(handler, "_bcrit_filtered", False):

@@ -48,3 +48,17 @@ def test_raylet_worker_count_warning_is_harmless():
     )
     assert ray_logs.is_harmless(line)
     assert not ray_logs.is_harmless("WARNING: the worker on node 9050881b04c1 died")
+
+
+def test_raylet_messages_printed_directly_are_filtered(monkeypatch):
+    import ray._private.worker as ray_worker
+
+    printed = []
+    monkeypatch.setattr(ray_worker, "print_to_stdstream", lambda data, ignore_prefix: printed.append(data["lines"]))
+    monkeypatch.setattr("ray._private.ray_logging.global_worker_stdstream_dispatcher", WorkerStandardStreamDispatcher())
+    ray_logs.filter_driver_logs()
+    noise = "WARNING: 8 PYTHON worker processes have been started on node: abc with address: 1.2.3.4, which is 4x the "
+    noise += "maximum expected startup concurrency (2)."
+    ray_worker.print_to_stdstream({"lines": [noise], "pid": "raylet"}, ignore_prefix=False)
+    ray_worker.print_to_stdstream({"lines": [REAL], "pid": "raylet"}, ignore_prefix=False)
+    assert printed == [[REAL]]
