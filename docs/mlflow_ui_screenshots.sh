@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# Screenshots of the MLflow UI pages a user reads after a sweep and `bcrit analyze` (docs/mlflow-ui.md).
+# Screenshots of the MLflow UI pages a user reads after a sweep and `bcrit analyze` (docs/mlflow.md).
 # Not part of CI: needs chromium (apt-get install chromium) and a finished, analysed sweep directory.
 #   docs/mlflow_ui_screenshots.sh runs/tiny /tmp/mlflow-shots
 set -euo pipefail

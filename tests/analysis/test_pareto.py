@@ -180,11 +180,11 @@ def test_unreachable_target_error_names_batch_sizes():
         analyze_metric(runs, m.EVAL_LOSS, [0.1], bootstrap=0)
 
 
-def test_readme_flag_table_is_current():
+def test_docs_flag_table_is_current():
     from pathlib import Path
 
-    readme = (Path(__file__).parents[2] / "README.md").read_text()
-    assert flags.markdown_table() in readme, "README flag table is stale: paste `python -m analysis.flags`"
+    page = (Path(__file__).parents[2] / "docs" / "analysis.md").read_text()
+    assert flags.markdown_table() in page, "docs/analysis.md flag table is stale: paste `python -m analysis.flags`"
 
 
 # --- auto_targets and the "trials" bootstrap against hand-computed answers (mutation testing, docs/testing.md) ---
