@@ -2,7 +2,7 @@
 
 A target entry's ``"flags"`` is a list of the names below; an empty list means the analysis found nothing that
 makes the number untrustworthy, and only such targets enter the headline (the summary line of ``bcrit analyze``,
-the first table of ``report.md``). The README's flag table is generated from :data:`FLAG_DOCS`
+the first table of ``report.md``). The flag table of docs/analysis.md is generated from :data:`FLAG_DOCS`
 (``python -m analysis.flags``). The thresholds the rules use are named here too.
 """
 
@@ -58,7 +58,7 @@ FLAGS = tuple(FLAG_DOCS)
 
 
 def markdown_table() -> str:
-    """The README's flag table."""
+    """The flag table of docs/analysis.md."""
     lines = ["| flag | meaning | what to change in the sweep |", "| --- | --- | --- |"]
     lines += [f"| `{name}` | {what} | {fix} |" for name, (what, fix) in FLAG_DOCS.items()]
     return "\n".join(lines)

@@ -1,7 +1,7 @@
 """Every metric name and counter the platform reports, defined once.
 
 The trainables report these names, the orchestrator writes them to MLflow and Parquet, the analysis reads
-them. The README's metric table is generated from `METRIC_DOCS` (keep it in sync: a test checks).
+them. The metric tables of docs/metrics.md are generated from `METRIC_DOCS` (keep it in sync: a test checks).
 """
 
 from __future__ import annotations
@@ -142,7 +142,7 @@ TRACKING_DOCS: dict[str, str] = {
 
 
 def markdown_table(docs: dict[str, str] | None = None) -> str:
-    """The README's metric table (``python -m analysis.metrics``; ``--tracking``: the MLflow child-run table)."""
+    """The metric tables of docs/metrics.md (``python -m analysis.metrics``; ``--tracking``: the MLflow child-run table)."""
     lines = ["| name | meaning |", "| --- | --- |"]
     lines += [f"| `{name}` | {doc} |" for name, doc in (METRIC_DOCS if docs is None else docs).items()]
     return "\n".join(lines)

@@ -235,7 +235,7 @@ def render_markdown(result: dict, pngs: list[str]) -> str:
     lines += table + [_target_row(t) for t in head] if head else ["**No trustworthy target**: see the flags below."]
     flagged = [t for t in result["targets"] if t.get("flags")]
     if flagged:
-        lines += ["", "Flagged targets (not in the headline; README: how to read the flags):", ""]
+        lines += ["", "Flagged targets (not in the headline; docs/analysis.md: how to read the flags):", ""]
         lines += ["| target | B_crit | interval | flags | censored batch sizes |", "|---:|---:|:---:|:---|:---|"]
         for t in flagged:
             lo, hi = t["b_crit_ci"]
@@ -307,7 +307,7 @@ def summary_lines(result: dict) -> list[str]:
         vals = ", ".join(f"{short_num(t['b_crit'])} at {t['target']:.4g}" for t in head)
         out.append(f"headline: B_crit {vals} ({len(head)} of {len(result['targets'])} targets trustworthy)")
     else:
-        out.append("headline: no trustworthy target (every target is flagged; see report.md and the README's flags)")
+        out.append("headline: no trustworthy target (every target is flagged; see report.md and docs/analysis.md for the flags)")
     return out
 
 
