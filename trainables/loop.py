@@ -36,7 +36,10 @@ from trainables.stopping import eval_status, status_after_step
 from trainables.sys_metrics import SysMetrics
 from trainables.timing import StepTimer
 
-GNS_UNAVAILABLE = "unavailable: global GNS needs num_workers x grad_accum >= 2 (this trial has 1 x 1)"
+GNS_UNAVAILABLE = (
+    "unavailable: global GNS needs num_workers x grad_accum >= 2, or gns_halves with micro_batch_size >= 2 "
+    "(this trial has 1 x 1)"
+)
 
 
 class Session(Protocol):
@@ -242,9 +245,7 @@ def train_loop(cfg: TrialConfig, session: Session) -> dict:
         "train_seconds": train_seconds,
         "startup_seconds": startup_seconds,
         "gns_window": cfg.gns_steps,
-        "gns_global": "on"
-        if cfg.gns and global_gns_available(world, cfg.accum)
-        else (GNS_UNAVAILABLE if cfg.gns else "off"),
+        "gns_global": "on" if global_gns_available(cfg) else (GNS_UNAVAILABLE if cfg.gns else "off"),
         "last": dict(last),
         "pid": os.getpid(),
     }
