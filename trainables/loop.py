@@ -89,7 +89,9 @@ def train_loop(cfg: TrialConfig, session: Session) -> dict:
 
     lr_sched = get_constant_schedule_with_warmup(opt, num_warmup_steps=cfg.warmup_steps)
     ema = EMAModel(model.parameters(), decay=cfg.ema_decay) if cfg.ema_decay else None
-    gns_ema = GNSWindow(cfg.gns_steps)  # the global B_simple's window (name kept: checkpoint key "gns_ema")
+    gns_ema = GNSWindow(
+        cfg.gns_steps, cfg.gns_window_half
+    )  # the global B_simple's window (name kept: checkpoint key "gns_ema")
     scheduler = make_scheduler()
     autocast = _autocast(cfg, device)
     evaluator = HeldOutEval(data, cfg.eval_repeats, cfg.timestep_bins, rank, world, device)
@@ -245,6 +247,7 @@ def train_loop(cfg: TrialConfig, session: Session) -> dict:
         "train_seconds": train_seconds,
         "startup_seconds": startup_seconds,
         "gns_window": cfg.gns_steps,
+        "gns_window_half": cfg.gns_window_half,
         "gns_global": "on" if global_gns_available(cfg) else (GNS_UNAVAILABLE if cfg.gns else "off"),
         "last": dict(last),
         "pid": os.getpid(),

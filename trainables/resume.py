@@ -18,7 +18,8 @@ from trainables.config import ConfigError
 
 # keys a resumed trial may change: bookkeeping and resources, not what the counters or results mean. `prefetch`
 # gives identical trials; `compile` the same math in other kernels (float rounding only); `gns_window` only
-# re-smooths the logged B_simple (its auto value follows max_steps, so a larger budget changes it)
+# re-smooths the logged B_simple (its auto value follows max_steps, so a larger budget changes it), as
+# `gns_window_half` does
 RESUMABLE_CHANGES = (
     "report_every",
     "checkpoint_every",
@@ -27,6 +28,7 @@ RESUMABLE_CHANGES = (
     "prefetch",
     "compile",
     "gns_window",
+    "gns_window_half",
     "extra",
 )
 CHECKPOINT_GLOB = "checkpoint_*"  # both layouts: ours (checkpoint_step00000010) and Ray Train's (a date)

@@ -188,8 +188,11 @@ def test_global_gns_on_off_identical_losses() -> None:
     off = run_local(TrialConfig(**base, gns=False))
     assert _losses(on) == _losses(off) and len(_losses(on)) == 6
     assert _losses(on, M.EVAL_LOSS) == _losses(off, M.EVAL_LOSS)
-    # B_simple needs >= 2 measurements in its window (analysis.gns.GNSWindow): logged from step 2 on
-    assert [s for s, _ in _losses(on, M.GNS_B_SIMPLE)] == [2, 3, 4, 5, 6] and not _losses(off, M.GNS_B_SIMPLE)
+    # B_simple needs >= 2 measurements in its window (analysis.gns.GNSWindow), which never reaches back past half
+    # the steps so far (gns_window_half): logged from step 3 on (steps 2..3); without the half rule from step 2
+    assert [s for s, _ in _losses(on, M.GNS_B_SIMPLE)] == [3, 4, 5, 6] and not _losses(off, M.GNS_B_SIMPLE)
+    plain = run_local(TrialConfig(**base, gns=True, gns_window_half=False))
+    assert [s for s, _ in _losses(plain, M.GNS_B_SIMPLE)] == [2, 3, 4, 5, 6] and _losses(plain) == _losses(on)
     assert len(_losses(on, M.GNS_G2_SMALL)) == 6  # the raw statistics of every step are logged
 
 
@@ -200,5 +203,6 @@ def test_per_bin_gns_on_off_identical_losses() -> None:
     assert _losses(on) == _losses(off) and len(_losses(on)) == 6
     assert _losses(on, M.EVAL_LOSS) == _losses(off, M.EVAL_LOSS)
     for k in range(4):
-        assert [s for s, _ in _losses(on, M.per_bin(M.GNS_BIN_B_SIMPLE, k))] == [4, 6]  # >= 2 measurements
+        # >= 2 measurements, the window reaching back at most half the steps: (3, 6] holds steps 4 and 6
+        assert [s for s, _ in _losses(on, M.per_bin(M.GNS_BIN_B_SIMPLE, k))] == [6]
         assert not _losses(off, M.per_bin(M.GNS_BIN_B_SIMPLE, k))

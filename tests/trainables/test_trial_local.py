@@ -117,7 +117,8 @@ def test_halves_train_the_same_losses_as_one_backward(micro):
     other_seed = run_local(TrialConfig(**base, seed=5))
     assert max(abs(x - y) / y for (_, x), (_, y) in zip(losses(other_seed), b, strict=True)) > 1e-2
     assert {v for _, v in losses(halves, M.GNS_B_SMALL)} == {micro / 2}
-    assert len(losses(halves, M.GNS_B_SIMPLE)) == 11 and not losses(one, M.GNS_G2_SMALL)
+    assert [s for s, _ in losses(halves, M.GNS_B_SIMPLE)] == list(range(3, 13))  # >= 2 steps in the half window
+    assert not losses(one, M.GNS_G2_SMALL)
 
 
 def test_global_gns_unavailable_is_said_plainly(capsys):
