@@ -139,7 +139,7 @@ def window_span(step: ArrayLike, window: int, half: bool = False) -> NDArray[np.
     of steps, and a window reaching back to them in a short trial reads B_simple several times too low (the
     window means are dominated by the transient) with a wide SE (measured: 1.7 ± 0.8 instead of ~10 at step 60 of
     a B = 32 demo trial, whose first 60 steps a 100-step window holds). Long trials (``step >= 2 window``) are
-    unaffected."""
+    unaffected. The trial applies it to the global window only (per-bin measurements are too sparse)."""
     s = np.asarray(step, dtype=np.int64)
     return np.minimum(window, (s + 1) // 2) if half else np.full_like(s, window)
 

@@ -64,11 +64,14 @@ def window_of(runs: Runs, row: int, default: int | None = None) -> int:
 
 
 def half_of(runs: Runs, row: int) -> bool:
-    """Whether trial ``row``'s window never reaches back past half its steps (its ``gns_window_half``; a runs
-    table without the column, i.e. trials from before the option, used the plain window: False)."""
+    """Whether trial ``row``'s GLOBAL window never reaches back past half its steps (its ``gns_window_half``; a runs
+    table without the column, i.e. trials from before the option, used the plain window: False). Per-bin windows
+    always use the plain window (as live: `trainables.gns_bins`)."""
     if "gns_window_half" not in runs.trials.column_names:
         return False
     v = runs.trials.column("gns_window_half")[row].as_py()
+    if isinstance(v, str):  # MLflow params arrive as strings ("True", "1.0")
+        return v.strip().lower() in ("true", "1", "1.0", "yes")
     return bool(v) if v is not None and v == v else False
 
 
@@ -89,7 +92,7 @@ def b_simple_trace(runs: Runs, row: int, k: int | None = None, window: int | Non
     window = window or window_of(runs, row)
     try:
         value, se = gns.window_b_simple(
-            steps[finite], *(v[finite] for v in vals), window=window, half=half_of(runs, row)
+            steps[finite], *(v[finite] for v in vals), window=window, half=k is None and half_of(runs, row)
         )
     except ValueError:  # e.g. b == B: one worker and no accumulation gives no second batch size
         return None

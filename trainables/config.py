@@ -55,8 +55,9 @@ class TrialConfig:
     gns_halves: bool = True  # W = A = 1: backward the micro-batch as two halves so global GNS has two batch sizes
     # (same examples and draws: the update equals the one-backward update up to float rounding); false = one backward
     gns_window: int = 0  # live B_simple averages the last N steps (global and per bin); 0 = auto, see gns_steps
-    gns_window_half: bool = True  # the window also never reaches back past half the steps so far (forgets the
-    # early transient of |G|^2 in short trials; analysis.gns.window_span); false = always the last gns_window steps
+    gns_window_half: bool = True  # the GLOBAL window also never reaches back past half the steps so far (forgets
+    # the early |G|^2 transient of short trials; analysis.gns.window_span); false = the last gns_window steps. Per-bin
+    # windows (sparse: one measurement per gns_every steps) keep the plain gns_window rule
     gns_every: int = 300  # per-bin GNS cadence in steps (0 = off); one pass ~13 steps of B=32 (K=10): ~4.3%
     gns_bin_examples: int = 32  # examples per bin per measurement (split in two halves); 0 = micro_batch_size
     # --- reporting and checkpoints ------------------------------------------------------------------------

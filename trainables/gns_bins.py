@@ -129,7 +129,7 @@ class BinGNS:
         if self.n < 2 or self.n % 2:
             raise ValueError(f"per-bin GNS needs an even number >= 2 of examples per bin, got {self.n}")
         self.params = [p for p in model.parameters() if p.requires_grad]
-        self.windows = [GNSWindow(cfg.gns_steps, cfg.gns_window_half) for _ in self.bins]
+        self.windows = [GNSWindow(cfg.gns_steps) for _ in self.bins]
 
     @property
     def my_bins(self) -> range:
