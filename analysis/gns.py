@@ -46,6 +46,7 @@ __all__ = [
     "mean_with_se",
     "trace_unbiased",
     "window_b_simple",
+    "window_span",
     "window_estimate",
 ]
 
@@ -131,6 +132,18 @@ def _per_step(
 DEFAULT_WINDOW = 100  # optimizer steps: the time constant of every live and offline B_simple (config gns_window)
 
 
+def window_span(step: ArrayLike, window: int, half: bool = False) -> NDArray[np.int64]:
+    """How far back the B_simple window reaches at optimizer ``step``: it holds the measurements at steps in
+    ``(step - span, step]``. ``span = window``; with ``half`` (config ``gns_window_half``) at most ``ceil(step / 2)``
+    too, i.e. never the first half of the steps so far: ``|G|^2`` falls by orders of magnitude during the first tens
+    of steps, and a window reaching back to them in a short trial reads B_simple several times too low (the
+    window means are dominated by the transient) with a wide SE (measured: 1.7 ± 0.8 instead of ~10 at step 60 of
+    a B = 32 demo trial, whose first 60 steps a 100-step window holds). Long trials (``step >= 2 window``) are
+    unaffected. The trial applies it to the global window only (per-bin measurements are too sparse)."""
+    s = np.asarray(step, dtype=np.int64)
+    return np.minimum(window, (s + 1) // 2) if half else np.full_like(s, window)
+
+
 @dataclass(frozen=True)
 class WindowEstimate:
     """B_simple of one window: ``value ± se`` from ``n`` measurements (``nan`` unless ``state == "ok"``)."""
@@ -178,7 +191,9 @@ class GNSWindow:
     The rule, one for the global value, every per-bin value, the offline re-smoothing and the report: at step
     ``s`` the window holds every measurement taken at a step in ``(s - window, s]`` -- every step for the global
     statistics, every ``gns_every`` steps for a bin, so both forget a measurement at the same age in *steps*
-    (``window`` is the time constant). ``window_estimate`` forms the ratio of the window means and its SE.
+    (``window`` is the time constant); with ``half`` it never reaches back past ``s - ceil(s / 2)`` either
+    (``window_span``: a short trial's early transient is forgotten). ``window_estimate`` forms the ratio of the
+    window means and its SE.
 
     Why a window and not an EMA: McCandlish et al. 2018 (arXiv 1812.06162, App. A.1) smooth ``|G|^2`` and
     ``tr(Sigma)`` separately, then divide (so do we: the ratio of two noisy estimates is biased, the ratio of
@@ -190,10 +205,10 @@ class GNSWindow:
     unbounded memory make that awkward). The price is a lag of about ``window / 2`` steps, the same everywhere.
     """
 
-    def __init__(self, window: int = DEFAULT_WINDOW) -> None:
+    def __init__(self, window: int = DEFAULT_WINDOW, half: bool = False) -> None:
         if int(window) != window or window < 1:
             raise ValueError(f"window must be a positive number of optimizer steps, got {window!r}")
-        self.window = int(window)
+        self.window, self.half = int(window), bool(half)
         self._steps: list[int] = []
         self._g2: list[float] = []
         self._trace: list[float] = []
@@ -212,8 +227,8 @@ class GNSWindow:
             self._steps.append(int(step))
             self._g2.append(g2)
             self._trace.append(trace)
-        cut = 0
-        while cut < len(self._steps) and self._steps[cut] <= step - self.window:
+        cut, span = 0, int(window_span(step, self.window, self.half))
+        while cut < len(self._steps) and self._steps[cut] <= step - span:
             cut += 1
         del self._steps[:cut], self._g2[:cut], self._trace[:cut]
         est = self.estimate
@@ -255,13 +270,20 @@ class GNSWindow:
 
 
 def window_b_simple(
-    step: ArrayLike, g2_small: ArrayLike, g2_big: ArrayLike, b: ArrayLike, B: ArrayLike, window: int
+    step: ArrayLike,
+    g2_small: ArrayLike,
+    g2_big: ArrayLike,
+    b: ArrayLike,
+    B: ArrayLike,
+    window: int,
+    half: bool = False,
 ) -> tuple[NDArray[np.float64], NDArray[np.float64]]:
     """``GNSWindow`` over a logged series (offline re-smoothing): ``(B_simple, SE)`` after each measurement.
 
     ``step`` holds the optimizer steps of the measurements (strictly increasing); entry ``i`` applies
-    ``window_estimate`` to the measurements at steps in ``(step[i] - window, step[i]]`` (``nan`` where not
-    defined). Equal to feeding ``GNSWindow.update`` measurement by measurement.
+    ``window_estimate`` to the measurements at steps in ``(step[i] - span, step[i]]``, ``span = window_span(step[i],
+    window, half)`` (``nan`` where not defined). Equal to feeding ``GNSWindow(window, half).update`` measurement by
+    measurement.
     """
     if int(window) != window or window < 1:
         raise ValueError(f"window must be a positive number of optimizer steps, got {window!r}")
@@ -271,7 +293,7 @@ def window_b_simple(
         raise ValueError(f"step has shape {s.shape}, the statistics {g2.shape}")
     if np.any(np.diff(s) <= 0):
         raise ValueError("steps must be strictly increasing")
-    lo = np.searchsorted(s, s - window, side="right")
+    lo = np.searchsorted(s, s - window_span(s, int(window), half), side="right")
     value, se = np.full(s.size, np.nan), np.full(s.size, np.nan)
     for i in range(s.size):
         est = window_estimate(g2[lo[i] : i + 1], trace[lo[i] : i + 1])

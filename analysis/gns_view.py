@@ -3,7 +3,8 @@
 From the raw statistics a trial logs (``|G_b|^2``, ``|G_B|^2``, ``b``, ``B``; globally every step and per
 timestep bin every ``gns_every`` steps) B_simple ± SE is re-smoothed offline with the live values' rule,
 :func:`analysis.gns.window_b_simple` (means of numerator and denominator over the last ``window`` optimizer
-steps, then divided; the trial's own ``gns_window`` when the runs table has it), and read off at the step where
+steps, then divided; the trial's own ``gns_window`` and ``gns_window_half`` when the runs table has them), and read
+off at the step where
 a trial reaches a target. McCandlish et al. predict ``B_crit ≈ B_simple`` at the loss where both are measured; this
 puts them side by side."""
 
@@ -62,6 +63,18 @@ def window_of(runs: Runs, row: int, default: int | None = None) -> int:
     return default or gns.DEFAULT_WINDOW
 
 
+def half_of(runs: Runs, row: int) -> bool:
+    """Whether trial ``row``'s GLOBAL window never reaches back past half its steps (its ``gns_window_half``; a runs
+    table without the column, i.e. trials from before the option, used the plain window: False). Per-bin windows
+    always use the plain window (as live: `trainables.gns_bins`)."""
+    if "gns_window_half" not in runs.trials.column_names:
+        return False
+    v = runs.trials.column("gns_window_half")[row].as_py()
+    if isinstance(v, str):  # MLflow params arrive as strings ("True", "1.0")
+        return v.strip().lower() in ("true", "1", "1.0", "yes")
+    return bool(v) if v is not None and v == v else False
+
+
 def b_simple_trace(runs: Runs, row: int, k: int | None = None, window: int | None = None) -> GNSTrace | None:
     """Re-smoothed B_simple ± SE of trial ``row`` (global, or bin ``k``); ``None`` without usable GNS rows.
 
@@ -78,7 +91,9 @@ def b_simple_trace(runs: Runs, row: int, k: int | None = None, window: int | Non
     finite = np.isfinite(vals[0]) & np.isfinite(vals[1])  # overflowed measurements stay out, as live
     window = window or window_of(runs, row)
     try:
-        value, se = gns.window_b_simple(steps[finite], *(v[finite] for v in vals), window=window)
+        value, se = gns.window_b_simple(
+            steps[finite], *(v[finite] for v in vals), window=window, half=k is None and half_of(runs, row)
+        )
     except ValueError:  # e.g. b == B: one worker and no accumulation gives no second batch size
         return None
     return GNSTrace(steps[finite], value, se)

@@ -33,11 +33,11 @@ def is_system(name: str) -> bool:
 # --- gradient noise scale (McCandlish et al. 2018), global, every step ----------------------------------
 GNS_G2_SMALL = "gns/g2_small"  # |G_b|^2: mean squared norm of the small-batch gradients of this step
 GNS_G2_BIG = "gns/g2_big"  # |G_B|^2: squared norm of the big-batch (all-reduced) gradient
-GNS_B_SMALL = "gns/b_small"  # b: examples in each small-batch gradient
+GNS_B_SMALL = "gns/b_small"  # b: examples in each small-batch gradient (mean size: halves of an odd micro-batch)
 GNS_B_BIG = "gns/b_big"  # B: examples in the big-batch gradient
 GNS_G2 = "gns/g2"  # unbiased |G|^2 of this step alone (noisy; may be negative)
 GNS_TRACE = "gns/trace"  # unbiased tr(Sigma) of this step alone (noisy)
-GNS_B_SIMPLE = "gns/b_simple"  # B_simple = mean tr(Sigma) / mean |G|^2 over the last gns_window steps
+GNS_B_SIMPLE = "gns/b_simple"  # B_simple = mean tr(Sigma) / mean |G|^2 over the last gns_window steps (see half)
 GNS_B_SIMPLE_SE = "gns/b_simple_se"  # its standard error (delta method on the window means)
 GNS_B_SIMPLE_UNDEFINED = "gns/b_simple_undefined"  # running count of updates whose window had no valid ratio
 
@@ -105,12 +105,14 @@ METRIC_DOCS: dict[str, str] = {
     "resident set size (`resource.getrusage` `ru_maxrss`), whole process",
     GNS_G2_SMALL: "`|G_b|^2`, mean squared norm of this step's small-batch gradients",
     GNS_G2_BIG: "`|G_B|^2`, squared norm of this step's big-batch gradient",
-    GNS_B_SMALL: "`b`, examples per small-batch gradient",
+    GNS_B_SMALL: "`b`, examples per small-batch gradient (their mean: `micro / 2` for the two halves of an odd "
+    "micro-batch, e.g. 4.5)",
     GNS_B_BIG: "`B`, examples in the big-batch gradient",
     GNS_G2: "unbiased `|G|^2` from this step alone",
     GNS_TRACE: "unbiased `tr(Sigma)` from this step alone",
     GNS_B_SIMPLE: "`B_simple`: mean `tr(Sigma)` over mean `|G|^2` of the steps in the last `gns_window` steps (the "
-    "time constant); logged only when defined (>= 2 measurements, mean `|G|^2 > 0`, mean `tr(Sigma) >= 0`)",
+    "time constant; with `gns_window_half`, the default, at most the last half of the steps so far); logged only "
+    "when defined (>= 2 measurements, mean `|G|^2 > 0`, mean `tr(Sigma) >= 0`)",
     GNS_B_SIMPLE_SE: "standard error of `gns/b_simple` (delta method on the two window means, with their covariance)",
     GNS_B_SIMPLE_UNDEFINED: "running count of steps whose window gave no valid `B_simple` (mean `|G|^2 <= 0` or "
     "mean `tr(Sigma) < 0`: nothing is logged then); logged when it grows",

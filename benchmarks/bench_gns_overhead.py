@@ -3,8 +3,11 @@
 Gradient noise scale: McCandlish et al. 2018 (arXiv 1812.06162, App. A.1). Two overheads are measured:
 
 - **global GNS** (``cfg.gns``): ``TrainStep`` + optimizer step with ``gns=True`` vs ``gns=False`` at ``W = 1,
-  A = 2`` (one extra gradient norm per step; at ``W = A = 1`` global GNS is unavailable and costs nothing).
-  Target <= 1%.
+  A = 2`` (every micro-batch's gradient norm, read as the change of ``.grad``: one buffer copy and one subtraction
+  and norm per micro-step). Target <= 1%.
+- **halves** (``gns_halves``, W = A = 1): the step as two backward passes over the two halves of its micro-batch
+  (global GNS on) vs one backward with global GNS off, both at ``B = micro = 32``: what global GNS costs a trial
+  that does not accumulate.
 - **per-bin GNS** at the default cadence: the median ``BinGNS.measure`` time divided by ``gns_every`` steps of
   the median training step (``A = 1``, the trial's default split); the amortised overhead. Target <= 5%.
 
@@ -62,15 +65,17 @@ def bench_preset(preset: str, dataset: str, reps: int, steps: int, gns_every: in
     base = dict(preset=preset, dataset=dataset, batch_size=32, eval_size=data.info.eval_size)
     g_on = _trainer(TrialConfig(**base, micro_batch_size=16, gns=True), data, sched)[1]
     g_off = _trainer(TrialConfig(**base, micro_batch_size=16, gns=False), data, sched)[1]
+    unsplit = _trainer(TrialConfig(**base, micro_batch_size=32, gns=False, gns_every=0), data, sched)[1]
     cfg1 = TrialConfig(**base, micro_batch_size=32, gns=True, gns_every=gns_every, gns_bin_examples=bin_examples)
     model, step1 = _trainer(cfg1, data, sched)
     bins = BinGNS(cfg1, model, data, sched, 0, 1, CPU, contextlib.nullcontext)
-    t_on, t_off, t_step, t_measure = [], [], [], []
+    t_on, t_off, t_step, t_one, t_measure = [], [], [], [], []
     s = 0
     for _ in range(1 + reps):  # the first repetition warms up and is dropped
         on = [g_on(s + i) for i in range(steps)]
         off = [g_off(s + i) for i in range(steps)]
-        one = [step1(s + i) for i in range(steps)]
+        halves = [step1(s + i) for i in range(steps)]  # A = 1, gns_halves (the default): two backward passes
+        one = [unsplit(s + i) for i in range(steps)]  # A = 1, one backward, no global GNS
         t0 = clock()
         bins.measure(s)
         meas = clock() - t0
@@ -78,15 +83,18 @@ def bench_preset(preset: str, dataset: str, reps: int, steps: int, gns_every: in
         if _:
             t_on += on
             t_off += off
-            t_step += one
+            t_step += halves
+            t_one += one
             t_measure.append(meas)
-    m_on, m_off, m_step, m_meas = (statistics.median(x) for x in (t_on, t_off, t_step, t_measure))
+    m_on, m_off, m_step, m_one, m_meas = (statistics.median(x) for x in (t_on, t_off, t_step, t_one, t_measure))
     return {
         "preset": preset,
         "global_on_s": m_on,
         "global_off_s": m_off,
         "global_ratio": m_on / m_off,
         "step_s": m_step,
+        "unsplit_s": m_one,
+        "halves_ratio": m_step / m_one,
         "measure_s": m_meas,
         "measure_in_steps": m_meas / m_step,
         "per_bin_ratio": (m_step + m_meas / gns_every) / m_step,
@@ -115,13 +123,16 @@ def main() -> None:
         f"dataset {args.dataset}, B=32, {args.threads} thread(s), reps {args.reps} x {args.steps} steps, medians, "
         f"{args.clock} clock"
     )
-    head = f"{'preset':8s} {'global on/off (A=2)':>22s} {'ratio':>7s} {'step A=1':>9s} {'measure':>8s}"
+    head = f"{'preset':8s} {'global on/off (A=2)':>22s} {'ratio':>7s} {'A=1 halves/one':>22s} {'ratio':>7s}"
+    head += f" {'measure':>8s}"
     print(head + f" {'= steps':>8s} {'every':>6s} {'per-bin ratio':>14s}")
     for preset in args.presets:
         r = bench_preset(preset, args.dataset, args.reps, args.steps, args.gns_every, args.bin_examples)
         print(
             f"{r['preset']:8s} {r['global_on_s'] * 1e3:9.1f} / {r['global_off_s'] * 1e3:7.1f} ms "
-            f"{r['global_ratio']:7.4f} {r['step_s'] * 1e3:7.1f}ms {r['measure_s']:7.2f}s {r['measure_in_steps']:8.1f} "
+            f"{r['global_ratio']:7.4f} {r['step_s'] * 1e3:9.1f} / {r['unsplit_s'] * 1e3:7.1f} ms "
+            f"{r['halves_ratio']:7.4f} "
+            f"{r['measure_s']:7.2f}s {r['measure_in_steps']:8.1f} "
             f"{r['gns_every']:6d} {r['per_bin_ratio']:14.4f}   (K={r['bins']}, n={r['bin_examples']}/bin)",
             flush=True,
         )

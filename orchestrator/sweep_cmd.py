@@ -87,17 +87,23 @@ def plan_start(spec, resume: bool) -> bool:
 
 
 def gns_note(configs: list[dict]) -> str | None:
-    """One line for the trials without global GNS (``W x A < 2``) instead of one per trial."""
-    off = [
-        c
-        for c in configs
-        if c.get("gns", True) and max(1, int(c.get("num_workers", 0))) * int(c.get("grad_accum") or 1) < 2
-    ]
-    if not off or "dataset" not in configs[0]:
+    """One line for the trials without global GNS instead of one per trial; None when every trial has it (or GNS
+    is off, or the workload is not the DiT's)."""
+    from trainables.config import GNS_NONE, global_gns_mode
+
+    def mode(c: dict) -> str:
+        world, accum = max(1, int(c.get("num_workers", 0))), int(c.get("grad_accum") or 1)
+        return global_gns_mode(bool(c.get("gns", True)), world, accum, int(c["micro_batch_size"]),
+                               bool(c.get("gns_halves", True)))  # fmt: skip
+
+    if not configs or "dataset" not in configs[0]:
+        return None
+    off = [c for c in configs if mode(c) == GNS_NONE]
+    if not off:
         return None
     return (
         f"[bcrit] global GNS: unavailable for {len(off)} of {len(configs)} trials (it needs num_workers x grad_accum "
-        ">= 2); their per-bin GNS is unaffected"
+        ">= 2, or gns_halves with micro_batch_size >= 2); their per-bin GNS is unaffected"
     )
 
 

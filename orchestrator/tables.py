@@ -31,7 +31,7 @@ from analysis.schema import (
 
 PARTS = "parts"
 # trial-config keys copied into trials.parquet besides the schema's (nuisance values and budget)
-EXTRA_PARAMS = ("warmup_steps", "beta2", "weight_decay", "max_steps", "target_loss", "gns_window")
+EXTRA_PARAMS = ("warmup_steps", "beta2", "weight_decay", "max_steps", "target_loss", "gns_window", "gns_window_half")
 EXTRA_RESULTS = (M.STEP, M.EXAMPLES, "train_seconds", "startup_seconds")
 
 

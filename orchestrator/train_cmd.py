@@ -31,7 +31,9 @@ def format_summary(summary: dict, num_bins: int) -> str:
         f"loss   train {last.get(M.TRAIN_LOSS, float('nan')):.4f}  eval {last.get(M.EVAL_LOSS, float('nan')):.4f}",
         f"gns    global: {summary['gns_global']}"
         + _b_simple(last)
-        + (f"  (window {summary['gns_window']} steps)" if "gns_window" in summary else ""),
+        + (f"  (window {summary['gns_window']} steps" if "gns_window" in summary else "")
+        + (", at most the last half" if summary.get("gns_window_half") else "")
+        + (")" if "gns_window" in summary else ""),
         "eval loss per timestep bin:",
     ]
     from analysis.bins import timestep_bins

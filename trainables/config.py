@@ -51,8 +51,13 @@ class TrialConfig:
     eval_ema: bool = False  # evaluate the EMA weights instead of the training weights
     timestep_bins: int = 10  # K equal bins partitioning 0..999
     # --- gradient noise scale -----------------------------------------------------------------------------
-    gns: bool = True  # global GNS every step (needs num_workers * grad_accum >= 2)
+    gns: bool = True  # global GNS every step, from gradients the step computes anyway (see global_gns_mode)
+    gns_halves: bool = True  # W = A = 1: backward the micro-batch as two halves so global GNS has two batch sizes
+    # (same examples and draws: the update equals the one-backward update up to float rounding); false = one backward
     gns_window: int = 0  # live B_simple averages the last N steps (global and per bin); 0 = auto, see gns_steps
+    gns_window_half: bool = True  # the GLOBAL window also never reaches back past half the steps so far (forgets
+    # the early |G|^2 transient of short trials; analysis.gns.window_span); false = the last gns_window steps. Per-bin
+    # windows (sparse: one measurement per gns_every steps) keep the plain gns_window rule
     gns_every: int = 300  # per-bin GNS cadence in steps (0 = off); one pass ~13 steps of B=32 (K=10): ~4.3%
     gns_bin_examples: int = 32  # examples per bin per measurement (split in two halves); 0 = micro_batch_size
     # --- reporting and checkpoints ------------------------------------------------------------------------
@@ -97,6 +102,11 @@ class TrialConfig:
         return max(DEFAULT_WINDOW, 4 * self.gns_every) if per_bin_on else DEFAULT_WINDOW
 
     @property
+    def global_gns(self) -> str:
+        """How this trial measures global GNS: `global_gns_mode` of its settings."""
+        return global_gns_mode(self.gns, self.world_size, self.accum, self.micro_batch_size, self.gns_halves)
+
+    @property
     def bin_examples(self) -> int:
         return self.gns_bin_examples or self.micro_batch_size
 
@@ -118,6 +128,27 @@ class TrialConfig:
     def replace(self, **changes: Any) -> TrialConfig:
         """A copy with ``changes``; an automatic ``gns_window`` stays automatic (it follows ``max_steps``)."""
         return TrialConfig.from_dict({**self.to_dict(), "gns_window": self.gns_window, **changes})
+
+
+GNS_RANKS, GNS_MICRO, GNS_HALVES, GNS_OFF, GNS_NONE = "ranks", "micro-batches", "halves", "off", "unavailable"
+
+
+def global_gns_mode(gns: bool, world: int, accum: int, micro: int, halves: bool) -> str:
+    """Where a trial's small-batch gradients for global GNS come from (McCandlish et al. 2018, App. A.1).
+
+    ``"ranks"`` (W >= 2): each rank's accumulated gradient, ``b = micro x A``; ``"micro-batches"`` (W = 1, A >= 2):
+    every micro-batch's own gradient, ``b = micro``; ``"halves"`` (W = A = 1, ``gns_halves``, micro >= 2): the two
+    halves of the micro-batch, each its own backward, ``b = micro / 2``; ``"unavailable"``: no second batch size
+    (W = A = 1 without ``gns_halves``, or one example a step); ``"off"``: ``gns`` is false. The big batch is always
+    the whole step's gradient (``B``). Pure (no torch): the sweep's start line uses it on trial-config dicts.
+    """
+    if not gns:
+        return GNS_OFF
+    if world >= 2:
+        return GNS_RANKS
+    if accum >= 2:
+        return GNS_MICRO
+    return GNS_HALVES if halves and micro >= 2 else GNS_NONE
 
 
 def config_from_dict(cls, data: dict[str, Any], what: str = "config"):
@@ -244,7 +275,9 @@ BOUNDS: dict[str, Bound] = {
     "eval_ema": Bound("bool"),
     "timestep_bins": Bound("int", 1, 1000),
     "gns": Bound("bool"),
+    "gns_halves": Bound("bool"),
     "gns_window": COUNT,
+    "gns_window_half": Bound("bool"),
     "gns_every": COUNT,
     "gns_bin_examples": COUNT,
     "report_every": COUNT,

@@ -6,7 +6,9 @@ gradient taken at the same parameters; the estimators themselves live in ``analy
 In data parallel training the rank-local accumulated gradient is a small batch (``b = micro x A``) and
 the all-reduced one the big batch (``B = b x W``). ``LocalGradNormHook`` reads the local one inside
 DDP's communication hook, just before the all-reduce, so it costs one extra reduction per bucket and no
-extra communication.
+extra communication. With one worker, ``PieceNorms`` reads the gradient of each backward pass of the step (each
+micro-batch, or each half of a lone micro-batch) from the difference of ``.grad`` before and after it, so every
+small batch of the step counts, at the cost of one gradient-sized buffer and no extra gradient computation.
 """
 
 # No `from __future__ import annotations`: DDP checks the hook's `bucket` annotation at runtime and
@@ -19,7 +21,7 @@ import torch.distributed as dist
 from torch.distributed.algorithms.ddp_comm_hooks.default_hooks import allreduce_hook
 from torch.nn.parallel import DistributedDataParallel
 
-__all__ = ["LocalGradNormHook", "sq_norm"]
+__all__ = ["LocalGradNormHook", "PieceNorms", "sq_norm"]
 
 
 def sq_norm(tensors: Iterable[torch.Tensor | None]) -> torch.Tensor:
@@ -92,3 +94,56 @@ class LocalGradNormHook:
         value = self._acc
         self._acc, self.buckets = None, 0
         return value
+
+
+class PieceNorms:
+    """Squared norms of the gradient each backward pass ("piece") of a step adds to ``.grad`` (one worker).
+
+    A step runs ``k >= 2`` backward passes over disjoint pieces of ``n_j`` iid examples, each of the loss
+    ``sum(per-example losses of piece j) / N`` (``N = sum n_j``), so ``.grad`` ends as the mean gradient ``G_N`` of
+    all ``N`` examples. Piece ``j`` adds ``c_j = (n_j / N) g_j`` with ``g_j`` the mean gradient of its own examples;
+    ``c_j`` is ``.grad`` after it minus ``.grad`` before it, which one buffer (the copy of ``.grad`` after the
+    previous piece) gives. ``after_piece(n_j)`` accumulates, on the device (no host synchronisation),
+
+        g2_small = sum_j (n_j / N) |g_j|^2 = sum_j N |c_j|^2 / n_j,    E[g2_small] = |G|^2 + tr(Sigma) / (N / k)
+
+    since ``E|g_j|^2 = |G|^2 + tr(Sigma) / n_j`` (McCandlish et al. 2018, App. A.1): a size-weighted mean of the
+    pieces' squared norms is an unbiased small-batch ``|G_b|^2`` with ``b = N / k`` (the mean piece size; exact for
+    unequal pieces, e.g. the halves of an odd micro-batch). With ``|G_B|^2 = |G_N|^2`` and ``B = N`` the two-batch
+    estimators of ``analysis.gns`` apply unchanged. ``.grad`` itself is only read: training is unchanged.
+    """
+
+    def __init__(self, params: list[torch.Tensor], total: int) -> None:
+        self.params, self.total = params, int(total)
+        self._prev: list[torch.Tensor] | None = None  # .grad after the previous piece (allocated on first use)
+        self._sum: torch.Tensor | None = None
+        self.pieces = 0
+
+    def after_piece(self, n: int, last: bool) -> None:
+        """Call right after piece ``j``'s backward (``n`` examples); ``last``: no piece follows in this step."""
+        if self._prev is None:
+            self._prev = [torch.zeros_like(p) for p in self.params]
+        pairs = [(b, p.grad) for b, p in zip(self._prev, self.params, strict=True)]
+        bufs = [b for b, g in pairs if g is not None]
+        grads = [g.detach() for _, g in pairs if g is not None]
+        if self.pieces == 0:
+            for b, g in pairs:
+                if g is None:  # no gradient yet: a later piece's difference starts from zero
+                    b.zero_()
+            sq = sq_norm(grads)  # c_0 = .grad
+        else:
+            torch._foreach_sub_(bufs, grads)  # .grad before minus .grad after = -c_j
+            sq = sq_norm(bufs)
+        if not last:
+            torch._foreach_copy_(bufs, grads)
+        term = sq * (self.total / n)
+        self._sum = term if self._sum is None else self._sum + term
+        self.pieces += 1
+
+    def pop_tensor(self) -> tuple[torch.Tensor, int]:
+        """``(g2_small as a float64 0-d tensor, number of pieces)`` of the step; resets for the next step."""
+        if self._sum is None or self.pieces < 2:
+            raise RuntimeError(f"a two-batch estimate needs >= 2 backward passes in the step, got {self.pieces}")
+        value, k = self._sum, self.pieces
+        self._sum, self.pieces = None, 0
+        return value, k

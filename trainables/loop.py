@@ -30,7 +30,10 @@ from trainables.step import TrainStep, global_gns_available
 from trainables.sys_metrics import SysMetrics
 from trainables.timing import StepTimer
 
-GNS_UNAVAILABLE = "unavailable: global GNS needs num_workers x grad_accum >= 2 (this trial has 1 x 1)"
+GNS_UNAVAILABLE = (
+    "unavailable: global GNS needs num_workers x grad_accum >= 2, or gns_halves with micro_batch_size >= 2 "
+    "(this trial has 1 x 1)"
+)
 
 
 def _autocast(cfg: TrialConfig, device: torch.device):
@@ -71,7 +74,7 @@ class DiTLearner(Learner):
         )
         self.lr_sched = get_constant_schedule_with_warmup(self.opt, num_warmup_steps=cfg.warmup_steps)
         self.ema = EMAModel(model.parameters(), decay=cfg.ema_decay) if cfg.ema_decay else None
-        self.gns_window = GNSWindow(cfg.gns_steps)  # the global B_simple's window (checkpoint key "gns_ema")
+        self.gns_window = GNSWindow(cfg.gns_steps, cfg.gns_window_half)  # global B_simple's window (key "gns_ema")
         self.scheduler = make_scheduler()
         self.autocast = _autocast(cfg, device)
         self.evaluator = HeldOutEval(self.data, cfg.eval_repeats, cfg.timestep_bins, rank, world, device)
@@ -172,7 +175,6 @@ def train_loop(cfg: TrialConfig, session: Session) -> dict:
     trial = TrialSkeleton(cfg, session, learner, started)
     trial.restore()  # 2. restore (or branch from init_from)
     status = trial.run()  # 3. train until a stop rule fires
-    gns_on = cfg.gns and global_gns_available(world, cfg.accum)
     return {
         "status": status,
         **trial.counters(),
@@ -183,7 +185,8 @@ def train_loop(cfg: TrialConfig, session: Session) -> dict:
         "train_seconds": trial.train_seconds,
         "startup_seconds": trial.startup_seconds,
         "gns_window": cfg.gns_steps,
-        "gns_global": "on" if gns_on else (GNS_UNAVAILABLE if cfg.gns else "off"),
+        "gns_window_half": cfg.gns_window_half,
+        "gns_global": "on" if global_gns_available(cfg) else (GNS_UNAVAILABLE if cfg.gns else "off"),
         "last": dict(trial.last),
         "pid": os.getpid(),
     }

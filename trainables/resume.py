@@ -17,8 +17,10 @@ from trainables.checkpoint import STATE_FILE, UnsafeCheckpoint, read
 from trainables.config import ConfigError
 
 # keys a resumed trial may change: bookkeeping and resources, not what the counters or results mean. `prefetch`
-# gives identical trials; `compile` the same math in other kernels (float rounding only); `gns_window` only
-# re-smooths the logged B_simple (its auto value follows max_steps, so a larger budget changes it)
+# gives identical trials; `compile` the same math in other kernels (float rounding only), as `gns_halves` (the
+# same update from two half-size backward passes; a run saved before the option resumes with it); `gns_window` only
+# re-smooths the logged B_simple (its auto value follows max_steps, so a larger budget changes it), as
+# `gns_window_half` does
 RESUMABLE_CHANGES = (
     "report_every",
     "checkpoint_every",
@@ -26,7 +28,9 @@ RESUMABLE_CHANGES = (
     "cpus_per_worker",
     "prefetch",
     "compile",
+    "gns_halves",
     "gns_window",
+    "gns_window_half",
     "extra",
 )
 CHECKPOINT_GLOB = "checkpoint_*"  # both layouts: ours (checkpoint_step00000010) and Ray Train's (a date)

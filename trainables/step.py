@@ -2,14 +2,18 @@
 gradient norms that global GNS needs, collected from gradients the step computes anyway.
 
 Global GNS (McCandlish et al. 2018, App. A.1) needs the squared norm of a "small" and a "big" batch gradient,
-both of mean losses, at the same parameters:
-- ``W >= 2``: small = each rank's accumulated local gradient (``b = micro * A``), read in a DDP communication
-  hook just before the all-reduce; big = the all-reduced gradient (``B = b * W``).
-- ``W = 1, A >= 2``: small = the first micro-batch's gradient (``b = micro``), which is what ``.grad`` holds after
-  the first micro-step (one extra norm per step; no copy, no extra memory); big = the accumulated gradient
-  (``B = micro * A``). Both are unbiased (App. A.1 holds for any two batch sizes of iid examples).
-- ``W = A = 1``: no second batch size exists in the step, so online global GNS is unavailable.
-Norms are taken in float32 gradients accumulated in float64, after unscaling (bf16 needs no scaler), before clipping.
+both of mean losses, at the same parameters (`trainables.config.global_gns_mode` names the cases):
+- ``W >= 2`` ("ranks"): small = each rank's accumulated local gradient (``b = micro * A``), read in a DDP
+  communication hook just before the all-reduce; big = the all-reduced gradient (``B = b * W``).
+- ``W = 1, A >= 2`` ("micro-batches"): small = EVERY micro-batch's own gradient (``b = micro``; their mean squared
+  norm), read by `trainables.gns_stats.PieceNorms` as the change of ``.grad`` over each micro-step (one buffer
+  the size of the gradient); big = the accumulated gradient (``B = micro * A``).
+- ``W = A = 1`` with ``gns_halves`` ("halves"): the micro-batch is run as two backward passes over its two halves
+  (same examples, same draws; the update equals the one-backward one up to float rounding); small = the halves'
+  gradients (size-weighted, ``b = micro / 2``, exact for an odd micro), big = the whole gradient (``B = micro``).
+- otherwise (no ``gns_halves``, or one example a step): no second batch size, global GNS unavailable.
+Every estimate is unbiased (App. A.1 holds for any two batch sizes of iid examples). Norms are taken in float32
+gradients accumulated in float64, after unscaling (bf16 needs no scaler), before clipping.
 
 Inputs come from `trainables.data.pipeline.MicroBatches` (gathered ahead, copied non-blocking); timesteps, noise
 and label drops from `trainables.randomness.step_draws` on the device (three calls per step, sliced per
@@ -25,9 +29,10 @@ from dataclasses import dataclass
 
 import torch
 
+from trainables.config import GNS_HALVES, GNS_MICRO, GNS_NONE, GNS_OFF, GNS_RANKS
 from trainables.data.pipeline import MicroBatches
 from trainables.diffusion import NUM_TIMESTEPS, per_example_loss
-from trainables.gns_stats import sq_norm
+from trainables.gns_stats import PieceNorms, sq_norm
 from trainables.randomness import local_slice, step_draws
 
 
@@ -36,13 +41,14 @@ class StepStats:
     loss: float  # mean per-example loss over the global batch
     g2_big: float  # |G_B|^2 (all-reduced gradient)
     g2_small: float | None  # mean |G_b|^2 over the small batches, None when unavailable
-    b_small: int | None
+    b_small: float | None  # examples per small batch (micro / 2 for the halves of an odd micro-batch)
     b_big: int
     finite: bool
 
 
-def global_gns_available(world_size: int, accum: int) -> bool:
-    return world_size * accum >= 2
+def global_gns_available(cfg) -> bool:
+    """Whether the trial measures global GNS (``cfg.global_gns`` is neither "off" nor "unavailable")."""
+    return cfg.global_gns not in (GNS_OFF, GNS_NONE)
 
 
 class TrainStep:
@@ -52,7 +58,9 @@ class TrainStep:
         self.rank, self.world, self.device, self.autocast = rank, world_size, torch.device(device), autocast
         self.hook = hook  # LocalGradNormHook on the DDP model (W >= 2 with GNS on)
         self.params = [p for p in model.parameters() if p.requires_grad]
-        self.first_micro = cfg.gns and world_size == 1 and cfg.accum >= 2
+        self.mode = cfg.global_gns
+        self.halves = self.mode == GNS_HALVES
+        self.pieces = PieceNorms(self.params, cfg.batch_size) if self.mode in (GNS_MICRO, GNS_HALVES) else None
         self.batches = MicroBatches(
             data, cfg.seed, cfg.batch_size, world_size, rank, cfg.accum, cfg.micro_batch_size, self.device,
             depth=getattr(cfg, "prefetch", 0),
@@ -78,23 +86,36 @@ class TrainStep:
         """Stop the prefetching thread."""
         self.batches.close()
 
+    def _backward(self, x, y, t, noise, m: int, loss_sum: torch.Tensor) -> None:
+        """Micro-batch ``m``'s forward and backward: one pass, or (``halves``) one per half of it."""
+        A, micro = self.cfg.accum, self.cfg.micro_batch_size
+        cuts = [(0, micro // 2), (micro // 2, micro)] if self.halves else [(0, micro)]
+        for i, (lo, hi) in enumerate(cuts):
+            with self.autocast():
+                losses = per_example_loss(self.ddp, self.scheduler, x[lo:hi], y[lo:hi], t[lo:hi], noise[lo:hi])
+            if self.halves:  # each half's share of the micro-batch mean
+                (losses.sum() / micro).backward()
+            else:
+                (losses.mean() / A).backward()  # mean over the effective batch after DDP's average over W
+            loss_sum += losses.detach().double().sum()
+            if self.pieces is not None:
+                self.pieces.after_piece(hi - lo, last=m == A - 1 and i == len(cuts) - 1)
+
     def __call__(self, step: int) -> StepStats:
         cfg, A = self.cfg, self.cfg.accum
         draws = self.draws(step)
         loss_sum = torch.zeros((), dtype=torch.float64, device=self.device)
-        micro_g2 = torch.zeros((), dtype=torch.float64, device=self.device)
         for m in range(A):
             x, y, t, noise = self._micro_batch(step, draws, m)
             last = m == A - 1
             sync = contextlib.nullcontext() if (last or self.world == 1) else self.ddp.no_sync()
             with sync:
-                with self.autocast():
-                    losses = per_example_loss(self.ddp, self.scheduler, x, y, t, noise)  # (micro,)
-                (losses.mean() / A).backward()  # mean over the effective batch after DDP's average over W
-            loss_sum += losses.detach().double().sum()
-            if self.first_micro and m == 0:
-                micro_g2 = sq_norm([p.grad for p in self.params]) * A**2  # gradient of its *mean* loss (loss / A)
+                self._backward(x, y, t, noise, m, loss_sum)
         g2_big = sq_norm([p.grad for p in self.params]).to(self.device)
+        small, k = torch.zeros((), dtype=torch.float64, device=self.device), 0
+        if self.pieces is not None:
+            small, k = self.pieces.pop_tensor()
+            small = small.to(self.device)
         if self.hook is not None:
             local_g2 = self.hook.pop_tensor().to(device=self.device, dtype=torch.float64)
         else:
@@ -102,15 +123,14 @@ class TrainStep:
         reduced = torch.stack([loss_sum, local_g2])
         if self.world > 1:
             torch.distributed.all_reduce(reduced)
-        # the step's one host synchronisation: [loss sum, |G_B|^2, first micro |G|^2, sum of local |G|^2]
-        loss_total, g2_big_f, micro_g2_f, local_sum = torch.stack([reduced[0], g2_big, micro_g2, reduced[1]]).tolist()
+        # the step's one host synchronisation: [loss sum, |G_B|^2, pieces' |G_b|^2, sum of local |G|^2]
+        loss_total, g2_big_f, small_f, local_sum = torch.stack([reduced[0], g2_big, small, reduced[1]]).tolist()
         loss = loss_total / cfg.batch_size
-        micro = cfg.micro_batch_size
-        if not cfg.gns or not global_gns_available(self.world, A):
-            g2_small, b_small = None, None
-        elif self.world > 1:
-            g2_small, b_small = local_sum / self.world, micro * A
+        if self.mode == GNS_RANKS and self.hook is not None:
+            g2_small, b_small = local_sum / self.world, float(cfg.micro_batch_size * A)
+        elif self.pieces is not None:
+            g2_small, b_small = small_f, cfg.batch_size / k  # b = the mean piece size (PieceNorms)
         else:
-            g2_small, b_small = micro_g2_f, micro
+            g2_small, b_small = None, None
         finite = math.isfinite(loss) and math.isfinite(g2_big_f)
         return StepStats(loss, g2_big_f, g2_small, b_small, cfg.batch_size, finite)

@@ -26,6 +26,7 @@ from analysis.gns import (
     trace_unbiased,
     window_b_simple,
     window_estimate,
+    window_span,
 )
 from analysis.metrics import (
     GNS_B_BIG,
@@ -406,16 +407,19 @@ def test_window_estimate_closed_form() -> None:
     assert window_estimate([1.0, np.inf], [1.0, 1.0]).state == "undefined"
 
 
-def test_window_holds_the_last_n_steps() -> None:
-    """Brute force: after each update the estimate is that of the measurements at steps in (s - N, s]."""
+@pytest.mark.parametrize("half", [False, True])
+def test_window_holds_the_last_n_steps(half: bool) -> None:
+    """Brute force: after each update the estimate is that of the measurements at steps in (s - N, s]; with ``half``
+    in (s - min(N, ceil(s / 2)), s]: never the first half of the steps so far."""
     rng = np.random.default_rng(0)
     steps = np.cumsum(rng.integers(1, 4, size=60))  # irregular gaps, as after skipped steps
     g2_small, g2_big = _gaussian_stream(rng, np.full(60, 1.0), 20.0, 4, 2, 8)
-    w = GNSWindow(window=10)
+    w = GNSWindow(window=10, half=half)
     g2, tr = g2_unbiased(g2_small, g2_big, 4, 8), trace_unbiased(g2_small, g2_big, 4, 8)
     for i, s in enumerate(steps):
         est = w.update(int(s), g2_small[i], g2_big[i], 4, 8)
-        inside = (steps > s - 10) & (steps <= s)
+        span = min(10, math.ceil(s / 2)) if half else 10
+        inside = (steps > s - span) & (steps <= s)
         inside[i + 1 :] = False
         ref = window_estimate(g2[inside], tr[inside])
         assert est.n == inside.sum() and est.state == ref.state
@@ -428,12 +432,13 @@ def test_window_holds_the_last_n_steps() -> None:
         GNSWindow(window=0)
 
 
-def test_window_series_equals_live_updates() -> None:
+@pytest.mark.parametrize("half", [False, True])
+def test_window_series_equals_live_updates(half: bool) -> None:
     rng = np.random.default_rng(1)
     steps = np.arange(5, 505, 5)  # a per-bin cadence: every 5 steps
     g2_small, g2_big = _gaussian_stream(rng, _transient(steps.astype(float)), 30.0, 8, 2, 16)
-    value, se = window_b_simple(steps, g2_small, g2_big, 8, 16, window=WINDOW)
-    w = GNSWindow(WINDOW)
+    value, se = window_b_simple(steps, g2_small, g2_big, 8, 16, window=WINDOW, half=half)
+    w = GNSWindow(WINDOW, half=half)
     live = [w.update(int(s), g2_small[i], g2_big[i], 8, 16) for i, s in enumerate(steps)]
     np.testing.assert_allclose(value, [e.value for e in live], rtol=1e-12)
     np.testing.assert_allclose(se, [e.se for e in live], rtol=1e-12)
@@ -748,3 +753,18 @@ def test_gns_window_drops_a_step_whose_trace_overflowed():
     w = GNSWindow(window=50)
     w.update(1, 1e300, 0.0, 1e6, 1e6 + 1)
     assert w.state_dict()["g2"] == [] and w.estimate.n == 0
+
+
+def test_half_window_forgets_the_transient() -> None:
+    """A short trial whose |G|^2 falls ~600x in its first steps (``_transient``): at step 60 a 100-step window still
+    holds the transient and reads B_simple several times too low; the half window (steps 31..60) does not."""
+    rng = np.random.default_rng(5)
+    steps = np.arange(1, 61)
+    truth = 20.0
+    g2_small, g2_big = _gaussian_stream(rng, _transient(steps.astype(float)), truth, 8, 2, 16)
+    plain = window_b_simple(steps, g2_small, g2_big, 8, 16, window=100)[0][-1]
+    half, se = (x[-1] for x in window_b_simple(steps, g2_small, g2_big, 8, 16, window=100, half=True))
+    assert plain < truth / 2
+    assert abs(half - truth) < 4 * se
+    np.testing.assert_array_equal(window_span([1, 2, 3, 4, 60, 250], 100, True), [1, 1, 2, 2, 30, 100])
+    np.testing.assert_array_equal(window_span([1, 250], 100, False), [100, 100])

@@ -23,6 +23,7 @@ from analysis.gns_view import (
     b_simple_trace,
     bins_in,
     gns_names,
+    half_of,
     window_of,
 )
 from analysis.loaders import runs_from_tables
@@ -35,7 +36,7 @@ def _g2(step: np.ndarray) -> np.ndarray:
     return np.where(step <= 100, 4.0, 1.0)
 
 
-def _step_runs(window_column: list | None = None, bin_trace: float = TRACE, edit=None):
+def _step_runs(window_column: list | None = None, bin_trace: float = TRACE, edit=None, half_column: list | None = None):
     """Two trials with the known stream (the second one's rows shifted by nothing: same numbers). Bin 0's
     ``tr(Sigma)`` is ``bin_trace``; ``edit(trial_id, k, metric, steps, values) -> (steps, values)`` alters rows."""
     ids = ["a", "b"]
@@ -51,6 +52,8 @@ def _step_runs(window_column: list | None = None, bin_trace: float = TRACE, edit
     }
     if window_column is not None:
         trial_cols["gns_window"] = window_column
+    if half_column is not None:
+        trial_cols["gns_window_half"] = half_column
     cols: dict[str, list] = {k: [] for k in ("trial_id", "step", "examples", "metric", "value")}
     for tid in ids:
         for k, steps in [(None, np.arange(1, 201)), (0, np.arange(5, 201, 5))]:
@@ -106,6 +109,23 @@ def test_the_trials_own_window_is_used() -> None:
     attach_b_simple(runs, targets)
     assert [p["b_simple"] for p in targets[0]["points"]] == pytest.approx([40.0, 16.0])
     assert targets[0]["b_simple"] == pytest.approx(28.0)  # the median of the two points
+
+
+@pytest.mark.parametrize("half", [[1.0, 0.0], ["True", "False"], ["1.0", "0.0"]])
+def test_the_trials_own_half_rule_is_used_for_the_global_window_only(half) -> None:
+    """gns_window_half (runs table column; floats from trials.parquet, strings from MLflow params): at step 120 with a
+    100-step window the global window is (60, 120] (40 steps at |G|^2 = 4, 20 at 1) instead of (20, 120] (80 and 20);
+    per-bin windows keep the plain rule, as live; a table without the column is the plain rule (older trials)."""
+    runs = _step_runs(window_column=[100, 100], half_column=half)
+    assert half_of(runs, 0) and not half_of(runs, 1) and not half_of(_step_runs(), 0)
+    at = {r: b_simple_trace(runs, r) for r in (0, 1)}
+    i = int(np.searchsorted(at[0].step, 120))
+    assert at[0].b_simple[i] == pytest.approx(_hand(40, 20)[0], rel=1e-12)
+    assert at[0].se[i] == pytest.approx(_hand(40, 20)[1], rel=1e-12)
+    assert at[1].b_simple[i] == pytest.approx(_hand(80, 20)[0], rel=1e-12)
+    per_bin = b_simple_trace(runs, 0, 0)
+    j = int(np.searchsorted(per_bin.step, 120))
+    assert per_bin.b_simple[j] == pytest.approx(_hand(16, 4)[0], rel=1e-12)  # (20, 120] every 5 steps: 16 and 4
 
 
 def test_window_falls_back_to_the_default_only_without_a_positive_number() -> None:

@@ -166,12 +166,15 @@ def test_verbose_switches_tunes_own_output_and_logs(monkeypatch):
 def test_global_gns_note_is_one_line_per_sweep():
     from orchestrator.sweep_cmd import gns_note
 
-    def dit(w: int, a: int, gns: bool = True) -> dict:
-        return {"dataset": "digits", "num_workers": w, "grad_accum": a, "gns": gns}
+    def dit(w: int, a: int, gns: bool = True, halves: bool = True, micro: int = 8) -> dict:
+        return {"dataset": "digits", "num_workers": w, "grad_accum": a, "gns": gns, "gns_halves": halves,
+                "micro_batch_size": micro}  # fmt: skip
 
-    assert gns_note([dit(0, 1), dit(2, 1), dit(0, 2), dit(1, 1)]) == (
-        "[bcrit] global GNS: unavailable for 2 of 4 trials (it needs num_workers x grad_accum >= 2); their per-bin "
-        "GNS is unaffected"
+    # W = A = 1 trials measure it from two half-batch backward passes (gns_halves, the default): no line at all
+    assert gns_note([dit(0, 1), dit(2, 1), dit(0, 2), dit(1, 1)]) is None
+    assert gns_note([dit(0, 1, halves=False), dit(2, 1), dit(0, 2), dit(1, 1, micro=1)]) == (
+        "[bcrit] global GNS: unavailable for 2 of 4 trials (it needs num_workers x grad_accum >= 2, or gns_halves "
+        "with micro_batch_size >= 2); their per-bin GNS is unaffected"
     )
-    assert gns_note([dit(2, 1), dit(0, 1, gns=False)]) is None  # all have it, or asked for none
+    assert gns_note([dit(2, 1), dit(0, 1, gns=False, halves=False)]) is None  # all have it, or asked for none
     assert gns_note([{"dim": 10, "num_workers": 0, "grad_accum": 1}]) is None  # the quadratic workload has no GNS

@@ -84,6 +84,10 @@ def test_changed_keys_allows_extensions_only():
     longer = short.replace(max_steps=5000, prefetch=0)
     assert short.to_dict()["gns_window"] != longer.to_dict()["gns_window"]
     assert changed_keys(short.to_dict(), longer.to_dict()) == []
+    # a run saved before gns_halves / gns_window_half existed resumes with them (float rounding, smoothing only)
+    old = {k: v for k, v in short.to_dict().items() if k not in ("gns_halves", "gns_window_half")}
+    assert changed_keys(old, short.to_dict()) == []
+    assert changed_keys(short.to_dict(), short.replace(gns=False).to_dict()) == ["gns"]
 
 
 def test_truncated_checkpoint_named_and_previous_used(tmp_path, capsys, resumed_from):

@@ -3,7 +3,8 @@
 ``TrainStep`` (float32, as trained) reports ``|G_b|^2`` and ``|G_B|^2``; the reference recomputes every micro-batch
 gradient explicitly with the model cast to float64, from the same split-invariant draws, and forms the small and
 big batches by hand: ``W >= 2`` -> small = each rank's accumulated gradient, big = their mean; ``W = 1, A >= 2`` ->
-small = the first micro-batch gradient, big = the accumulated one; ``W = A = 1`` -> unavailable. W=2: spawned gloo.
+small = every micro-batch gradient (mean squared norm), big = the accumulated one; ``W = A = 1`` -> the two halves
+of the micro-batch (``gns_halves``; without it: unavailable). W=2: spawned gloo.
 Also: GNS on vs off (global and per bin) leaves the training losses bit-identical.
 """
 
@@ -62,6 +63,20 @@ def _explicit_local_grads(cfg: TrialConfig, ref, data, sched, rank: int, world: 
     return out
 
 
+def _explicit_halves(cfg: TrialConfig, ref, data, sched) -> list[torch.Tensor]:
+    """W = A = 1: flat float64 gradients of the two halves' mean losses (MICRO even: equal halves)."""
+    idx = global_batch_indices(cfg.seed, STEP, cfg.batch_size, data.info.train_size)
+    draws = step_draws(cfg.seed, STEP, cfg.batch_size, (1, 8, 8), NUM_TIMESTEPS)
+    out = []
+    for sl in (slice(0, MICRO // 2), slice(MICRO // 2, MICRO)):
+        x, y = data.get(idx[sl])
+        t, u, noise = (d[sl] for d in draws)
+        y = torch.where(u < cfg.class_dropout, data.info.num_classes, y)
+        loss = per_example_loss(ref, sched, x.double(), y, t, noise.double()).mean()
+        out.append(torch.cat([g.reshape(-1) for g in torch.autograd.grad(loss, list(ref.parameters()))]))
+    return out
+
+
 def _collect(rank: int, world: int, out_dir: str) -> None:
     """Per accumulation A: the collected norms and the explicit float64 reference; and a W-rank BinGNS pass."""
     data, sched = load_dataset("digits", 297), make_scheduler()
@@ -87,9 +102,9 @@ def _collect(rank: int, world: int, out_dir: str) -> None:
         if world > 1:
             ref_small, ref_b = float(torch.stack([g @ g for g in gathered]).mean()), MICRO * accum
         elif accum > 1:
-            ref_small, ref_b = float(micro[0] @ micro[0]), MICRO  # the first micro-batch's gradient
-        else:
-            ref_small, ref_b = None, None
+            ref_small, ref_b = float(torch.stack([g @ g for g in micro]).mean()), MICRO  # every micro-batch's
+        else:  # the two halves of the micro-batch (gns_halves)
+            ref_small, ref_b = float(torch.stack([g @ g for g in _explicit_halves(cfg, ref, data, sched)]).mean()), 2
         results[accum] = {
             "g2_small": stats.g2_small,
             "b_small": stats.b_small,
@@ -142,12 +157,9 @@ def test_collected_norms_equal_explicit_float64(world: int, accum: int, request)
         s = r["steps"][str(accum)]
         assert s["b_big"] == s["ref_B"] == MICRO * accum * world
         assert s["g2_big"] == pytest.approx(s["ref_big"], rel=1e-6)
-        if world == accum == 1:
-            assert s["g2_small"] is None and s["b_small"] is None  # no second batch size in the step
-        else:
-            assert s["b_small"] == s["ref_b"]
-            assert s["g2_small"] == pytest.approx(s["ref_small"], rel=1e-6)
-            assert s["g2_small"] > s["g2_big"]  # smaller batches are noisier (a sanity check on which is which)
+        assert s["b_small"] == s["ref_b"]
+        assert s["g2_small"] == pytest.approx(s["ref_small"], rel=1e-6)
+        assert s["g2_small"] > s["g2_big"]  # smaller batches are noisier (a sanity check on which is which)
     if world == 2:  # both ranks report the same global numbers, and the W=2 BinGNS pass equals the W=1 pass
         assert ranks[0]["steps"] == ranks[1]["steps"]
         assert ranks[0]["bins"] == ranks[1]["bins"]
@@ -163,7 +175,8 @@ def _losses(session, name: str = M.TRAIN_LOSS) -> list[tuple[int, float]]:
 
 
 def test_w1_a1_says_global_gns_unavailable(capsys) -> None:
-    s = run_local(TrialConfig(**{**TINY, "max_steps": 2}, batch_size=8, micro_batch_size=8, gns=True, gns_every=0))
+    cfg = dict(TINY, max_steps=2, batch_size=8, micro_batch_size=8, gns=True, gns_halves=False, gns_every=0)
+    s = run_local(TrialConfig(**cfg))
     assert s.summary["gns_global"] == GNS_UNAVAILABLE  # `bcrit train` prints it; a sweep says it once, not per trial
     assert GNS_UNAVAILABLE not in capsys.readouterr().out
     assert not [r for rep in s.reports for r in rep["rows"] if r[2].startswith("gns/")]
@@ -175,8 +188,11 @@ def test_global_gns_on_off_identical_losses() -> None:
     off = run_local(TrialConfig(**base, gns=False))
     assert _losses(on) == _losses(off) and len(_losses(on)) == 6
     assert _losses(on, M.EVAL_LOSS) == _losses(off, M.EVAL_LOSS)
-    # B_simple needs >= 2 measurements in its window (analysis.gns.GNSWindow): logged from step 2 on
-    assert [s for s, _ in _losses(on, M.GNS_B_SIMPLE)] == [2, 3, 4, 5, 6] and not _losses(off, M.GNS_B_SIMPLE)
+    # B_simple needs >= 2 measurements in its window (analysis.gns.GNSWindow), which never reaches back past half
+    # the steps so far (gns_window_half): logged from step 3 on (steps 2..3); without the half rule from step 2
+    assert [s for s, _ in _losses(on, M.GNS_B_SIMPLE)] == [3, 4, 5, 6] and not _losses(off, M.GNS_B_SIMPLE)
+    plain = run_local(TrialConfig(**base, gns=True, gns_window_half=False))
+    assert [s for s, _ in _losses(plain, M.GNS_B_SIMPLE)] == [2, 3, 4, 5, 6] and _losses(plain) == _losses(on)
     assert len(_losses(on, M.GNS_G2_SMALL)) == 6  # the raw statistics of every step are logged
 
 
@@ -187,5 +203,6 @@ def test_per_bin_gns_on_off_identical_losses() -> None:
     assert _losses(on) == _losses(off) and len(_losses(on)) == 6
     assert _losses(on, M.EVAL_LOSS) == _losses(off, M.EVAL_LOSS)
     for k in range(4):
-        assert [s for s, _ in _losses(on, M.per_bin(M.GNS_BIN_B_SIMPLE, k))] == [4, 6]  # >= 2 measurements
+        # >= 2 measurements (per-bin windows keep the plain gns_window rule: gns_window_half is global only)
+        assert [s for s, _ in _losses(on, M.per_bin(M.GNS_BIN_B_SIMPLE, k))] == [4, 6]
         assert not _losses(off, M.per_bin(M.GNS_BIN_B_SIMPLE, k))

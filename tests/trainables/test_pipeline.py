@@ -193,8 +193,10 @@ def test_split_invariance_across_two_workers(store, tmp_path):
     assert diff < 1e-4, diff
 
 
-def test_one_host_read_per_step(monkeypatch):
-    """A training step (W=1, A=2, global GNS on: the path with the most statistics) reads the device back once:
+@pytest.mark.parametrize("micro", [8, 16])
+def test_one_host_read_per_step(monkeypatch, micro):
+    """A training step (W=1 with global GNS on: A=2, every micro-batch's norm; or A=1 in two halves) reads the
+    device back once:
     Python-level reads (``item``, ``tolist``, ``__bool__``, ``__float__``, ``__int__``, ``__index__``, ``numpy``,
     ``cpu``) are counted during one step. (Syncs inside C++ kernels, e.g. ``nonzero``, are not seen here.)"""
     import collections
@@ -202,7 +204,7 @@ def test_one_host_read_per_step(monkeypatch):
     from trainables.diffusion import make_scheduler
     from trainables.step import TrainStep
 
-    cfg = TrialConfig(batch_size=16, micro_batch_size=8, gns=True)
+    cfg = TrialConfig(batch_size=16, micro_batch_size=micro, gns=True)
     data, sched = load_dataset("digits", 297), make_scheduler()
     torch.manual_seed(0)
     model = build_dit("tiny", sample_size=8, in_channels=1, num_classes=10).train()
@@ -221,4 +223,4 @@ def test_one_host_read_per_step(monkeypatch):
     monkeypatch.undo()
     step.close()
     assert reads == {"tolist": 1}, reads
-    assert stats.g2_small is not None and stats.b_small == 8
+    assert stats.g2_small is not None and stats.b_small == 8  # micro 8 (A = 2) or half of 16 (A = 1)

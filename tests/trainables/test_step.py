@@ -1,6 +1,8 @@
 """One optimizer step (`trainables.step.TrainStep`, W = 1): for ANY split of the same effective batch into
-micro-batches, the loss and the gradient equal a float64 reference computed on the whole batch at once; the global
-GNS statistics it reports are those of the documented small and big batches. (W >= 2: test_gns_collection.py.)"""
+micro-batches (and into halves, `gns_halves`), the loss and the gradient equal a float64 reference computed on the
+whole batch at once; the global GNS statistics it reports are those of the documented small and big batches: every
+micro-batch (A >= 2) or both halves of the micro-batch (A = 1), size-weighted. (W >= 2: test_gns_collection.py;
+unbiasedness over many draws: test_gns_pieces.py.)"""
 
 from __future__ import annotations
 
@@ -44,6 +46,21 @@ def _reference(cfg: TrialConfig, ref, data, sched, step: int, positions: range |
     return float(loss), torch.cat([g.reshape(-1) for g in grads])
 
 
+def _small_reference(cfg: TrialConfig, ref, data, sched, step: int) -> tuple[float, float]:
+    """float64 ``(g2_small, b)``: pieces = the micro-batches (A >= 2) or the two halves of the one micro-batch
+    (A = 1, odd sizes included), ``g2_small = sum_j (n_j / B) |g_j|^2``, ``b = B / (number of pieces)``."""
+    micro, B = cfg.micro_batch_size, cfg.batch_size
+    if cfg.accum >= 2:
+        cuts = [range(m * micro, (m + 1) * micro) for m in range(cfg.accum)]
+    else:
+        cuts = [range(0, micro // 2), range(micro // 2, micro)]
+    total = 0.0
+    for c in cuts:
+        _, g = _reference(cfg, ref, data, sched, step, c)
+        total += len(c) / B * float(g @ g)
+    return total, B / len(cuts)
+
+
 def _run(cfg: TrialConfig, model, data, sched, step: int):
     model.zero_grad(set_to_none=True)
     s = TrainStep(cfg, model, model, data, sched, 0, 1, CPU, contextlib.nullcontext)(step)
@@ -53,7 +70,9 @@ def _run(cfg: TrialConfig, model, data, sched, step: int):
 
 @settings(max_examples=6, deadline=None)
 @given(
-    split=st.sampled_from([(8, 8), (8, 4), (8, 2), (12, 4), (12, 3), (16, 16), (16, 8), (16, 4), (16, 1), (6, 2)]),
+    split=st.sampled_from(
+        [(8, 8), (8, 4), (8, 2), (12, 4), (12, 3), (16, 16), (16, 8), (16, 4), (16, 1), (6, 2), (9, 9), (5, 5)]
+    ),
     seed=st.integers(0, 10**6),
     step=st.integers(0, 500),
     dropout=st.sampled_from([0.0, 0.5]),
@@ -68,12 +87,18 @@ def test_any_micro_split_gives_the_whole_batch_loss_and_gradient(parts, split, s
     assert float((grad - ref_grad).norm()) <= 1e-5 * float(ref_grad.norm())
     assert s.g2_big == pytest.approx(float(ref_grad @ ref_grad), rel=1e-5)
     assert s.b_big == B and s.finite
-    if micro == B:  # W = A = 1: no second batch size
-        assert s.g2_small is None and s.b_small is None
-    else:  # small batch = the first micro-batch: gradient of its own mean loss
-        _, first = _reference(cfg, ref, data, sched, step, range(micro))
-        assert s.b_small == micro
-        assert s.g2_small == pytest.approx(float(first @ first), rel=1e-5)
+    g2_small, b = _small_reference(cfg, ref, data, sched, step)  # A = 1: the halves; A >= 2: every micro-batch
+    assert s.b_small == b == (micro / 2 if micro == B else micro)
+    assert s.g2_small == pytest.approx(g2_small, rel=1e-5)
+
+
+def test_w1_a1_without_halves_has_no_small_batch(parts) -> None:
+    model, ref, data, sched = parts
+    cfg = TrialConfig(batch_size=8, micro_batch_size=8, seed=5, gns=True, gns_halves=False)
+    s, grad = _run(cfg, model, data, sched, 2)
+    assert s.g2_small is None and s.b_small is None
+    _, ref_grad = _reference(cfg, ref, data, sched, 2)
+    assert float((grad - ref_grad).norm()) <= 1e-5 * float(ref_grad.norm())
 
 
 def test_gns_off_reports_no_small_batch(parts) -> None:
@@ -100,8 +125,15 @@ def test_non_finite_step_is_flagged(parts) -> None:
 
 
 def test_global_gns_availability() -> None:
-    assert not global_gns_available(1, 1)
-    assert global_gns_available(1, 2) and global_gns_available(2, 1) and global_gns_available(4, 8)
+    def mode(**kw) -> str:
+        cfg = TrialConfig(**{"batch_size": 8, "micro_batch_size": 8, **kw})
+        assert global_gns_available(cfg) == (cfg.global_gns in ("ranks", "micro-batches", "halves"))
+        return cfg.global_gns
+
+    assert mode() == "halves" and mode(gns_halves=False) == "unavailable" and mode(gns=False) == "off"
+    assert mode(batch_size=1, micro_batch_size=1) == "unavailable"  # one example: no two batch sizes
+    assert mode(micro_batch_size=4) == "micro-batches" and mode(micro_batch_size=4, gns_halves=False) == "micro-batches"
+    assert mode(micro_batch_size=4, num_workers=2) == "ranks" and mode(micro_batch_size=2, num_workers=2) == "ranks"
 
 
 def test_loss_is_summed_in_float64(parts) -> None:
@@ -119,10 +151,29 @@ def test_loss_is_summed_in_float64(parts) -> None:
     assert s.loss == float(each.double().sum()) / 16
 
 
-def test_two_micro_batches_report_the_first_one_as_the_small_batch(parts) -> None:
-    """A = 2 (the smallest accumulation): b = micro, |G_b|^2 of the first micro-batch's mean loss."""
+def test_every_micro_batch_counts_in_the_small_batch(parts) -> None:
+    """A = 3: b = micro, |G_b|^2 the mean over ALL micro-batches of their own mean-loss gradients' squared norms
+    (not the first one's alone: that wastes A - 1 small-batch gradients)."""
     model, ref, data, sched = parts
-    cfg = TrialConfig(batch_size=16, micro_batch_size=8, seed=11, gns=True)
+    cfg = TrialConfig(batch_size=12, micro_batch_size=4, seed=11, gns=True)
     s, _ = _run(cfg, model, data, sched, 4)
-    _, first = _reference(cfg, ref, data, sched, 4, range(8))
-    assert s.b_small == 8 and s.g2_small == pytest.approx(float(first @ first), rel=1e-5)
+    each = [_reference(cfg, ref, data, sched, 4, range(4 * m, 4 * m + 4))[1] for m in range(3)]
+    assert s.b_small == 4 and s.g2_small == pytest.approx(sum(float(g @ g) for g in each) / 3, rel=1e-5)
+    assert s.g2_small != pytest.approx(float(each[0] @ each[0]), rel=1e-3)  # the draw differs from the first's
+
+
+@pytest.mark.parametrize("micro", [5, 8])
+def test_halves_give_the_whole_gradient_and_the_size_weighted_halves(parts, micro) -> None:
+    """A = 1 with gns_halves: two backward passes (2 + 3 examples for micro 5) whose sum is the whole micro-batch's
+    mean gradient (the same update as one backward, up to float rounding); b = micro / 2 even for an odd micro."""
+    model, ref, data, sched = parts
+    cfg = TrialConfig(batch_size=micro, micro_batch_size=micro, seed=13, gns=True)
+    s, grad = _run(cfg, model, data, sched, 6)
+    loss, ref_grad = _reference(cfg, ref, data, sched, 6)
+    assert s.loss == pytest.approx(loss, rel=1e-5)
+    assert float((grad - ref_grad).norm()) <= 1e-5 * float(ref_grad.norm())
+    g2_small, b = _small_reference(cfg, ref, data, sched, 6)
+    assert s.b_small == b == micro / 2 and s.g2_small == pytest.approx(g2_small, rel=1e-5)
+    one, grad1 = _run(cfg.replace(gns_halves=False), model, data, sched, 6)  # one backward: same step up to rounding
+    assert one.loss == pytest.approx(s.loss, rel=1e-6) and one.g2_small is None
+    assert float((grad - grad1).norm()) <= 1e-5 * float(grad1.norm())

@@ -89,26 +89,49 @@ def _params_after(cfg):
 
 def test_split_invariance_micro_and_accumulation():
     base = dict(TINY, max_steps=3, eval_every=3, batch_size=16)
-    p1 = _params_after(TrialConfig(**{**base, "micro_batch_size": 16}))
+    p1 = _params_after(TrialConfig(**{**base, "micro_batch_size": 16}))  # A = 1: two halves (gns_halves)
     p2 = _params_after(TrialConfig(**{**base, "micro_batch_size": 8}))  # A = 2
-    diff = max((p1[k] - p2[k]).abs().max().item() for k in p1)
+    p0 = _params_after(TrialConfig(**{**base, "micro_batch_size": 16, "gns_halves": False}))  # one backward
     # float32 summation order differs; Adam (lr 1e-3) amplifies it on DiT's zero-initialised adaLN weights.
-    assert diff < 1e-4, diff  # < 3% of one Adam step
+    for other in (p2, p0):
+        diff = max((p1[k] - other[k]).abs().max().item() for k in p1)
+        assert diff < 1e-4, diff  # < 3% of one Adam step
     p3 = _params_after(TrialConfig(**{**base, "micro_batch_size": 16, "seed": 7}))
     moved = max((p1[k] - p3[k]).abs().max().item() for k in p1)
     assert moved > 1e-3  # the tolerance is meaningful: another seed moves the parameters far more
 
 
+@pytest.mark.parametrize("micro", [16, 9])
+def test_halves_train_the_same_losses_as_one_backward(micro):
+    """gns_halves (W = A = 1, the default) runs each step as two half-size backward passes over the same examples and
+    draws: the trained losses equal the one-backward trial's within float tolerance (odd micro: 4 + 5 examples), and
+    only the halves trial logs global GNS, with b = micro / 2."""
+    base = dict(TINY, max_steps=12, eval_every=4, batch_size=micro, micro_batch_size=micro, gns_every=0)
+    halves = run_local(TrialConfig(**base))
+    one = run_local(TrialConfig(**base, gns_halves=False))
+    a, b = losses(halves), losses(one)
+    assert [s for s, _ in a] == [s for s, _ in b] == list(range(1, 13))
+    np.testing.assert_allclose([v for _, v in a], [v for _, v in b], rtol=2e-4)
+    np.testing.assert_allclose([v for _, v in losses(halves, M.EVAL_LOSS)], [v for _, v in losses(one, M.EVAL_LOSS)],
+                               rtol=2e-4)  # fmt: skip
+    other_seed = run_local(TrialConfig(**base, seed=5))
+    assert max(abs(x - y) / y for (_, x), (_, y) in zip(losses(other_seed), b, strict=True)) > 1e-2
+    assert {v for _, v in losses(halves, M.GNS_B_SMALL)} == {micro / 2}
+    assert [s for s, _ in losses(halves, M.GNS_B_SIMPLE)] == list(range(3, 13))  # >= 2 steps in the half window
+    assert not losses(one, M.GNS_G2_SMALL)
+
+
 def test_global_gns_unavailable_is_said_plainly(capsys):
     from orchestrator.train_cmd import format_summary
 
-    cfg = TrialConfig(**{**TINY, "max_steps": 2})
+    cfg = TrialConfig(**{**TINY, "max_steps": 2, "gns_halves": False})
     s = run_local(cfg)
-    assert "global GNS needs num_workers x grad_accum >= 2" in s.summary["gns_global"]
+    assert "global GNS needs num_workers x grad_accum >= 2, or gns_halves" in s.summary["gns_global"]
     # said once where a person reads it (`bcrit train`'s summary; a sweep's header line), not by every trial
     assert "gns    global: unavailable: global GNS needs" in format_summary(s.summary, cfg.timestep_bins)
     assert "unavailable" not in capsys.readouterr().out
     assert not any(r[2].startswith("gns/") for rep in s.reports for r in rep["rows"])
+    assert run_local(TrialConfig(**{**TINY, "max_steps": 2})).summary["gns_global"] == "on"  # halves: the default
 
 
 def test_global_gns_with_accumulation_reports_statistics():
