@@ -144,7 +144,7 @@ TRACKING_DOCS: dict[str, str] = {
 
 
 def markdown_table(docs: dict[str, str] | None = None) -> str:
-    """The metric tables of docs/metrics.md (``python -m analysis.metrics``; ``--tracking``: the MLflow child-run table)."""
+    """The metric tables of docs/metrics.md (``python -m analysis.metrics``; ``--tracking``: MLflow children)."""
     lines = ["| name | meaning |", "| --- | --- |"]
     lines += [f"| `{name}` | {doc} |" for name, doc in (METRIC_DOCS if docs is None else docs).items()]
     return "\n".join(lines)

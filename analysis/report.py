@@ -307,7 +307,7 @@ def summary_lines(result: dict) -> list[str]:
         vals = ", ".join(f"{short_num(t['b_crit'])} at {t['target']:.4g}" for t in head)
         out.append(f"headline: B_crit {vals} ({len(head)} of {len(result['targets'])} targets trustworthy)")
     else:
-        out.append("headline: no trustworthy target (every target is flagged; see report.md and docs/analysis.md for the flags)")
+        out.append("headline: no trustworthy target (every target is flagged; see report.md and docs/analysis.md)")
     return out
 
 
