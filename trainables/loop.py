@@ -89,9 +89,7 @@ def train_loop(cfg: TrialConfig, session: Session) -> dict:
 
     lr_sched = get_constant_schedule_with_warmup(opt, num_warmup_steps=cfg.warmup_steps)
     ema = EMAModel(model.parameters(), decay=cfg.ema_decay) if cfg.ema_decay else None
-    gns_ema = GNSWindow(
-        cfg.gns_steps, cfg.gns_window_half
-    )  # the global B_simple's window (name kept: checkpoint key "gns_ema")
+    gns_ema = GNSWindow(cfg.gns_steps, cfg.gns_window_half)  # global B_simple's window (checkpoint key "gns_ema")
     scheduler = make_scheduler()
     autocast = _autocast(cfg, device)
     evaluator = HeldOutEval(data, cfg.eval_repeats, cfg.timestep_bins, rank, world, device)
