@@ -146,7 +146,16 @@ def _replace_table(client, run_id: str, columns: dict[str, list]) -> None:
         path = os.path.join(d, os.path.basename(TABLE_FILE))
         pd.DataFrame(columns).to_json(path, orient="split", index=False, date_format="iso")
         client.log_artifact(run_id, path, os.path.dirname(TABLE_FILE))
-    logged = json.loads(client.get_run(run_id).data.tags.get(MLFLOW_LOGGED_ARTIFACTS, "[]"))
+    from mlflow.exceptions import MlflowException
+
     entry = {"path": TABLE_FILE, "type": "table"}
-    if entry not in logged:
-        client.set_tag(run_id, MLFLOW_LOGGED_ARTIFACTS, json.dumps([*logged, entry]))
+    for attempt in range(3):  # two analyses of one sweep at once may both find the tag missing and both insert it
+        logged = json.loads(client.get_run(run_id).data.tags.get(MLFLOW_LOGGED_ARTIFACTS, "[]"))
+        if entry in logged:
+            return
+        try:
+            client.set_tag(run_id, MLFLOW_LOGGED_ARTIFACTS, json.dumps([*logged, entry]))
+            return
+        except MlflowException:  # SQLite: UNIQUE constraint failed (the other one inserted it first): read again
+            if attempt == 2:
+                raise

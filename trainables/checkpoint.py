@@ -119,10 +119,13 @@ def read(path: str, *, mmap: bool = False) -> Any:
     """The contents of a checkpoint file, loaded as data only (``weights_only=True``). A file holding Python
     objects raises `UnsafeCheckpoint`, naming it, why, and the way out; nothing in it is run. Other failures
     (missing, truncated) propagate as they are."""
-    mmap = mmap and zipfile.is_zipfile(path)  # a legacy (plain pickle) file cannot be mapped: read it, as data too
+    archive = zipfile.is_zipfile(path)
+    mmap = mmap and archive  # a legacy (plain pickle) file cannot be mapped: read it, as data too
     try:
         return torch.load(path, map_location="cpu", weights_only=True, mmap=mmap)
     except pickle.UnpicklingError as e:
+        if not archive and "GLOBAL" not in str(e):  # torch.save writes a zip archive: a truncated one is not a zip,
+            raise  # and its bytes read as a bad pickle -- damaged, not unsafe (the caller says so)
         raise UnsafeCheckpoint(
             f"{path} holds Python objects, not only data ({_refused_global(e)}): refused unopened, nothing in it was "
             f"run. A checkpoint of an older bcrit? If you trust its source, convert it: `{MIGRATE_HINT}` "

@@ -135,3 +135,34 @@ def test_gns_training_is_a_page_not_a_strip():
         w, h = fig.get_size_inches()
         assert len(axes) == n and (round(h / 3.6), round(w / 4.2)) == shape
         assert w / h <= 2.5  # the old layout: n panels in one row (1680x380 px, 4.4:1, for 4)
+
+
+def test_table_tag_written_once_when_a_concurrent_analysis_wins_the_insert(tmp_path):
+    """Two analyses of one sweep at once: the second's tag insert fails (SQLite UNIQUE); it reads the tag again,
+    finds the entry the first one wrote, and returns instead of failing."""
+    import json
+    from types import SimpleNamespace
+
+    from mlflow.exceptions import MlflowException
+    from mlflow.utils.mlflow_tags import MLFLOW_LOGGED_ARTIFACTS
+
+    from analysis import publish
+
+    tags: dict = {}
+    calls = []
+
+    class Client:
+        def log_artifact(self, run_id, path, artifact_path):
+            calls.append("artifact")
+
+        def get_run(self, run_id):
+            return SimpleNamespace(data=SimpleNamespace(tags=dict(tags)))
+
+        def set_tag(self, run_id, key, value):
+            calls.append("set_tag")
+            tags[key] = json.dumps([{"path": publish.TABLE_FILE, "type": "table"}])  # the other analysis won
+            raise MlflowException("UNIQUE constraint failed: tags.key, tags.run_uuid")
+
+    publish._replace_table(Client(), "run", {"target": [0.3], "b_crit": [10.0]})
+    assert calls == ["artifact", "set_tag"]
+    assert json.loads(tags[MLFLOW_LOGGED_ARTIFACTS]) == [{"path": publish.TABLE_FILE, "type": "table"}]
