@@ -2,7 +2,7 @@
 
 ``bcrit analyze`` reports ``B_crit(y) = E_min(y)/S_min(y)`` at a target ``y``: it counts every step from
 initialisation, so it averages the whole path down to ``y`` (the early phase, where the critical batch is small,
-included). The branched measurement (analysis.branched, Merrill et al. 2025) is *local*: it starts from a point
+included). The branched measurement (analysis.branch, Merrill et al. 2025) is *local*: it starts from a point
 of a run. The like-for-like quantity from the grid is the critical batch size of the band between two targets
 ``hi > lo``: with the best setting per batch size at each target, ``S*(y; B) = S_min(y) + E_min(y)/B`` at both
 targets (McCandlish et al. 2018), so the extra steps from ``hi`` to ``lo``

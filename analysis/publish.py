@@ -22,6 +22,8 @@ import tempfile
 import time
 from pathlib import Path
 
+from analysis.report import REPORT_FILE
+
 TABLE_FILE = "analysis/headline.json"
 ARTIFACT_DIR = "analysis"
 DESCRIPTION_TAG = "mlflow.note.content"
@@ -121,8 +123,6 @@ def log_analysis(out_dir: str | Path, tracking_uri: str | None, parent_run_id: s
     client = MlflowClient(tracking_uri)
     result = json.loads((out / "bcrit.json").read_text())
     client.log_artifacts(parent_run_id, str(out), artifact_path=ARTIFACT_DIR)
-    from analysis.report import REPORT_FILE
-
     report_md = (out / REPORT_FILE).read_text() if (out / REPORT_FILE).exists() else ""
     now = int(time.time() * 1000)
     metrics = [Metric(k, v, now, 0) for k, v in headline_metrics(result).items()]

@@ -346,12 +346,3 @@ def answer_lines(result: dict) -> list[str]:
 def short_num(x: float | None) -> str:
     """A B_crit-like number in 3 significant digits for terminal lines (``n/a`` when missing)."""
     return "n/a" if x is None else f"{x:.3g}"
-
-
-def log_to_mlflow(out_dir: str | Path, tracking_uri: str | None, parent_run_id: str) -> None:
-    """Log the analysis to the sweep's parent run: every file of ``out_dir`` as artifacts under ``analysis/``,
-    the headline per target as metrics and as an MLflow table, the report's first lines as its description
-    (analysis.publish)."""
-    from analysis.publish import log_analysis
-
-    log_analysis(out_dir, tracking_uri, parent_run_id)

@@ -20,10 +20,10 @@ import dataclasses
 
 import numpy as np
 
-from analysis import branched as br
+from analysis import branch as br
 from analysis import metrics as m
 from analysis.band import band_b_crit
-from analysis.branched_report import settings
+from analysis.branch_report import settings
 from analysis.loaders import load_sweep_dir
 from analysis.pareto import TooFewBatchSizesError
 from analysis.report import analyze_metric

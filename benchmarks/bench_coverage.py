@@ -10,7 +10,7 @@ Run: ``PYTHONPATH=. .venv/bin/python benchmarks/bench_coverage.py [--draws 200] 
 2. Before/after for each of the five fixes, "before" being the analysis of ``main`` before issue 12 (the minimum
    steps over all usable trials of a batch size, no censoring, interval from resampling trials), re-implemented
    here in a few lines (:func:`old_b_crit`, :func:`old_interval`).
-3. The noisy quadratic model (``examples/quadratic.yaml`` simulated in-process, ``analysis.quadratic.simulate_sweep``)
+3. The noisy quadratic model (``examples/quadratic.yaml`` simulated in-process, ``analysis.nqm.simulate_sweep``)
    against its closed form on the sweep's own lr grid: error at trustworthy and at flagged targets.
 
 ``--sim old|new|both`` runs only the issue-17 comparison instead: coverage of the 90% interval at the *trusted*
@@ -133,10 +133,10 @@ def fixes(draws: int) -> None:
 
 
 def quadratic(sweeps: int, n_boot: int) -> None:
-    from analysis.quadratic import closed_form_b_crit, simulate_sweep
+    from analysis.nqm import closed_form_b_crit, simulate_sweep
     from analysis.report import analyze
     from orchestrator.spec import load_spec
-    from trainables.quadratic import QuadraticConfig
+    from trainables.nqm_trial import QuadraticConfig
 
     spec = load_spec("examples/quadratic.yaml", ["storage=/tmp/bench-coverage-unused"])
     keys = ("dim", "h_decay", "noise_scale", "theta0")

@@ -2,12 +2,12 @@
 checks) or through Ray Tune (`run_study`, ``bcrit branch``).
 
 1. the reference as one Tune trial (Tune experiment ``<dir>/reference``), keeping its checkpoints at the branch
-   points in ``<dir>/reference_checkpoints/step<N>`` (trainables.branching);
+   points in ``<dir>/reference_checkpoints/step<N>`` (trainables.branch_points);
 2. every branch (point x k x seed) as one Tune trial (``<dir>/branches``) on the sweep's machinery: the same
    trainable (Ray Train workers when ``num_workers >= 1``), resources, MLflow tracking (one child run per trial
    under the study's parent run) and Parquet tables (with ``parent_trial_id``, ``branch_step``, ``k``).
 Both phases resume (``--resume``): a finished reference is not trained again, unfinished branches continue.
-``bcrit analyze <dir>`` then gives the answer (analysis.branched_report) with the settings saved here.
+``bcrit analyze <dir>`` then gives the answer (analysis.branch_report) with the settings saved here.
 """
 
 from __future__ import annotations
@@ -15,7 +15,7 @@ from __future__ import annotations
 import json
 import os
 
-from analysis.branched import SETTINGS_FILE
+from analysis.branch import SETTINGS_FILE
 from orchestrator.branch_spec import (
     REFERENCE_ID,
     STUDY_FILE,

@@ -1,4 +1,4 @@
-"""The branched-study spec (Merrill et al. 2025; analysis.branched), validated before anything runs; the trial
+"""The branched-study spec (Merrill et al. 2025; analysis.branch), validated before anything runs; the trial
 configs of its reference and branches. Run by orchestrator.branch (``bcrit branch SPEC.yaml``).
 
 ```yaml
@@ -38,7 +38,7 @@ from dataclasses import dataclass, field
 from functools import reduce
 from typing import Any
 
-from analysis.branched import COMPARE, LR_RULES, lr_factor
+from analysis.branch import COMPARE, LR_RULES, lr_factor
 from orchestrator.overrides import UserError, apply_overrides, load_yaml
 from orchestrator.spec import (
     SPLIT_KEYS,
@@ -180,7 +180,7 @@ class BranchSpec:
 
 
 def branch_checkpoint(keep_dir: str, point: int) -> str:
-    from trainables.branching import kept_path
+    from trainables.branch_points import kept_path
 
     return kept_path(keep_dir, point)
 

@@ -1,50 +1,33 @@
-"""The ``bcrit`` command line. Sub-commands import their heavy dependencies lazily, so ``bcrit analyze`` never
-loads torch or ray. User mistakes print one line ``bcrit <cmd>: error: ...`` and exit with code 2."""
+"""The ``bcrit`` command line: every sub-command is ``orchestrator/<name>_cmd.py`` (``check-cluster``:
+``orchestrator/cluster_check.py``) with a ``register(sub)`` that adds its parser and its function. Modules import
+their heavy dependencies inside the command function, so ``bcrit analyze`` never loads torch or ray. User mistakes
+print one line ``bcrit <cmd>: error: ...`` and exit with code 2."""
 
 from __future__ import annotations
 
 import argparse
 import sys
 
+from orchestrator import (
+    analyze_cmd,
+    branch_cmd,
+    cluster_check,
+    migrate_cmd,
+    pack_cmd,
+    probe_cmd,
+    sweep_cmd,
+    train_cmd,
+)
 from orchestrator.overrides import UserError
 
-
-def _train_parser(sub) -> None:
-    p = sub.add_parser("train", help="run one DiT trial outside any sweep and print its summary")
-    p.add_argument("config", help="trial config YAML (keys of trainables.config.TrialConfig)")
-    p.add_argument("--set", action="append", default=[], metavar="KEY=VALUE", help="override a config key")
-    p.add_argument("--name", default=None, help="run name (a run of the same name in --storage resumes)")
-    p.add_argument("--storage", default="runs", help="Ray Train storage path for checkpoints (default: ./runs)")
-    p.add_argument("--verbose", action="store_true", help="Ray Train's INFO logs (worker group, checkpoints)")
-    p.set_defaults(func=_train)
-
-
-def _train(args) -> int:
-    from orchestrator.train_cmd import train_command
-
-    return train_command(args)
+COMMANDS = (train_cmd, sweep_cmd, analyze_cmd, probe_cmd, branch_cmd, pack_cmd, migrate_cmd, cluster_check)
 
 
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="bcrit", description="Critical batch size of diffusion transformers.")
     sub = parser.add_subparsers(dest="command", required=True)
-    _train_parser(sub)
-    for module in (
-        "orchestrator.sweep_cmd",
-        "analysis.cli",
-        "orchestrator.probe_cmd",
-        "orchestrator.branch_cmd",
-        "orchestrator.pack_cmd",
-        "orchestrator.migrate_cmd",
-        "orchestrator.cluster_check",
-    ):
-        try:
-            mod = __import__(module, fromlist=["register"])
-        except ImportError as e:
-            if getattr(e, "name", None) == module:
-                continue  # sub-command not built yet
-            raise
-        mod.register(sub)
+    for command in COMMANDS:
+        command.register(sub)
     return parser
 
 

@@ -19,7 +19,7 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 
 from analysis import metrics as M
-from analysis.branched import BRANCH_STEP, PARENT, K
+from analysis.branch import BRANCH_STEP, PARENT, K
 from analysis.schema import (
     METRICS_FILE,
     METRICS_SCHEMA_WITH_WALL_TIME,

@@ -148,7 +148,7 @@ class MLflowTracking(Callback):
     def _log_study_settings(self) -> None:
         """A branched study's analysis settings (the file ``bcrit branch`` writes before its first trial) as an
         artifact of the parent run, so that ``bcrit analyze --mlflow-experiment`` reads the same settings."""
-        from analysis.branched import SETTINGS_FILE
+        from analysis.branch import SETTINGS_FILE
 
         path = os.path.join(self.sweep_dir, SETTINGS_FILE)
         if os.path.isfile(path):

@@ -8,6 +8,16 @@ from analysis import metrics as M
 from orchestrator.overrides import UserError, apply_overrides, load_yaml
 
 
+def register(sub) -> None:
+    p = sub.add_parser("train", help="run one DiT trial outside any sweep and print its summary")
+    p.add_argument("config", help="trial config YAML (keys of trainables.config.TrialConfig)")
+    p.add_argument("--set", action="append", default=[], metavar="KEY=VALUE", help="override a config key")
+    p.add_argument("--name", default=None, help="run name (a run of the same name in --storage resumes)")
+    p.add_argument("--storage", default="runs", help="Ray Train storage path for checkpoints (default: ./runs)")
+    p.add_argument("--verbose", action="store_true", help="Ray Train's INFO logs (worker group, checkpoints)")
+    p.set_defaults(func=train_command)
+
+
 def _b_simple(last: dict, k: int | None = None) -> str:
     """``B_simple x ± se`` of the latest window (global or bin ``k``), plus how often it was undefined."""
     names = M.gns_names(k)

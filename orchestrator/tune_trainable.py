@@ -44,9 +44,9 @@ class Workload:
 
 def get_workload(name: str) -> Workload:
     if name == "quadratic":
-        from trainables import quadratic
+        from trainables import nqm_trial
 
-        q = quadratic
+        q = nqm_trial
         return Workload(name, q.QuadraticConfig, q.check_quadratic, q.train_loop)
     from trainables.config import TrialConfig
     from trainables.loop import train_loop

@@ -63,7 +63,7 @@ class TrialConfig:
     # --- reporting and checkpoints ------------------------------------------------------------------------
     report_every: int = 0  # steps between reports to Ray; 0 = eval_every
     checkpoint_every: int = 0  # steps between checkpoints (a multiple of report_every); 0 = only at the end
-    # --- branched study (trainables.branching) -------------------------------------------------------------
+    # --- branched study (trainables.branch_points) -------------------------------------------------------------
     init_from: str | None = None  # start from this checkpoint (weights, optimizer state; counters reset)
     keep_dir: str | None = None  # copy the checkpoints at keep_steps to <keep_dir>/step<N> (branch points)
     keep_steps: list = field(default_factory=list)  # steps whose checkpoints are kept (multiples of checkpoint_every)

@@ -17,7 +17,7 @@ import torch
 
 from analysis import metrics as M
 from analysis.gns import GNSWindow, live_metrics
-from trainables import branching, checkpoint
+from trainables import branch_points, checkpoint
 from trainables.compiling import compile_model
 from trainables.config import TrialConfig
 from trainables.data import load_dataset
@@ -163,7 +163,7 @@ class DiTLearner(Learner):
         return checkpoint.load(directory, self.rank)  # also restores this rank's RNG states
 
     def branch_from(self, init_from: str) -> None:
-        branching.start_dit(init_from, self.cfg.lr, self.model, self.opt, self.ema)
+        branch_points.start_dit(init_from, self.cfg.lr, self.model, self.opt, self.ema)
 
 
 def train_loop(cfg: TrialConfig, session: Session) -> dict:

@@ -5,10 +5,10 @@ A trial is a `TrialSkeleton` driving a `Learner` (composer's split of the traini
 - the **skeleton** owns the counters (``step``; ``micro_step``, ``examples``, ``epoch`` derived from it), the
   training seconds, the evaluation schedule and the stop status (`trainables.stopping`), the metric rows and their
   log (`trainables.row_log`, re-sent once after a restore), the reports, and checkpoints: what goes in them besides
-  the learner's state, restoring, keeping the branch points (`trainables.branching.keep_checkpoint`);
+  the learner's state, restoring, keeping the branch points (`trainables.branch_points.keep_checkpoint`);
 - the **learner** supplies what differs between workloads: it is built with its model and data, takes one
   optimizer step, evaluates, and reads and writes its own state (the DiT: `trainables.loop.DiTLearner`, torch
-  checkpoints on every rank; the noisy quadratic model: `trainables.quadratic.QuadraticLearner`, one JSON file).
+  checkpoints on every rank; the noisy quadratic model: `trainables.nqm_trial.QuadraticLearner`, one JSON file).
 
 (``Learner``, not ``Workload``: `orchestrator.tune_trainable.Workload` is a sweep's entry for a workload -- its
 config class, check and loop.)
@@ -32,7 +32,7 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Protocol
 
 from analysis import metrics as M
-from trainables.branching import keep_checkpoint
+from trainables.branch_points import keep_checkpoint
 from trainables.row_log import RowLog
 from trainables.stopping import eval_status, status_after_step
 
@@ -114,7 +114,7 @@ class Learner:
         raise NotImplementedError
 
     def branch_from(self, init_from: str) -> None:
-        """Start from another trial's checkpoint, counters at 0 (a branched study; trainables.branching)."""
+        """Start from another trial's checkpoint, counters at 0 (a branched study; trainables.branch_points)."""
         raise NotImplementedError(f"{type(self).__name__} cannot start from a checkpoint (init_from)")
 
     def start(self, step: int, train_seconds: float) -> None:
@@ -175,7 +175,7 @@ class TrialSkeleton:
                 self.status = state.get("status", M.STATUS_RUNNING)
                 if self.status == M.STATUS_BUDGET_SPENT and self.step < self.cfg.max_steps:
                     self.status = M.STATUS_RUNNING
-            elif self.cfg.init_from:  # a branch: counters start at 0 (trainables.branching)
+            elif self.cfg.init_from:  # a branch: counters start at 0 (trainables.branch_points)
                 self.learner.branch_from(self.cfg.init_from)
         self.startup_seconds = CLOCK() - self.started
         self._resend = self.row_log.rows()  # the sweep's watermarks drop the rows it already holds

@@ -18,9 +18,10 @@ import pyarrow.compute as pc
 import pytest
 from synth_runs import synth_runs
 
-from analysis import cli, report
 from analysis import metrics as m
+from analysis import report
 from analysis.loaders import SWEEP_PARENT_FILE, runs_from_tables, write_sweep_dir
+from orchestrator import analyze_cmd as cli
 
 ROOT = Path(__file__).resolve().parents[2]
 FAST = ["--no-plots", "--bootstrap", "5"]
@@ -158,7 +159,7 @@ def _sweep_copy(tmp_path, runs):
 
 # --- atomic outputs: kills and concurrent runs -------------------------------------------------------------------
 def analyze_cmd(sweep, out) -> list[str]:
-    return [sys.executable, "-m", "analysis.cli", str(sweep), "--out", str(out), "--bootstrap", "200"]
+    return [sys.executable, "-m", "orchestrator.analyze_cmd", str(sweep), "--out", str(out), "--bootstrap", "200"]
 
 
 def test_interrupted_write_leaves_old_results_whole(sweep, tmp_path, monkeypatch):

@@ -10,7 +10,8 @@ from synth_runs import synth_runs
 
 from analysis import metrics as m
 from analysis.loaders import load_mlflow, load_sweep_dir, runs_from_tables, write_sweep_dir
-from analysis.report import analyze, log_to_mlflow
+from analysis.publish import log_analysis
+from analysis.report import analyze
 from analysis.schema import RunsTableError
 
 
@@ -91,7 +92,7 @@ def test_load_mlflow_errors(store):
         load_mlflow("sweep", tracking_uri=uri, parent_run_id="0" * 32)  # issue 14: not "has no child runs"
 
 
-def test_log_to_mlflow_attaches_artifacts_to_parent(store, tmp_path):
+def test_log_analysis_attaches_artifacts_to_parent(store, tmp_path):
     from mlflow.tracking import MlflowClient
 
     uri, parent = store
@@ -100,7 +101,7 @@ def test_log_to_mlflow_attaches_artifacts_to_parent(store, tmp_path):
     # three batch sizes, one diverged: too few for a fit, so write a report by hand to check the logging
     out.mkdir()
     (out / "bcrit.json").write_text("{}")
-    log_to_mlflow(out, uri, parent)
+    log_analysis(out, uri, parent)
     names = [f.path for f in MlflowClient(uri).list_artifacts(parent, "analysis")]
     assert names == ["analysis/bcrit.json"]
     with pytest.raises(ValueError, match="only batch sizes"):
@@ -132,7 +133,7 @@ def test_analyze_from_mlflow_experiment_and_parent_run_id(store, tmp_path, capsy
     is the newest one with children, `--parent-run-id` picks another, and the artifacts go to the parent analyzed."""
     from mlflow.tracking import MlflowClient
 
-    from analysis.cli import main
+    from orchestrator.analyze_cmd import main
 
     uri, _ = store
     client = MlflowClient(uri)

@@ -9,11 +9,11 @@ import numpy as np
 import pytest
 from synth_runs import synth_runs
 
-from analysis import cli
 from analysis import metrics as m
 from analysis.flags import FLAGS, NEAR_FLOOR
 from analysis.loaders import load_sweep_dir, write_sweep_dir
 from analysis.report import analyze, render_markdown, summary_lines
+from orchestrator import analyze_cmd as cli
 
 TARGET_KEYS = {"target", "b_crit", "b_crit_ci", "s_min", "e_min", "flags", "ci_resamples", "points", "censored"}
 TARGET_KEYS |= {"b_crit_refined", "censored_batch_sizes", "unreached_batch_sizes"}
@@ -112,7 +112,7 @@ def test_python_dash_m(sweep, tmp_path):
     import sys
 
     r = subprocess.run(
-        [sys.executable, "-m", "analysis.cli", str(tmp_path / "nope"), "--out", str(tmp_path)],
+        [sys.executable, "-m", "orchestrator.analyze_cmd", str(tmp_path / "nope"), "--out", str(tmp_path)],
         capture_output=True,
         text=True,
         check=False,

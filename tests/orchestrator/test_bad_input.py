@@ -16,7 +16,7 @@ from orchestrator.cli import main
 from orchestrator.spec import OWNED
 from tests.orchestrator.conftest import quadratic_spec
 from trainables.config import BOUNDS, Bound, ConfigError, TrialConfig, _coerce
-from trainables.quadratic import QUADRATIC_BOUNDS, QuadraticConfig
+from trainables.nqm_trial import QUADRATIC_BOUNDS, QuadraticConfig
 
 SETTINGS = settings(
     max_examples=int(os.environ.get("BCRIT_HYPOTHESIS_EXAMPLES", "150")),

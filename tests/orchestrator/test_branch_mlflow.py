@@ -6,7 +6,7 @@ from __future__ import annotations
 import pyarrow.compute as pc
 import pytest
 
-from analysis import branched_report
+from analysis import branch_report
 from analysis.loaders import load_mlflow, load_sweep_dir
 from analysis.schema import RunsTableError
 from orchestrator.branch import check_branch_spec, parse_branch_spec, run_inprocess
@@ -18,7 +18,7 @@ def _replay(spec, uri: str, with_settings: bool = True) -> None:
     """Log the study's trials as the Ray callback does: the parent opens after the settings file is written."""
     import os
 
-    from analysis.branched import SETTINGS_FILE
+    from analysis.branch import SETTINGS_FILE
 
     ref_cfg, _ = check_branch_spec(spec)
     settings = os.path.join(spec.sweep_dir, SETTINGS_FILE)
@@ -51,10 +51,10 @@ def study(tmp_path):
 def test_branched_study_from_mlflow_equals_directory(study, tmp_path):
     uri = f"sqlite:///{tmp_path}/mlflow.db"
     _replay(study, uri)
-    from_dir = branched_report.analyze(load_sweep_dir(study.sweep_dir), bootstrap=50, plots=False)
+    from_dir = branch_report.analyze(load_sweep_dir(study.sweep_dir), bootstrap=50, plots=False)
     runs = load_mlflow("branched", uri)
     assert runs.trials.column("k").to_pylist().count(None) == 1  # the reference's row
-    from_mlflow = branched_report.analyze(runs, bootstrap=50, plots=False)
+    from_mlflow = branch_report.analyze(runs, bootstrap=50, plots=False)
     assert from_mlflow["epsilons"] == [0.02, 0.01, 0.05]  # the study's settings, not the defaults
     assert from_mlflow.pop("source").startswith("mlflow:branched/")
     from_dir.pop("source")
@@ -65,4 +65,4 @@ def test_branched_study_in_mlflow_without_settings_is_an_error(study, tmp_path):
     uri = f"sqlite:///{tmp_path}/mlflow.db"
     _replay(study, uri, with_settings=False)
     with pytest.raises(RunsTableError, match="without its settings"):
-        branched_report.analyze(load_mlflow("branched", uri), bootstrap=50, plots=False)
+        branch_report.analyze(load_mlflow("branched", uri), bootstrap=50, plots=False)

@@ -1,6 +1,6 @@
 """The branched study on the noisy quadratic model, in-process (no Ray): spec -> reference + branches (the real
-trial loop, checkpoints kept and branched from) -> Parquet rows -> analysis.branched, against the closed form of
-analysis.quadratic.branched_critical_k started from the reference's actual state at each branch point."""
+trial loop, checkpoints kept and branched from) -> Parquet rows -> analysis.branch, against the closed form of
+analysis.nqm.branched_critical_k started from the reference's actual state at each branch point."""
 
 from __future__ import annotations
 
@@ -10,12 +10,12 @@ import os
 import numpy as np
 import pytest
 
-from analysis import branched as br
+from analysis import branch as br
 from analysis.loaders import load_sweep_dir
-from analysis.quadratic import branched_critical_k
+from analysis.nqm import branched_critical_k
 from orchestrator.branch import parse_branch_spec, run_inprocess
-from trainables.branching import kept_path
-from trainables.quadratic import STATE_FILE, QuadraticConfig
+from trainables.branch_points import kept_path
+from trainables.nqm_trial import STATE_FILE, QuadraticConfig
 
 FIXED = {"dim": 1000, "h_decay": 0.5, "noise_scale": 1.0, "theta0": 1.0, "eval_every": 50}
 
@@ -73,7 +73,7 @@ def test_branched_quadratic_recovers_closed_form(tmp_path):
     assert headline[0] > 2 * headline[-1]
     assert out["cost"]["branch_examples"] == len(spec.branches()) * spec.delta
     # bcrit analyze on the study directory: the study's own settings, bcrit.json + report + plot
-    from analysis.cli import main
+    from orchestrator.analyze_cmd import main
 
     out_dir = tmp_path / "analysis"
     assert main([spec.sweep_dir, "--out", str(out_dir), "--bootstrap", "50"]) == 0

@@ -80,7 +80,7 @@ def check_resend(tmp_path, loop, cfg, recorded: int):
 
 
 def test_quadratic_checkpoint_carries_unsent_rows(tmp_path):
-    from trainables.quadratic import QuadraticConfig, train_loop
+    from trainables.nqm_trial import QuadraticConfig, train_loop
 
     cfg = QuadraticConfig(dim=10, eval_every=1, report_every=5, checkpoint_every=10, max_steps=40)
     check_resend(tmp_path, train_loop, cfg, recorded=3)

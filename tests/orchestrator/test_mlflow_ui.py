@@ -171,7 +171,7 @@ def fake_sweep(tmp_path, empty_db) -> tuple[str, str, int]:
     the best lr inside the grid) or never (lr 1e-4), then ``bcrit analyze`` at automatic targets."""
     from types import SimpleNamespace
 
-    from analysis.cli import main as analyze_main
+    from orchestrator.analyze_cmd import main as analyze_main
     from orchestrator.tables import TablesCallback
     from orchestrator.tracking import MLflowTracking
 
@@ -262,7 +262,7 @@ def test_user_reads_the_answer_in_the_mlflow_ui(tmp_path, ray_local, no_ray_addr
             first = json.loads(f.readline())
         assert "rows" not in first and M.STEP in first
 
-    from analysis.cli import main as analyze_main
+    from orchestrator.analyze_cmd import main as analyze_main
 
     out_dir = os.path.join(spec.sweep_dir, "analysis")
     assert analyze_main([spec.sweep_dir, "--bootstrap", "50", "--out", out_dir]) == 0

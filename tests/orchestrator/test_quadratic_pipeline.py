@@ -15,7 +15,7 @@ from orchestrator.spec import load_spec
 from orchestrator.sweep import check_spec
 from orchestrator.tables import RunsTables, trial_row
 from tests.orchestrator.test_sweep_quadratic import _check_trustworthy
-from trainables.quadratic import QuadraticConfig, train_loop
+from trainables.nqm_trial import QuadraticConfig, train_loop
 
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 

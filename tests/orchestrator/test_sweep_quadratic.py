@@ -64,8 +64,8 @@ def test_mlflow_nesting_and_tables(tmp_path, ray_local, no_ray_address):
 
 
 def _closed_form(spec, target: float) -> float:
-    from analysis.quadratic import closed_form_b_crit
-    from trainables.quadratic import QuadraticConfig
+    from analysis.nqm import closed_form_b_crit
+    from trainables.nqm_trial import QuadraticConfig
 
     h, c, theta0 = QuadraticConfig.from_dict(
         {k: v for k, v in spec.fixed.items() if k in ("dim", "h_decay", "noise_scale", "theta0")}
@@ -101,11 +101,11 @@ def _quadratic_spec(tmp_path, seed: int):
 
 @pytest.mark.parametrize("seed", [0, 1, 2])
 def test_quadratic_pipeline_in_process_recovers_closed_form(tmp_path, seed):
-    """The same pipeline as the sweep test below without Ray (runs simulated by analysis.quadratic.simulate_sweep
+    """The same pipeline as the sweep test below without Ray (runs simulated by analysis.nqm.simulate_sweep
     with the spec's grid and stop rules): automatic targets, flags, closed form on the sweep's lr grid."""
-    from analysis.quadratic import simulate_sweep
+    from analysis.nqm import simulate_sweep
     from analysis.report import analyze
-    from trainables.quadratic import QuadraticConfig
+    from trainables.nqm_trial import QuadraticConfig
 
     spec = _quadratic_spec(tmp_path, seed)
     h, c, theta0 = QuadraticConfig.from_dict(

@@ -77,7 +77,7 @@ def test_the_payload_is_live_when_unpickled(ckpt, tmp_path, marker):
 
 
 def test_every_reader_refuses_it_naming_the_file(ckpt, tmp_path, marker):
-    from trainables import branching, probe, resume
+    from trainables import branch_points, probe, resume
 
     bad = craft(ckpt, str(tmp_path / "bad"), marker)
     path = os.path.join(bad, STATE_FILE)
@@ -87,7 +87,7 @@ def test_every_reader_refuses_it_naming_the_file(ckpt, tmp_path, marker):
         "checkpoint.load": lambda: checkpoint.load(bad, 0),
         "resume.read_state": lambda: resume.read_state(bad),
         "probe.load_model": lambda: probe.load_model(bad),
-        "branching.start_dit": lambda: branching.start_dit(bad, 1e-3, torch.nn.Linear(1, 1), None, None),
+        "branch_points.start_dit": lambda: branch_points.start_dit(bad, 1e-3, torch.nn.Linear(1, 1), None, None),
         "trial loop restore": lambda: run_local(cfg, checkpoint_root=str(tmp_path / "r"), resume_from=bad),
         "trial loop init_from": lambda: run_local(cfg.replace(init_from=bad), checkpoint_root=str(tmp_path / "i")),
     }

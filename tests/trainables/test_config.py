@@ -84,7 +84,7 @@ def test_gns_window_is_in_steps_and_holds_two_per_bin_measurements():
 from dataclasses import fields  # noqa: E402
 
 from trainables.config import BOUNDS, Bound  # noqa: E402
-from trainables.quadratic import QUADRATIC_BOUNDS, QuadraticConfig  # noqa: E402
+from trainables.nqm_trial import QUADRATIC_BOUNDS, QuadraticConfig  # noqa: E402
 
 
 def bad_values(b: Bound) -> list:

@@ -11,7 +11,7 @@ from dataclasses import dataclass, field, replace
 import pytest
 
 from analysis import metrics as M
-from trainables.branching import kept_path
+from trainables.branch_points import kept_path
 from trainables.skeleton import Learner, StepOutcome, TrialSkeleton
 from trainables.trial import LocalSession
 

@@ -6,7 +6,7 @@ import numpy as np
 import pytest
 
 from analysis import metrics as m
-from analysis import quadratic as q
+from analysis import nqm as q
 from analysis.loaders import Series
 from analysis.report import analyze_metric
 from analysis.steps import steps_to_target

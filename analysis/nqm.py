@@ -283,7 +283,7 @@ def simulate_sweep(
     return runs_from_tables(trials, metrics, source="nqm-simulated")
 
 
-# --- the branched critical batch size (Merrill et al. 2025; analysis.branched) in closed form ---------------------
+# --- the branched critical batch size (Merrill et al. 2025; analysis.branch) in closed form ---------------------
 def branch_losses(
     h: np.ndarray,
     c: np.ndarray,
@@ -298,7 +298,7 @@ def branch_losses(
     """Expected loss of branches at ``k·b0`` started from second moments ``m0 = E[θ²]`` at the branch point, with
     lr ``lr0·lr_factor(lr_rule, k)``, averaged over the evaluations at ``fractions·delta`` examples (each at the
     real step ``fraction·delta/(k·b0)`` of the closed form): shape ``(len(ks),)``; ``inf`` where diverged."""
-    from analysis.branched import lr_factor
+    from analysis.branch import lr_factor
 
     h, c, m0 = _arrays(h, c, m0)
     hh, cc, mm, w = _collapse(h, c, m0)

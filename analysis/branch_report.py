@@ -1,7 +1,7 @@
 """``bcrit analyze`` on a branched study's directory: ``bcrit.json``, ``report.md`` and ``branched.png``.
 
 The settings (tolerances ``ε``, comparator, smoothing window, ``Δ``) are the study's own, saved by ``bcrit branch``
-in :data:`analysis.branched.SETTINGS_FILE`; without that file the defaults of :func:`analysis.branched.analyze`.
+in :data:`analysis.branch.SETTINGS_FILE`; without that file the defaults of :func:`analysis.branch.analyze`.
 The plot puts the branched critical batch size over training progress (the reference's examples) beside the
 reference's live ``B_simple`` (re-smoothed from its logged gradient statistics), globally and per timestep bin.
 """
@@ -13,7 +13,7 @@ from pathlib import Path
 
 import numpy as np
 
-from analysis import branched
+from analysis import branch
 from analysis.loaders import Runs
 from analysis.report import cell_num
 from analysis.schema import RunsTableError
@@ -27,7 +27,7 @@ def settings(runs: Runs) -> dict:
     if runs.source.startswith("mlflow:"):
         saved = _mlflow_settings(runs)
     else:
-        path = Path(runs.source) / branched.SETTINGS_FILE if runs.source else None
+        path = Path(runs.source) / branch.SETTINGS_FILE if runs.source else None
         if path is None or not path.is_file():
             return {}
         try:
@@ -42,18 +42,18 @@ def _mlflow_settings(runs: Runs) -> dict:
 
     client = MlflowClient(runs.tracking_uri)
     try:
-        text = client.download_artifacts(runs.parent_run_id, branched.SETTINGS_FILE)
+        text = client.download_artifacts(runs.parent_run_id, branch.SETTINGS_FILE)
         return json.loads(Path(text).read_text())
     except Exception:  # noqa: BLE001 - absent artifact (MLflow raises several types) or bad JSON
         raise RunsTableError(
             f"MLflow run {runs.parent_run_id} holds a branched study without its settings "
-            f"(artifact {branched.SETTINGS_FILE}); analyse its directory instead: bcrit analyze STUDY_DIR"
+            f"(artifact {branch.SETTINGS_FILE}); analyse its directory instead: bcrit analyze STUDY_DIR"
         ) from None
 
 
 def analyze(runs: Runs, out_dir: str | Path | None = None, *, bootstrap: int = 200, seed: int = 0, plots=True) -> dict:
     kw = settings(runs)
-    result = branched.analyze(runs, bootstrap=bootstrap, seed=seed, **kw)
+    result = branch.analyze(runs, bootstrap=bootstrap, seed=seed, **kw)
     if out_dir is not None:
         out = Path(out_dir)
         out.mkdir(parents=True, exist_ok=True)

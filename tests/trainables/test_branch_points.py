@@ -8,7 +8,7 @@ import os
 import torch
 
 from analysis import metrics as M
-from trainables.branching import kept_path
+from trainables.branch_points import kept_path
 from trainables.checkpoint import STATE_FILE
 from trainables.config import TrialConfig
 from trainables.trial import run_local
@@ -59,7 +59,7 @@ def test_dit_branch_starts_from_kept_checkpoint(tmp_path):
 
 
 def test_start_dit_sets_the_branch_lr_over_the_checkpoints(tmp_path):
-    from trainables.branching import start_dit
+    from trainables.branch_points import start_dit
 
     model = torch.nn.Linear(3, 2)
     opt = torch.optim.AdamW(model.parameters(), lr=1e-3)

@@ -1,10 +1,10 @@
-"""The noisy quadratic model (analysis.quadratic) as a trial: the DiT trial's skeleton (trainables.skeleton: report
+"""The noisy quadratic model (analysis.nqm) as a trial: the DiT trial's skeleton (trainables.skeleton: report
 format, checkpoints, stop rules) around a `QuadraticLearner`, so a sweep with ``workload: quadratic`` runs through
-the same machinery in seconds. Its closed-form B_crit (``analysis.quadratic.closed_form_b_crit``) is the end-to-end
+the same machinery in seconds. Its closed-form B_crit (``analysis.nqm.closed_form_b_crit``) is the end-to-end
 check.
 
 SGD on ``L = ½ Σ h_i θ_i²`` with ``h_i = i^-h_decay``, gradient noise ``N(0, c/B)``, ``c = noise_scale · h``
-(the NQM's ``C ∝ H``), ``θ_i(0) = theta0``: the update of :func:`analysis.quadratic.simulate`, one step at a time.
+(the NQM's ``C ∝ H``), ``θ_i(0) = theta0``: the update of :func:`analysis.nqm.simulate`, one step at a time.
 The split ``(micro, A, W)`` changes nothing statistically (the mean of B iid per-example noises); every rank
 computes the same update from the same seeded generator, so multi-worker trials stay consistent.
 """
@@ -21,7 +21,7 @@ from typing import Any
 import numpy as np
 
 from analysis import metrics as M
-from trainables.branching import start_quadratic
+from trainables.branch_points import start_quadratic
 from trainables.config import BOUNDS, COUNT, Bound, ConfigError, check_bounds, config_from_dict
 from trainables.skeleton import Learner, Session, StepOutcome, TrialSkeleton
 
@@ -84,7 +84,7 @@ class QuadraticConfig:
         return self.report_every or self.eval_every
 
     def problem(self) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
-        """``(h, c, theta0)`` arrays of the NQM, as analysis.quadratic takes them."""
+        """``(h, c, theta0)`` arrays of the NQM, as analysis.nqm takes them."""
         h = np.arange(1, self.dim + 1, dtype=np.float64) ** -self.h_decay
         return h, self.noise_scale * h, np.full(self.dim, self.theta0)
 

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from analysis import metrics as M
-from trainables.quadratic import QuadraticConfig, train_loop
+from trainables.nqm_trial import QuadraticConfig, train_loop
 from trainables.trial import LocalSession
 
 

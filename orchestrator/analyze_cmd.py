@@ -155,6 +155,7 @@ def _run(args: argparse.Namespace) -> int:
     from analysis import loaders, report
     from analysis.mlflow_uri import check_tracking_uri
     from analysis.plots import ANSWER_PNG
+    from analysis.publish import log_analysis
 
     if (args.sweep_dir is None) == (args.mlflow_experiment is None):
         raise UsageError("give exactly one of SWEEP_DIR or --mlflow-experiment NAME")
@@ -191,7 +192,7 @@ def _run(args: argparse.Namespace) -> int:
             runs, args.metric, targets, tmp, bootstrap=args.bootstrap, seed=args.seed, plots=not args.no_plots
         )
         if parent is not None:
-            report.log_to_mlflow(tmp, uri, parent)
+            log_analysis(tmp, uri, parent)
         publish(tmp, args.out, last=report.JSON_FILE)
     print("\n".join(report.summary_lines(result)))
     print(f"wrote {args.out}/bcrit.json, report.md, report.html" + ("" if args.no_plots else " and plots"))
@@ -229,20 +230,21 @@ def publish(tmp: str, out: str, last: str) -> None:
 
 
 def _is_branched(runs) -> bool:
-    from analysis.branched import is_branched
+    from analysis.branch import is_branched
 
     return is_branched(runs)
 
 
 def _run_branched(runs, args: argparse.Namespace, parent: str | None, uri: str | None) -> int:
-    """A branched study (bcrit branch): analysis.branched_report, with the study's own settings; written and logged
+    """A branched study (bcrit branch): analysis.branch_report, with the study's own settings; written and logged
     like a sweep's analysis (staged, then published)."""
-    from analysis import branched_report, report
+    from analysis import branch_report, report
+    from analysis.publish import log_analysis
 
     with staging_dir(args.out) as tmp:
-        result = branched_report.analyze(runs, tmp, bootstrap=args.bootstrap, seed=args.seed, plots=not args.no_plots)
+        result = branch_report.analyze(runs, tmp, bootstrap=args.bootstrap, seed=args.seed, plots=not args.no_plots)
         if parent is not None:
-            report.log_to_mlflow(tmp, uri, parent)
+            log_analysis(tmp, uri, parent)
         publish(tmp, args.out, last=report.JSON_FILE)
     eps = result["epsilons"][0]
     for p in result["points"]:
@@ -250,7 +252,7 @@ def _run_branched(runs, args: argparse.Namespace, parent: str | None, uri: str |
         lo, hi = a["b_crit_ci"]
         print(
             f"step {p['branch_step']} ({p['examples']} examples): branched B_crit (eps={eps:g}) = "
-            f"{branched_report._answer(a)}  interval [{report.short_num(lo)}, {report.short_num(hi)}]"
+            f"{branch_report._answer(a)}  interval [{report.short_num(lo)}, {report.short_num(hi)}]"
         )
     print(f"wrote {args.out}/bcrit.json, report.md" + ("" if args.no_plots else " and branched.png"))
     if parent is not None:
@@ -265,7 +267,7 @@ class _Parser(argparse.ArgumentParser):
 
 
 def main(argv: list[str] | None = None) -> int:
-    """``python -m analysis.cli ...``: the same as ``bcrit analyze ...``."""
+    """``python -m orchestrator.analyze_cmd ...``: the same as ``bcrit analyze ...``."""
     p = _Parser(prog=PROG, description=__doc__)
     add_arguments(p)
     return run(p.parse_args(argv))
