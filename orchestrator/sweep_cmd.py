@@ -130,7 +130,7 @@ def _run(spec, resume: bool, verbose: bool = False) -> int:
     if errors:
         print(f"[bcrit] {errors} trial(s) failed: their errors are in {spec.sweep_dir}/tune/<trial_id>/error.txt")
     print(f"[bcrit] results: {spec.sweep_dir}/trials.parquet, {spec.sweep_dir}/metrics.parquet")
-    print(f"[bcrit] next: bcrit analyze {spec.sweep_dir} --out {spec.sweep_dir}/analysis")
+    print(f"[bcrit] next: bcrit analyze {spec.sweep_dir}  (writes {spec.sweep_dir}/analysis)")
     print(f"[bcrit] browse: mlflow ui --backend-store-uri {spec.mlflow_uri}")
     page = parent_run_page(spec.sweep_dir)
     if page:
