@@ -4,12 +4,14 @@ and all of it is logged (MLflow params, checkpoint, summary)."""
 from __future__ import annotations
 
 import dataclasses
+import functools
 import math
 import os
 from dataclasses import dataclass, field, fields
 from typing import Any
 
 from analysis.gns import DEFAULT_WINDOW
+from analysis.stages import LR_RULES, BatchStages
 from trainables.presets import PRESETS
 
 RETIRED_KEYS = ("gns_ema_beta",)  # keys older checkpoints may hold (gns_ema_beta: replaced by gns_window)
@@ -29,7 +31,10 @@ class TrialConfig:
     batch_size: int = 32  # effective B = micro_batch_size * grad_accum * num_workers
     micro_batch_size: int = 32  # examples per forward/backward on one worker
     num_workers: int = 0  # W data-parallel ranks; 0 = run in-process (no worker actors), counts as 1
-    grad_accum: int | None = None  # A; None = derived from the three above
+    grad_accum: int | None = None  # A; None = derived from the three above (of batch_size: stage 0)
+    batch_schedule: list = field(default_factory=list)  # [[step, B], ...]: from `step` steps done on, batch B, by
+    # accumulation (micro and W fixed); [] = batch_size throughout (analysis.stages, docs/schedule.md)
+    schedule_lr_rule: str = "sqrt"  # a later stage's lr = lr x sqrt(B / batch_size) (Adam); linear | constant
     # --- optimisation (nuisance hyper-parameters) ---------------------------------------------------------
     lr: float = 1e-3  # AdamW peak learning rate
     warmup_steps: int = 0  # linear warm-up, then constant
@@ -91,6 +96,11 @@ class TrialConfig:
     @property
     def report_interval(self) -> int:
         return self.report_every or self.eval_every
+
+    @functools.cached_property
+    def stages(self) -> BatchStages:
+        """The batch-size stages (`analysis.stages`): one stage at ``batch_size`` without a ``batch_schedule``."""
+        return BatchStages.from_schedule(self.batch_size, self.batch_schedule, self.micro_batch_size * self.world_size)
 
     @property
     def gns_steps(self) -> int:
@@ -210,6 +220,8 @@ class Bound:
     def describe(self) -> str:
         if self.kind == "list":
             return "a list of integers >= 0"
+        if self.kind == "stages":
+            return "a list of [step, batch_size] pairs"
         if self.kind not in ("int", "float"):
             return f"a {self.kind}"
         fmt = "{:d}" if self.kind == "int" else "{:g}"
@@ -233,6 +245,8 @@ class Bound:
             return isinstance(v, str) and bool(v.strip())
         if self.kind == "dict":
             return isinstance(v, dict)
+        if self.kind == "stages":  # a batch_schedule: its entries are checked by check_schedule
+            return isinstance(v, list)
         if self.kind == "list":  # a list of step counts (e.g. keep_steps)
             return isinstance(v, list) and all(isinstance(x, int) and not isinstance(x, bool) and x >= 0 for x in v)
         if isinstance(v, bool) or not isinstance(v, (int, float)) or (self.kind == "int" and not isinstance(v, int)):
@@ -257,6 +271,8 @@ BOUNDS: dict[str, Bound] = {
     "micro_batch_size": POS,
     "num_workers": Bound("int", 0, 4096),
     "grad_accum": Bound("int", 1, MAX_INT, optional=True),
+    "batch_schedule": Bound("stages"),
+    "schedule_lr_rule": Bound("str"),
     "lr": Bound("float", 0, lo_open=True),
     "warmup_steps": COUNT,
     "beta1": UNIT,
@@ -304,6 +320,16 @@ def check_bounds(config: Any, bounds: dict[str, Bound]) -> None:
             raise ConfigError(f"{f.name} must be {b.describe()}, got {v!r}")
 
 
+def check_schedule(c: Any) -> None:
+    """A config's ``batch_schedule`` and ``schedule_lr_rule`` (`analysis.stages`): one ConfigError line."""
+    if c.schedule_lr_rule not in LR_RULES:
+        raise ConfigError(f"schedule_lr_rule must be one of {list(LR_RULES)}, got {c.schedule_lr_rule!r}")
+    try:
+        c.stages  # noqa: B018 (builds and validates the stages)
+    except ValueError as e:
+        raise ConfigError(str(e)) from None
+
+
 def validate(c: TrialConfig) -> None:
     """Raise one ConfigError for the first impossible setting, before any worker starts: each field against its
     row of `BOUNDS`, then the settings that depend on each other."""
@@ -322,6 +348,7 @@ def validate(c: TrialConfig) -> None:
                 f"batch_size {c.batch_size} != micro_batch_size {c.micro_batch_size} x grad_accum {c.grad_accum}"
                 f" x workers {c.world_size}; fix one of them (or drop grad_accum to derive it)"
             )
+    check_schedule(c)
     if c.gns_window and 0 < c.gns_every <= c.max_steps and c.gns_window < 2 * c.gns_every:
         raise ConfigError(
             f"gns_window {c.gns_window} steps holds fewer than 2 per-bin GNS measurements (gns_every "

@@ -24,6 +24,7 @@ from trainables.data import load_dataset
 from trainables.diffusion import make_scheduler
 from trainables.evaluation import HeldOutEval
 from trainables.gns_stats import LocalGradNormHook
+from trainables.lr_schedule import lr_schedule
 from trainables.presets import build_dit
 from trainables.skeleton import Learner, Session, StepOutcome, TrialSkeleton
 from trainables.step import TrainStep, global_gns_available
@@ -46,7 +47,6 @@ class DiTLearner(Learner):
     """A diffusers DiT trained with AdamW (EMA, warm-up, clipping, GNS) on one worker of ``world``."""
 
     def __init__(self, cfg: TrialConfig, rank: int, world: int, device: torch.device):
-        from diffusers.optimization import get_constant_schedule_with_warmup
         from diffusers.training_utils import EMAModel
 
         self.cfg, self.rank, self.world, self.device = cfg, rank, world, device
@@ -72,7 +72,7 @@ class DiTLearner(Learner):
         self.opt = torch.optim.AdamW(
             model.parameters(), lr=cfg.lr, betas=betas, eps=cfg.adam_eps, weight_decay=cfg.weight_decay
         )
-        self.lr_sched = get_constant_schedule_with_warmup(self.opt, num_warmup_steps=cfg.warmup_steps)
+        self.lr_sched = lr_schedule(self.opt, cfg)  # warm-up, times the batch-size stage's factor
         self.ema = EMAModel(model.parameters(), decay=cfg.ema_decay) if cfg.ema_decay else None
         self.gns_window = GNSWindow(cfg.gns_steps, cfg.gns_window_half)  # global B_simple's window (key "gns_ema")
         self.scheduler = make_scheduler()
@@ -89,7 +89,8 @@ class DiTLearner(Learner):
     # --- training and evaluation -----------------------------------------------------------------------------
     def start(self, step: int, train_seconds: float) -> None:
         self.timer = StepTimer(self.device)  # CUDA events on a GPU (no extra sync), wall clock on CPU
-        self.sys_metrics = SysMetrics(self.device, self.cfg.batch_size, step, train_seconds)  # sys/* per report
+        cfg = self.cfg
+        self.sys_metrics = SysMetrics(self.device, cfg.batch_size, step, train_seconds, cfg.stages)  # sys/* per report
 
     def step(self, step: int) -> StepOutcome:
         cfg, opt = self.cfg, self.opt

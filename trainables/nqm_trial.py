@@ -11,6 +11,7 @@ computes the same update from the same seeded generator, so multi-worker trials 
 
 from __future__ import annotations
 
+import functools
 import json
 import math
 import os
@@ -21,8 +22,9 @@ from typing import Any
 import numpy as np
 
 from analysis import metrics as M
+from analysis.stages import BatchStages
 from trainables.branch_points import start_quadratic
-from trainables.config import BOUNDS, COUNT, Bound, ConfigError, check_bounds, config_from_dict
+from trainables.config import BOUNDS, COUNT, Bound, ConfigError, check_bounds, check_schedule, config_from_dict
 from trainables.skeleton import Learner, Session, StepOutcome, TrialSkeleton
 
 STATE_FILE = "quadratic_state.json"
@@ -40,6 +42,8 @@ class QuadraticConfig:
     micro_batch_size: int = 32
     num_workers: int = 0
     grad_accum: int | None = None
+    batch_schedule: list = field(default_factory=list)  # [[step, B], ...] as in the DiT trial (analysis.stages)
+    schedule_lr_rule: str = "linear"  # a later stage's lr = lr x B / batch_size (SGD); sqrt | constant
     # --- optimisation and stopping -----------------------------------------------------------------------------
     lr: float = 0.1  # plain SGD; stable for lr < 2 / h_max = 2
     seed: int = 0
@@ -70,8 +74,10 @@ class QuadraticConfig:
                 f"batch_size {self.batch_size} != micro_batch_size {self.micro_batch_size} x grad_accum "
                 f"{self.grad_accum} x workers {max(1, self.num_workers)}; fix the split"
             )
-        if self.noise_unit and self.batch_size % self.noise_unit:
-            raise ConfigError(f"noise_unit {self.noise_unit} must divide batch_size {self.batch_size}")
+        check_schedule(self)
+        for b in self.stages.sizes:
+            if self.noise_unit and b % self.noise_unit:
+                raise ConfigError(f"noise_unit {self.noise_unit} must divide every batch size, got {b}")
         if self.checkpoint_every and self.checkpoint_every % self.report_interval:
             raise ConfigError(f"checkpoint_every must be a multiple of report_every {self.report_interval}")
 
@@ -82,6 +88,12 @@ class QuadraticConfig:
     @property
     def report_interval(self) -> int:
         return self.report_every or self.eval_every
+
+    @functools.cached_property
+    def stages(self) -> BatchStages:
+        """The batch-size stages (`analysis.stages`); one stage without a ``batch_schedule``."""
+        per = self.micro_batch_size * max(1, self.num_workers)
+        return BatchStages.from_schedule(self.batch_size, self.batch_schedule, per)
 
     def problem(self) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
         """``(h, c, theta0)`` arrays of the NQM, as analysis.nqm takes them."""
@@ -99,6 +111,7 @@ class QuadraticConfig:
 # the trial config's bounds (trainables.config.BOUNDS) for the shared keys, plus the problem's own
 QUADRATIC_BOUNDS: dict[str, Bound] = {
     **{k: BOUNDS[k] for k in ("batch_size", "micro_batch_size", "num_workers", "grad_accum", "lr", "seed")},
+    **{k: BOUNDS[k] for k in ("batch_schedule", "schedule_lr_rule")},
     **{k: BOUNDS[k] for k in ("max_steps", "target_loss", "divergence_factor", "eval_every", "report_every")},
     **{k: BOUNDS[k] for k in ("checkpoint_every", "use_gpu", "cpus_per_worker", "extra")},
     **{k: BOUNDS[k] for k in ("init_from", "keep_dir", "keep_steps")},
@@ -127,17 +140,31 @@ class QuadraticLearner(Learner):
     def __init__(self, cfg: QuadraticConfig):
         self.cfg = cfg
         self.h, c, self.theta = cfg.problem()
+        self.c = c
         self.rng = np.random.default_rng(cfg.seed)
-        self.sd = np.sqrt(c / (cfg.noise_unit or cfg.batch_size))
-        self.units = cfg.batch_size // cfg.noise_unit if cfg.noise_unit else 0
+        self._stages: dict[int, tuple[np.ndarray, int, float]] = {}  # stage -> (noise sd, unit draws, lr)
+
+    def stage(self, step: int) -> tuple[np.ndarray, int, float]:
+        """``(noise sd, unit noises per step, lr)`` of the step taken with ``step`` steps done (its stage's B)."""
+        cfg, stages = self.cfg, self.cfg.stages
+        k = stages.index(step)
+        if k not in self._stages:
+            b = stages.sizes[k]
+            lr = cfg.lr if k == 0 else cfg.lr * stages.lr_factor(step, cfg.schedule_lr_rule)
+            self._stages[k] = (
+                np.sqrt(self.c / (cfg.noise_unit or b)),
+                b // cfg.noise_unit if cfg.noise_unit else 0,
+                lr,
+            )
+        return self._stages[k]
 
     def step(self, step: int) -> StepOutcome:
         cfg, h, theta, rng = self.cfg, self.h, self.theta, self.rng
-        sd, units = self.sd, self.units
+        sd, units, lr = self.stage(step)
         t0 = time.perf_counter()
         with np.errstate(over="ignore", invalid="ignore"):
             xi = sd * (rng.standard_normal((units, cfg.dim)).mean(axis=0) if units else rng.standard_normal(cfg.dim))
-            self.theta = theta - cfg.lr * (h * theta + xi)
+            self.theta = theta - lr * (h * theta + xi)
         if cfg.step_seconds:
             time.sleep(cfg.step_seconds)
         return StepOutcome(time.perf_counter() - t0)

@@ -45,10 +45,14 @@ def epoch_permutation(seed: int, epoch: int, n: int) -> np.ndarray:
     return perm
 
 
-def global_batch_indices(seed: int, step: int, batch_size: int, train_size: int) -> np.ndarray:
+def global_batch_indices(
+    seed: int, step: int, batch_size: int, train_size: int, start: int | None = None
+) -> np.ndarray:
     """Dataset indices of the global batch of optimizer step ``step`` (0-based): positions
-    ``[step*B, (step+1)*B)`` of the concatenation of per-epoch permutations."""
-    start, stop = step * batch_size, (step + 1) * batch_size
+    ``[start, start + B)`` of the concatenation of per-epoch permutations; ``start`` = the examples consumed by
+    the earlier steps, ``step * B`` at a constant batch size (a batch-size schedule passes its sum over stages)."""
+    start = step * batch_size if start is None else start
+    stop = start + batch_size
     out, pos = [], start
     while pos < stop:
         epoch, offset = divmod(pos, train_size)

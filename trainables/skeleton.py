@@ -32,6 +32,7 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Protocol
 
 from analysis import metrics as M
+from analysis.stages import BatchStages
 from trainables.branch_points import keep_checkpoint
 from trainables.row_log import RowLog
 from trainables.stopping import eval_status, status_after_step
@@ -68,7 +69,9 @@ class ScheduleConfig(Protocol):
     keep_steps: list
 
     @property
-    def accum(self) -> int: ...
+    def accum(self) -> int: ...  # of stage 0 (batch_size)
+    @property
+    def stages(self) -> BatchStages: ...
     @property
     def report_interval(self) -> int: ...
 
@@ -151,12 +154,14 @@ class TrialSkeleton:
 
     # --- counters --------------------------------------------------------------------------------------------
     def counters(self) -> dict[str, float]:
+        """Examples are summed over the batch-size stages (`analysis.stages`); micro-steps follow from them."""
         cfg, train_size = self.cfg, self.learner.train_size
+        examples = cfg.stages.examples(self.step)
         return {
             M.STEP: self.step,
-            M.MICRO_STEP: self.step * cfg.accum,
-            M.EXAMPLES: self.step * cfg.batch_size,
-            M.EPOCH: self.step * cfg.batch_size / train_size if train_size else 0.0,
+            M.MICRO_STEP: examples // (cfg.batch_size // cfg.accum),  # micro x W is the same in every stage
+            M.EXAMPLES: examples,
+            M.EPOCH: examples / train_size if train_size else 0.0,
         }
 
     # --- restore ---------------------------------------------------------------------------------------------
@@ -195,7 +200,7 @@ class TrialSkeleton:
     # --- rows, evaluation, reports ---------------------------------------------------------------------------
     def record(self, name: str, value: float) -> None:
         step = self.step
-        self._rows.append([step, step * self.cfg.batch_size, name, float(value), self.train_seconds, time.time()])
+        self._rows.append([step, self.cfg.stages.examples(step), name, float(value), self.train_seconds, time.time()])
         self.last[name] = float(value)
 
     def evaluate(self) -> str:

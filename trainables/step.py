@@ -29,7 +29,7 @@ from dataclasses import dataclass
 
 import torch
 
-from trainables.config import GNS_HALVES, GNS_MICRO, GNS_NONE, GNS_OFF, GNS_RANKS
+from trainables.config import GNS_HALVES, GNS_MICRO, GNS_NONE, GNS_OFF, GNS_RANKS, global_gns_mode
 from trainables.data.pipeline import MicroBatches
 from trainables.diffusion import NUM_TIMESTEPS, per_example_loss
 from trainables.gns_stats import PieceNorms, sq_norm
@@ -58,25 +58,30 @@ class TrainStep:
         self.rank, self.world, self.device, self.autocast = rank, world_size, torch.device(device), autocast
         self.hook = hook  # LocalGradNormHook on the DDP model (W >= 2 with GNS on)
         self.params = [p for p in model.parameters() if p.requires_grad]
-        self.mode = cfg.global_gns
-        self.halves = self.mode == GNS_HALVES
-        self.pieces = PieceNorms(self.params, cfg.batch_size) if self.mode in (GNS_MICRO, GNS_HALVES) else None
+        # a batch-size schedule (analysis.stages) changes A per stage, and with it where small batches come from
+        self.stages = cfg.stages
+        unit = cfg.micro_batch_size * world_size
+        self.modes = [global_gns_mode(cfg.gns, world_size, b // unit, cfg.micro_batch_size, cfg.gns_halves)
+                      for b in self.stages.sizes]  # fmt: skip
+        self.mode = self.modes[0]
+        self.pieces = PieceNorms(self.params, cfg.batch_size) if {GNS_MICRO, GNS_HALVES} & set(self.modes) else None
         self.batches = MicroBatches(
             data, cfg.seed, cfg.batch_size, world_size, rank, cfg.accum, cfg.micro_batch_size, self.device,
-            depth=getattr(cfg, "prefetch", 0),
+            depth=getattr(cfg, "prefetch", 0), stages=self.stages,
         )  # fmt: skip
         self.generator = torch.Generator(device=self.device)
         info = data.info
         self.shape = (info.channels, info.image_size, info.image_size)
 
     def draws(self, step: int) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-        """The global batch's ``(timesteps [B], uniforms [B], noise [B, C, H, W])`` of ``step`` on the device."""
-        return step_draws(self.cfg.seed, step, self.cfg.batch_size, self.shape, NUM_TIMESTEPS, self.device,
+        """The global batch's ``(timesteps [B], uniforms [B], noise [B, C, H, W])`` of ``step`` on the device (``B``
+        of the step's stage: still keyed by ``(seed, step)``)."""
+        return step_draws(self.cfg.seed, step, self.stages.batch(step), self.shape, NUM_TIMESTEPS, self.device,
                           self.generator)  # fmt: skip
 
-    def _micro_batch(self, step: int, draws, m: int):
+    def _micro_batch(self, step: int, draws, m: int, B: int, A: int):
         cfg = self.cfg
-        sl = local_slice(cfg.batch_size, self.world, self.rank, cfg.accum, cfg.micro_batch_size, m)
+        sl = local_slice(B, self.world, self.rank, A, cfg.micro_batch_size, m)
         x, y = self.batches.get(step, m)  # (micro, C, H, W) float32, (micro,) on the device
         t, u, noise = (d[sl] for d in draws)
         y = torch.where(u < cfg.class_dropout, self.data.info.num_classes, y)  # label drop -> null class
@@ -86,34 +91,39 @@ class TrainStep:
         """Stop the prefetching thread."""
         self.batches.close()
 
-    def _backward(self, x, y, t, noise, m: int, loss_sum: torch.Tensor) -> None:
-        """Micro-batch ``m``'s forward and backward: one pass, or (``halves``) one per half of it."""
-        A, micro = self.cfg.accum, self.cfg.micro_batch_size
-        cuts = [(0, micro // 2), (micro // 2, micro)] if self.halves else [(0, micro)]
+    def _backward(self, x, y, t, noise, m: int, A: int, mode: str, loss_sum: torch.Tensor) -> None:
+        """Micro-batch ``m`` of ``A``: its forward and backward, one pass or (``halves``, A = 1) one per half."""
+        micro, halves = self.cfg.micro_batch_size, mode == GNS_HALVES
+        pieces = self.pieces if mode in (GNS_MICRO, GNS_HALVES) else None
+        cuts = [(0, micro // 2), (micro // 2, micro)] if halves else [(0, micro)]
         for i, (lo, hi) in enumerate(cuts):
             with self.autocast():
                 losses = per_example_loss(self.ddp, self.scheduler, x[lo:hi], y[lo:hi], t[lo:hi], noise[lo:hi])
-            if self.halves:  # each half's share of the micro-batch mean
+            if halves:  # each half's share of the micro-batch mean
                 (losses.sum() / micro).backward()
             else:
                 (losses.mean() / A).backward()  # mean over the effective batch after DDP's average over W
             loss_sum += losses.detach().double().sum()
-            if self.pieces is not None:
-                self.pieces.after_piece(hi - lo, last=m == A - 1 and i == len(cuts) - 1)
+            if pieces is not None:
+                pieces.after_piece(hi - lo, last=m == A - 1 and i == len(cuts) - 1)
 
     def __call__(self, step: int) -> StepStats:
-        cfg, A = self.cfg, self.cfg.accum
+        cfg, B = self.cfg, self.stages.batch(step)
+        A, mode = B // (cfg.micro_batch_size * self.world), self.modes[self.stages.index(step)]
         draws = self.draws(step)
         loss_sum = torch.zeros((), dtype=torch.float64, device=self.device)
+        if self.pieces is not None:
+            self.pieces.total = B
         for m in range(A):
-            x, y, t, noise = self._micro_batch(step, draws, m)
+            x, y, t, noise = self._micro_batch(step, draws, m, B, A)
             last = m == A - 1
             sync = contextlib.nullcontext() if (last or self.world == 1) else self.ddp.no_sync()
             with sync:
-                self._backward(x, y, t, noise, m, loss_sum)
+                self._backward(x, y, t, noise, m, A, mode, loss_sum)
         g2_big = sq_norm([p.grad for p in self.params]).to(self.device)
         small, k = torch.zeros((), dtype=torch.float64, device=self.device), 0
-        if self.pieces is not None:
+        pieces = self.pieces is not None and mode in (GNS_MICRO, GNS_HALVES)
+        if pieces:
             small, k = self.pieces.pop_tensor()
             small = small.to(self.device)
         if self.hook is not None:
@@ -125,12 +135,12 @@ class TrainStep:
             torch.distributed.all_reduce(reduced)
         # the step's one host synchronisation: [loss sum, |G_B|^2, pieces' |G_b|^2, sum of local |G|^2]
         loss_total, g2_big_f, small_f, local_sum = torch.stack([reduced[0], g2_big, small, reduced[1]]).tolist()
-        loss = loss_total / cfg.batch_size
-        if self.mode == GNS_RANKS and self.hook is not None:
+        loss = loss_total / B
+        if mode == GNS_RANKS and self.hook is not None:
             g2_small, b_small = local_sum / self.world, float(cfg.micro_batch_size * A)
-        elif self.pieces is not None:
-            g2_small, b_small = small_f, cfg.batch_size / k  # b = the mean piece size (PieceNorms)
+        elif pieces:
+            g2_small, b_small = small_f, B / k  # b = the mean piece size (PieceNorms)
         else:
             g2_small, b_small = None, None
         finite = math.isfinite(loss) and math.isfinite(g2_big_f)
-        return StepStats(loss, g2_big_f, g2_small, b_small, cfg.batch_size, finite)
+        return StepStats(loss, g2_big_f, g2_small, b_small, B, finite)

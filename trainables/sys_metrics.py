@@ -1,6 +1,7 @@
 """System metrics of a trial, recorded at every report: throughput over the last report interval and peak memory.
 
-- ``sys/examples_per_s``: training examples of the interval (``steps x batch_size``, the global batch: all workers)
+- ``sys/examples_per_s``: training examples of the interval (``steps x batch_size``, the global batch: all workers;
+  under a batch-size schedule the sum of each step's stage batch size, `analysis.stages`)
   over the training seconds of the interval, as the trial's `trainables.timing.StepTimer` counts them (the same
   clock as ``train_seconds``): on CPU the wall clock (``time.perf_counter``) around each step, on a GPU the time
   between two CUDA events on the trial's stream; a step's time includes its per-bin GNS pass, and excludes
@@ -22,6 +23,7 @@ import sys
 import torch
 
 from analysis import metrics as M
+from analysis.stages import BatchStages
 
 GIB = 2**30
 
@@ -38,8 +40,12 @@ def peak_mem_gb(device: torch.device | str) -> float:
 class SysMetrics:
     """``interval(step, train_seconds)`` at each report gives the `M.SYS_*` values of the steps since the last one."""
 
-    def __init__(self, device: torch.device | str, batch_size: int, step: int, train_seconds: float) -> None:
+    def __init__(
+        self, device: torch.device | str, batch_size: int, step: int, train_seconds: float,
+        stages: BatchStages | None = None,
+    ) -> None:  # fmt: skip
         self.device, self.batch_size = torch.device(device), batch_size
+        self.stages = stages if stages is not None else BatchStages((0,), (batch_size,))
         self._step, self._seconds = step, train_seconds
         if self.device.type == "cuda":
             torch.cuda.reset_peak_memory_stats(self.device)
@@ -51,6 +57,6 @@ class SysMetrics:
             return {}
         self._step, self._seconds = step, train_seconds
         return {
-            M.SYS_EXAMPLES_PER_S: steps * self.batch_size / seconds,
+            M.SYS_EXAMPLES_PER_S: (self.stages.examples(step) - self.stages.examples(step - steps)) / seconds,
             M.SYS_PEAK_MEM_GB: peak_mem_gb(self.device),
         }

@@ -11,6 +11,7 @@ from dataclasses import dataclass, field, replace
 import pytest
 
 from analysis import metrics as M
+from analysis.stages import BatchStages
 from trainables.branch_points import kept_path
 from trainables.skeleton import Learner, StepOutcome, TrialSkeleton
 from trainables.trial import LocalSession
@@ -36,6 +37,10 @@ class Cfg:
     @property
     def report_interval(self) -> int:
         return self.report_every or self.eval_every
+
+    @property
+    def stages(self) -> BatchStages:
+        return BatchStages((0,), (self.batch_size,))
 
 
 class Halving(Learner):

@@ -18,6 +18,7 @@ import weakref
 
 import torch
 
+from analysis.stages import BatchStages
 from trainables.randomness import global_batch_indices, local_slice
 
 _POLL_S = 0.1  # how often a blocked producer checks whether it was stopped
@@ -34,12 +35,16 @@ def _close_all() -> None:
 
 
 class MicroBatches:
-    """``get(step, m)`` -> ``(x float32 (micro, C, H, W), y int64 (micro,))`` on ``device``."""
+    """``get(step, m)`` -> ``(x float32 (micro, C, H, W), y int64 (micro,))`` on ``device``.
+
+    ``stages`` (a batch-size schedule, `analysis.stages`): step ``s`` takes ``B(s)`` examples from stream position
+    ``examples(s)`` in ``A(s) = B(s) / (micro x W)`` micro-batches; ``None``: ``batch_size`` and ``accum`` always."""
 
     def __init__(self, data, seed: int, batch_size: int, world: int, rank: int, accum: int, micro: int, device,
-                 depth: int = 2):  # fmt: skip
+                 depth: int = 2, stages: BatchStages | None = None):  # fmt: skip
         self.data, self.seed, self.batch_size = data, seed, batch_size
         self.world, self.rank, self.accum, self.micro = world, rank, accum, micro
+        self.stages = stages if stages is not None else BatchStages((0,), (batch_size,))
         self.device = torch.device(device)
         self.pin = self.device.type == "cuda"
         self.depth = depth
@@ -50,8 +55,7 @@ class MicroBatches:
 
     def host_batch(self, step: int, m: int) -> tuple[torch.Tensor, torch.Tensor]:
         """Micro-batch ``m`` of step ``step`` on the host, in the storage dtype (pinned for a GPU)."""
-        return _gather(self.data, self.seed, self.batch_size, self.world, self.rank, self.accum, self.micro,
-                       self.pin, step, m)  # fmt: skip
+        return _gather(self.data, self.seed, self.stages, self.world, self.rank, self.micro, self.pin, step, m)
 
     def get(self, step: int, m: int) -> tuple[torch.Tensor, torch.Tensor]:
         if self.depth == 0:
@@ -66,14 +70,14 @@ class MicroBatches:
             if key != (step, m):  # cannot happen: the producer walks the keys in order
                 raise RuntimeError(f"prefetch delivered micro-batch {key}, expected {(step, m)}")
             x, y = item
-            self._next = (step, m + 1) if m + 1 < self.accum else (step + 1, 0)
+            self._next = _following(self.stages, self.micro * self.world, step, m)
         x = x.to(self.device, non_blocking=True).float()
         return x, y.to(self.device, non_blocking=True)
 
     def _start(self, step: int, m: int) -> None:
         self.close()
         self._queue, self._stop = queue.Queue(maxsize=self.depth), threading.Event()
-        args = (self.data, self.seed, self.batch_size, self.world, self.rank, self.accum, self.micro, self.pin)
+        args = (self.data, self.seed, self.stages, self.world, self.rank, self.micro, self.pin)
         thread = threading.Thread(
             target=_produce,
             args=(args, step, m, self._queue, self._stop, self.device),
@@ -95,9 +99,15 @@ class MicroBatches:
         _LIVE.discard(self)
 
 
-def _gather(data, seed, batch_size, world, rank, accum, micro, pin, step, m):
-    idx = global_batch_indices(seed, step, batch_size, data.info.train_size)  # (B,) dataset indices
-    sl = local_slice(batch_size, world, rank, accum, micro, m)
+def _following(stages: BatchStages, unit: int, step: int, m: int) -> tuple[int, int]:
+    """The key after micro-batch ``m`` of ``step`` (its stage has ``B / unit`` micro-batches)."""
+    return (step, m + 1) if m + 1 < stages.batch(step) // unit else (step + 1, 0)
+
+
+def _gather(data, seed, stages: BatchStages, world, rank, micro, pin, step, m):
+    batch_size, start = stages.batch(step), stages.examples(step)
+    idx = global_batch_indices(seed, step, batch_size, data.info.train_size, start)  # (B,) dataset indices
+    sl = local_slice(batch_size, world, rank, batch_size // (micro * world), micro, m)
     x, y = data.gather(idx[sl])  # (micro, C, H, W) storage dtype, (micro,)
     if pin:
         x, y = x.pin_memory(), y.pin_memory()
@@ -106,7 +116,7 @@ def _gather(data, seed, batch_size, world, rank, accum, micro, pin, step, m):
 
 def _produce(args, step: int, m: int, q: queue.Queue, stop: threading.Event, device: torch.device) -> None:
     """Walk the keys ``(step, m), (step, m+1), ...`` and queue their host batches until stopped."""
-    accum = args[5]
+    stages, unit = args[2], args[3] * args[5]  # micro x W
     if device.type == "cuda" and device.index is not None:  # pin on this rank's GPU, not a context on cuda:0
         torch.cuda.set_device(device)
     while not stop.is_set():
@@ -122,4 +132,4 @@ def _produce(args, step: int, m: int, q: queue.Queue, stop: threading.Event, dev
                 continue
         if isinstance(item, BaseException):
             return
-        step, m = (step, m + 1) if m + 1 < accum else (step + 1, 0)
+        step, m = _following(stages, unit, step, m)

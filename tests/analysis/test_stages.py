@@ -1,0 +1,62 @@
+"""Batch-size stages (analysis.stages): counters against a brute-force sum over steps, validation, lr factors."""
+
+from __future__ import annotations
+
+import math
+
+import numpy as np
+import pytest
+
+from analysis.stages import BatchStages
+
+
+def brute_examples(stages: BatchStages, n: int) -> int:
+    return sum(stages.batch(i) for i in range(n))
+
+
+@pytest.mark.parametrize("seed", range(5))
+def test_examples_are_the_sum_of_every_steps_batch(seed):
+    rng = np.random.default_rng(seed)
+    starts = np.sort(rng.choice(np.arange(1, 60), size=rng.integers(1, 5), replace=False))
+    schedule = [[int(s), int(8 * rng.integers(1, 9))] for s in starts]
+    stages = BatchStages.from_schedule(8 * int(rng.integers(1, 9)), schedule, unit=8)
+    for n in range(80):
+        assert stages.examples(n) == brute_examples(stages, n)
+    # the stage of a step: the last schedule entry whose step is <= the steps done
+    assert [stages.batch(i) for i in range(80)] == [
+        next((b for s, b in reversed(schedule) if i >= s), stages.sizes[0]) for i in range(80)
+    ]
+
+
+def test_no_schedule_is_the_constant_batch():
+    stages = BatchStages.from_schedule(32, [], unit=16)
+    assert stages.constant and stages.to_list() == []
+    assert [stages.examples(n) for n in (0, 1, 7)] == [0, 32, 224]
+    assert stages.lr_factor(100, "sqrt") == 1.0
+
+
+def test_lr_factor_follows_the_rule_of_the_stage():
+    stages = BatchStages.from_schedule(16, [[10, 64], [20, 32]], unit=16)
+    assert stages.lr_factor(9, "sqrt") == 1.0
+    assert stages.lr_factor(10, "sqrt") == pytest.approx(2.0)
+    assert stages.lr_factor(19, "linear") == pytest.approx(4.0)
+    assert stages.lr_factor(25, "sqrt") == pytest.approx(math.sqrt(2))
+    assert stages.lr_factor(25, "constant") == 1.0
+    assert stages.to_list() == [[10, 64], [20, 32]]
+
+
+@pytest.mark.parametrize(
+    "schedule, words",
+    [
+        ([[10, 48]], "not a multiple of micro_batch_size x workers = 32"),
+        ([[10, 64], [10, 128]], "increasing"),
+        ([[0, 64]], "increasing"),
+        ([[10]], "pair of integers"),
+        ([[10, 64.5]], "pair of integers"),
+        ([[10, 0]], "multiple"),
+    ],
+)
+def test_bad_schedules_are_one_line(schedule, words):
+    with pytest.raises(ValueError, match=words) as e:
+        BatchStages.from_schedule(32, schedule, unit=32)
+    assert "\n" not in str(e.value)
