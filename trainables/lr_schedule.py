@@ -17,5 +17,5 @@ def lr_schedule(opt: torch.optim.Optimizer, cfg) -> torch.optim.lr_scheduler.Lam
     stages, rule = cfg.stages, cfg.schedule_lr_rule
     if stages.constant:
         return sched  # no schedule: diffusers' scheduler as it always was
-    warm = sched.lr_lambdas[0]
-    return torch.optim.lr_scheduler.LambdaLR(opt, lambda step: warm(step) * stages.lr_factor(step, rule))
+    warm, base = sched.lr_lambdas[0], cfg.lr
+    return torch.optim.lr_scheduler.LambdaLR(opt, lambda step: warm(step) * stages.lr(step, base, rule) / base)

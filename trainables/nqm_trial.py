@@ -150,7 +150,7 @@ class QuadraticLearner(Learner):
         k = stages.index(step)
         if k not in self._stages:
             b = stages.sizes[k]
-            lr = cfg.lr if k == 0 else cfg.lr * stages.lr_factor(step, cfg.schedule_lr_rule)
+            lr = stages.lr(step, cfg.lr, cfg.schedule_lr_rule)
             self._stages[k] = (
                 np.sqrt(self.c / (cfg.noise_unit or b)),
                 b // cfg.noise_unit if cfg.noise_unit else 0,

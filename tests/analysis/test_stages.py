@@ -32,17 +32,20 @@ def test_no_schedule_is_the_constant_batch():
     stages = BatchStages.from_schedule(32, [], unit=16)
     assert stages.constant and stages.to_list() == []
     assert [stages.examples(n) for n in (0, 1, 7)] == [0, 32, 224]
-    assert stages.lr_factor(100, "sqrt") == 1.0
+    assert stages.lr(100, 0.3, "sqrt") == 0.3
 
 
-def test_lr_factor_follows_the_rule_of_the_stage():
+def test_lr_follows_the_rule_of_the_stage_or_its_own():
     stages = BatchStages.from_schedule(16, [[10, 64], [20, 32]], unit=16)
-    assert stages.lr_factor(9, "sqrt") == 1.0
-    assert stages.lr_factor(10, "sqrt") == pytest.approx(2.0)
-    assert stages.lr_factor(19, "linear") == pytest.approx(4.0)
-    assert stages.lr_factor(25, "sqrt") == pytest.approx(math.sqrt(2))
-    assert stages.lr_factor(25, "constant") == 1.0
+    assert stages.lr(9, 0.1, "sqrt") == 0.1
+    assert stages.lr(10, 0.1, "sqrt") == pytest.approx(0.2)
+    assert stages.lr(19, 0.1, "linear") == pytest.approx(0.4)
+    assert stages.lr(25, 0.1, "sqrt") == pytest.approx(0.1 * math.sqrt(2))
+    assert stages.lr(25, 0.1, "constant") == 0.1
     assert stages.to_list() == [[10, 64], [20, 32]]
+    own = BatchStages.from_schedule(16, [[10, 64, 0.5], [20, 32]], unit=16)
+    assert (own.lr(12, 0.1, "sqrt"), own.lr(20, 0.1, "linear")) == (0.5, pytest.approx(0.2))
+    assert own.to_list() == [[10, 64, 0.5], [20, 32]]
 
 
 @pytest.mark.parametrize(
@@ -51,9 +54,11 @@ def test_lr_factor_follows_the_rule_of_the_stage():
         ([[10, 48]], "not a multiple of micro_batch_size x workers = 32"),
         ([[10, 64], [10, 128]], "increasing"),
         ([[0, 64]], "increasing"),
-        ([[10]], "pair of integers"),
-        ([[10, 64.5]], "pair of integers"),
+        ([[10]], "must be \\[step, batch_size\\]"),
+        ([[10, 64.5]], "must be \\[step"),
         ([[10, 0]], "multiple"),
+        ([[10, 64, -1.0]], "lr must be a positive number"),
+        ([[10, 64, 0.1, 2]], "batch_size, lr"),
     ],
 )
 def test_bad_schedules_are_one_line(schedule, words):
