@@ -1,0 +1,172 @@
+"""``bcrit schedule SWEEP_DIR``: propose a batch-size schedule from a sweep's analysis (analysis.schedule).
+
+Reads the analysis ``bcrit analyze`` wrote (``SWEEP_DIR/analysis/bcrit.json``, or a ``bcrit.json`` given directly):
+per target the fit ``S = S_min + E_min/B`` and the tuned lr per batch size, per band the local fit. Prints the
+segments with their local critical batch size, the proposed trial settings (``batch_size``, ``lr``,
+``batch_schedule``) and the predicted steps, examples and -- where the sweep measured ``sys/examples_per_s`` --
+seconds, against the reference constant batch size and every constant one. Bad input: one line, exit 2.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import os
+
+from orchestrator.overrides import UserError
+
+
+def register(sub) -> None:
+    """Add the ``schedule`` sub-command to ``bcrit``'s sub-parsers."""
+    p = sub.add_parser(
+        "schedule",
+        help="propose a batch-size schedule that follows the measured B_crit along training",
+        description="Step-minimising batch size per target segment within the examples of a constant batch size "
+        "(docs/schedule.md).",
+    )
+    p.add_argument("sweep", help="a sweep directory analysed by bcrit analyze, or its bcrit.json")
+    p.add_argument("--reference", type=int, help="the constant batch size to beat (default: nearest B_crit)")
+    p.add_argument("--batch-sizes", help="allowed batch sizes, comma-separated (default: the sweep's)")
+    p.add_argument("--json", help="also write the proposal as JSON to this file")
+    p.set_defaults(func=schedule_command)
+
+
+def _analysis_file(path: str) -> tuple[str, str | None]:
+    """``(bcrit.json, sweep dir or None)`` of the positional argument."""
+    if os.path.isfile(path):
+        return path, None
+    candidate = os.path.join(path, "analysis", "bcrit.json")
+    if os.path.isfile(candidate):
+        return candidate, path
+    raise UserError(f"{path} holds no analysis ({candidate} missing); run `bcrit analyze {path}` first")
+
+
+def _batch_sizes(text: str | None, result: dict) -> list[int]:
+    if text is None:
+        found = {int(p["batch_size"]) for t in result["targets"] for p in t.get("points", [])}
+        if not found:
+            raise UserError("the analysis lists no batch sizes; give --batch-sizes 16,32,...")
+        return sorted(found)
+    try:
+        sizes = sorted({int(x) for x in text.split(",")})
+    except ValueError:
+        raise UserError(f"--batch-sizes must be comma-separated integers, got {text!r}") from None
+    if not sizes or sizes[0] < 1:
+        raise UserError(f"--batch-sizes must be positive integers, got {text!r}")
+    return sizes
+
+
+def _throughput(sweep: str | None) -> dict[int, float]:
+    """Median ``sys/examples_per_s`` per batch size of the sweep's trials ({} without tables or measurements)."""
+    if sweep is None or not os.path.isfile(os.path.join(sweep, "metrics.parquet")):
+        return {}
+    import numpy as np
+
+    from analysis import metrics as M
+    from analysis.loaders import load_sweep_dir
+
+    runs = load_sweep_dir(sweep)
+    s = runs.series(M.SYS_EXAMPLES_PER_S)
+    b = runs.batch_size[s.trial]
+    return {int(x): float(np.median(s.value[b == x])) for x in np.unique(b)}
+
+
+def schedule_command(args) -> int:
+    from analysis.schedule import propose, segments_of
+
+    path, sweep = _analysis_file(args.sweep)
+    try:
+        with open(path) as f:
+            result = json.load(f)
+    except (OSError, json.JSONDecodeError) as e:
+        raise UserError(f"cannot read {path}: {e}") from None
+    if not isinstance(result, dict) or not isinstance(result.get("targets"), list):
+        raise UserError(f"{path} is not a bcrit analysis (no targets); run bcrit analyze again")
+    sizes = _batch_sizes(args.batch_sizes, result)
+    if args.reference is not None and args.reference not in sizes:
+        raise UserError(f"--reference {args.reference} is not among the batch sizes {sizes}; pick one of them")
+    segments, notes = segments_of(result)
+    if not segments:
+        raise UserError(f"{path}: no target has a usable fit (S_min, E_min > 0); analyse more targets")
+    proposal = propose(segments, sizes, args.reference)
+    out = summary(proposal, tuned_lrs(result, segments), _throughput(sweep), notes)
+    print(render(out, result.get("metric", "?"), path))
+    if args.json:
+        with open(args.json, "w") as f:
+            json.dump(out, f, indent=1)
+    return 0
+
+
+def tuned_lrs(result: dict, segments) -> list[dict[int, float]]:
+    """Per segment, batch size -> the best trial's lr at the segment's end target; a batch size that did not reach
+    that target keeps its lr of the last target it reached."""
+    known: dict[int, float] = {}
+    at: dict[float, dict[int, float]] = {}
+    for t in sorted(result["targets"], key=lambda t: -t["target"]):
+        known = {**known, **{int(p["batch_size"]): p["lr"] for p in t.get("points", []) if p.get("lr") is not None}}
+        at[t["target"]] = known
+    return [at.get(s.lo, {}) for s in segments]
+
+
+def summary(proposal, seg_lrs: list[dict], throughput: dict[int, float], notes: list[str]) -> dict:
+    """The proposal as plain data (what --json writes)."""
+    stages, stage_lrs = proposal.schedule.stages(seg_lrs)
+    entries = [
+        [s, b] if lr is None else [s, b, lr] for s, b, lr in zip(stages.starts, stages.sizes, stage_lrs, strict=True)
+    ]
+
+    def row(name: str, p) -> dict:
+        return {"plan": name, "sizes": list(p.sizes), "steps": p.total_steps, "examples": p.total_examples,
+                "seconds": p.seconds(throughput)}  # fmt: skip
+
+    return {
+        "segments": [
+            {
+                "hi": s.hi,
+                "lo": s.lo,
+                "s_min": s.s_min,
+                "e_min": s.e_min,
+                "b_local": s.b_local,
+                "source": s.source,
+                "batch_size": b,
+                "steps": st,
+            }
+            for s, b, st in zip(proposal.segments, proposal.schedule.sizes, proposal.schedule.steps, strict=True)
+        ],  # fmt: skip
+        "trial": {"batch_size": stages.sizes[0], "lr": stage_lrs[0], "batch_schedule": entries[1:]},
+        "schedule": row("schedule", proposal.schedule),
+        "reference": row(f"constant {proposal.reference.sizes[0]}", proposal.reference),
+        "constants": [row(f"constant {p.sizes[0]}", p) for p in proposal.constants],
+        "notes": notes,
+    }
+
+
+def _num(x: float | None, fmt: str = ".4g") -> str:
+    return "-" if x is None or not math.isfinite(x) else format(x, fmt)
+
+
+def render(out: dict, metric: str, path: str) -> str:
+    lines = [f"bcrit schedule: {path} ({metric}, {len(out['segments'])} segments)", ""]
+    lines.append(f"{'segment':>18} {'ΔS_min':>9} {'ΔE_min':>10} {'B_local':>9} {'B':>6} {'steps':>9}")
+    for s in out["segments"]:
+        seg = f"{'init' if s['hi'] is None else format(s['hi'], '.4g')} -> {s['lo']:.4g}"
+        lines.append(f"{seg:>18} {s['s_min']:9.4g} {s['e_min']:10.4g} {s['b_local']:9.4g} {s['batch_size']:6d} "
+                     f"{s['steps']:9.4g}")  # fmt: skip
+    t = out["trial"]
+    lines += ["", f"proposal: batch_size {t['batch_size']}, lr {_num(t['lr'])}, batch_schedule {t['batch_schedule']}"]
+    lines += ["", f"{'plan':>16} {'steps':>9} {'examples':>11} {'seconds':>9}"]
+    ref = out["reference"]
+    for r in [out["schedule"], {**ref, "plan": ref["plan"] + " (ref)"}, *out["constants"]]:
+        lines.append(f"{r['plan']:>16} {r['steps']:9.4g} {r['examples']:11.5g} {_num(r['seconds']):>9}")
+    sched = out["schedule"]
+    lines.append(
+        f"\npredicted vs {ref['plan']}: {100 * (1 - sched['steps'] / ref['steps']):.1f}% fewer steps, "
+        f"{100 * (1 - sched['examples'] / ref['examples']):.1f}% fewer examples"
+        + (
+            f", {100 * (1 - sched['seconds'] / ref['seconds']):.1f}% less time"
+            if sched["seconds"] and ref["seconds"]
+            else ""
+        )
+    )
+    lines += [f"note: {n}" for n in out["notes"]]
+    return "\n".join(lines)
