@@ -154,10 +154,10 @@ def render(out: dict, metric: str, path: str) -> str:
                      f"{s['steps']:9.4g}")  # fmt: skip
     t = out["trial"]
     lines += ["", f"proposal: batch_size {t['batch_size']}, lr {_num(t['lr'])}, batch_schedule {t['batch_schedule']}"]
-    lines += ["", f"{'plan':>16} {'steps':>9} {'examples':>11} {'seconds':>9}"]
+    lines += ["", f"{'plan':>20} {'steps':>9} {'examples':>11} {'seconds':>9}"]
     ref = out["reference"]
     for r in [out["schedule"], {**ref, "plan": ref["plan"] + " (ref)"}, *out["constants"]]:
-        lines.append(f"{r['plan']:>16} {r['steps']:9.4g} {r['examples']:11.5g} {_num(r['seconds']):>9}")
+        lines.append(f"{r['plan']:>20} {r['steps']:9.4g} {r['examples']:11.5g} {_num(r['seconds']):>9}")
     sched = out["schedule"]
     lines.append(
         f"\npredicted vs {ref['plan']}: {100 * (1 - sched['steps'] / ref['steps']):.1f}% fewer steps, "
