@@ -10,15 +10,15 @@ schedule ``B_j`` per segment takes
 
     steps = Σ_j ΔS_min,j + ΔE_min,j / B_j,      examples = Σ_j B_j ΔS_min,j + ΔE_min,j
 
-and the schedule with the **fewest steps for a budget of examples** minimises ``steps + λ·examples`` for some
-``λ > 0``, segment by segment: ``B_j`` is the allowed batch size minimising ``ΔS_j(B) + λ B ΔS_j(B)``; without the
-integer constraint ``B_j = sqrt(B_local,j / λ)``, ``B_local,j = ΔE_min,j / ΔS_min,j``, so the schedule follows
-the local critical batch size (as its square root: a segment whose B_local is 4x larger gets 2x the batch). Every
-λ's plan is optimal for its own examples (a Lagrangian argument; tests check it against brute force); sweeping λ
-over the breakpoints ``B_local,j / (B_i B_i+1)`` gives all of them. The proposal takes the plan with the fewest
-steps among those using at most the examples of a **reference constant batch size** (default: the allowed batch
-size nearest the critical batch size of the last target, the usual operating point: 2 S_min steps, 2 E_min
-examples) and reports the steps and examples saved against it and against every constant batch size, with time
+and the schedule with the **fewest steps for a budget of examples** is read off the exact Pareto front of all
+plans whose batch size never decreases (:func:`pareto_front`; B_crit grows during training, and a plan allowed to
+go down chases the noise of the per-segment fits). Intuition: minimising
+``steps + λ·examples`` splits into one choice per segment, and without the integer constraint gives
+``B_j = sqrt(B_local,j / λ)``, ``B_local,j = ΔE_min,j / ΔS_min,j``: the batch follows the local critical batch size
+(as its square root: a segment whose B_local is 4x larger gets 2x the batch). The proposal takes the plan with
+the fewest steps among those using at most the examples of a **reference constant batch size** (default: the
+allowed batch size nearest the critical batch size of the last target, the usual operating point: 2 S_min steps,
+2 E_min examples) and reports the steps and examples saved against it and against every constant batch size, with time
 from ``sys/examples_per_s`` where the sweep measured it. The Merrill et al. rule (double B when the local critical
 batch size exceeds 2B) is the same idea with hand-picked thresholds.
 
@@ -137,29 +137,32 @@ def constant(segments: list[Segment], b: int) -> Plan:
     return plan(segments, [b] * len(segments))
 
 
-def best_for(segments: list[Segment], candidates, lam: float) -> Plan:
-    """The plan minimising ``steps + lam x examples``: segment by segment, the candidate with the least cost."""
-    cand = np.asarray(sorted(set(int(b) for b in candidates)), dtype=np.float64)
-    sizes = []
+def pareto_front(segments: list[Segment], candidates) -> list[Plan]:
+    """Every plan with a batch size that never decreases and that no other such plan beats in both steps and
+    examples, fewest examples first. Exact: the front is extended segment by segment, per last batch size, and
+    dominated partial plans are dropped (a later segment adds the same steps and examples to every prefix ending at
+    the same batch size, so a dominated prefix cannot start a plan on the front)."""
+    cand = sorted({int(b) for b in candidates})
+    fronts: dict[int, list[tuple[tuple[int, ...], float, float]]] = {0: [((), 0.0, 0.0)]}  # last B -> (sizes, E, S)
     for seg in segments:
-        steps = seg.s_min + seg.e_min / cand
-        sizes.append(int(cand[int(np.argmin(steps + lam * cand * steps))]))
-    return plan(segments, sizes)
+        grown: dict[int, list] = {}
+        for last, front in fronts.items():
+            for b in (b for b in cand if b >= last):
+                grown.setdefault(b, []).extend(
+                    (sz + (b,), e + b * seg.steps(b), s + seg.steps(b)) for sz, e, s in front
+                )
+        fronts = {b: _undominated(xs) for b, xs in grown.items()}
+    return [plan(segments, sz) for sz, _e, _s in _undominated([x for xs in fronts.values() for x in xs])]
 
 
-def frontier(segments: list[Segment], candidates) -> list[Plan]:
-    """Every plan that minimises ``steps + λ examples`` for some λ > 0, fewest examples first: λ between and
-    beyond the breakpoints ``B_local,j / (B_i B_i+1)`` where a segment's choice changes."""
-    cand = sorted(set(int(b) for b in candidates))
-    breaks = sorted({seg.b_local / (a * b) for seg in segments for a, b in zip(cand[:-1], cand[1:], strict=True)})
-    if not breaks:
-        return [best_for(segments, cand, 1.0)]
-    lams = [breaks[-1] * 2, *(math.sqrt(a * b) for a, b in zip(breaks[:-1], breaks[1:], strict=True)), breaks[0] / 2]
-    plans: dict[tuple[int, ...], Plan] = {}
-    for lam in lams:
-        p = best_for(segments, cand, lam)
-        plans.setdefault(p.sizes, p)
-    return sorted(plans.values(), key=lambda p: p.total_examples)
+def _undominated(plans: list[tuple[tuple[int, ...], float, float]]) -> list[tuple[tuple[int, ...], float, float]]:
+    """The ``(sizes, examples, steps)`` not beaten in both by another, fewest examples first."""
+    out, fewest = [], math.inf
+    for x in sorted(plans, key=lambda x: (x[1], x[2])):
+        if x[2] < fewest:
+            out.append(x)
+            fewest = x[2]
+    return out
 
 
 @dataclass(frozen=True)
@@ -180,10 +183,8 @@ def propose(segments: list[Segment], candidates, reference: int | None = None) -
         b_crit = sum(s.e_min for s in segments) / sum(s.s_min for s in segments)
         reference = min(cand, key=lambda b: abs(math.log(b / b_crit)))
     ref = constant(segments, reference)
-    within = [p for p in frontier(segments, cand) if p.total_examples <= ref.total_examples * (1 + 1e-12)]
-    best = min(within, key=lambda p: p.total_steps) if within else ref
-    if best.total_steps > ref.total_steps:
-        best = ref
+    within = [p for p in pareto_front(segments, cand) if p.total_examples <= ref.total_examples * (1 + 1e-12)]
+    best = min(within, key=lambda p: (p.total_steps, p.total_examples))  # the reference or a plan dominating it
     return Proposal(segments, ref, best, [constant(segments, b) for b in cand])
 
 

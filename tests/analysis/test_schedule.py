@@ -10,7 +10,7 @@ import pytest
 
 from analysis.nqm import closed_form_b_crit
 from analysis.nqm_schedule import expected_to_target_staged
-from analysis.schedule import Segment, frontier, measured_to_target, plan, propose, segments_of
+from analysis.schedule import Segment, measured_to_target, pareto_front, plan, propose, segments_of
 
 
 def result_from(s_min, e_min, targets=(1.0, 0.5, 0.25, 0.125), bands=()) -> dict:
@@ -47,15 +47,20 @@ SEGS = [Segment(None, 1.0, 3.0, 30.0, "target"), Segment(1.0, 0.5, 4.0, 400.0, "
 CAND = [8, 16, 32, 64, 128, 256, 512, 1024]
 
 
-def test_every_frontier_plan_has_the_fewest_steps_for_its_examples():
-    every = [plan(SEGS, sizes) for sizes in itertools.product(CAND, repeat=len(SEGS))]  # 512 plans, float64
-    plans = frontier(SEGS, CAND)
-    assert len(plans) >= 5
-    for p in plans:
+def test_pareto_front_is_exact_against_every_plan():
+    every = [plan(SEGS, sizes) for sizes in itertools.product(CAND, repeat=len(SEGS)) if sorted(sizes) == list(sizes)]
+    front = pareto_front(SEGS, CAND)  # against the 120 non-decreasing plans of 3 segments x 8 sizes, float64
+    assert len(front) >= 5
+    for p in front:  # no plan has fewer steps for at most its examples
         best = min(q.total_steps for q in every if q.total_examples <= p.total_examples * (1 + 1e-12))
         assert p.total_steps == pytest.approx(best, rel=1e-12)
-    # batch sizes follow the local critical batch size: never smaller in a segment with a larger B_local
-    assert all(list(p.sizes) == sorted(p.sizes) for p in plans)
+    for q in every:  # and every plan is matched or beaten by one on the front
+        assert any(p.total_examples <= q.total_examples + 1e-9 and p.total_steps <= q.total_steps + 1e-9 for p in front)
+    assert all(list(p.sizes) == sorted(p.sizes) for p in front)
+    for ref in CAND:  # the proposal within each constant's examples is the brute-force optimum
+        budget = plan(SEGS, [ref] * 3).total_examples
+        best = min(q.total_steps for q in every if q.total_examples <= budget * (1 + 1e-12))
+        assert propose(SEGS, CAND, ref).schedule.total_steps == pytest.approx(best, rel=1e-12)
 
 
 def test_proposal_beats_the_reference_constant_within_its_examples():
