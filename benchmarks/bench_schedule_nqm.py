@@ -31,6 +31,7 @@ from analysis.loaders import load_sweep_dir
 from analysis.nqm_schedule import expected_to_target_staged
 from analysis.schedule import measured_to_target, propose, segments_of
 from analysis.stages import BatchStages
+from orchestrator.schedule_cmd import tuned_lrs
 from trainables.nqm_trial import QuadraticConfig
 
 
@@ -82,6 +83,10 @@ def main() -> None:
     stage_lrs = [stages.lr(s, sched[2], rule) for s in stages.starts]
     exact_sched = expected_to_target_staged(h, c, m0, stages, stage_lrs, target, 100_000)
     ref_b = prop.reference.sizes[0]
+    proposed, _lrs = prop.schedule.stages(tuned_lrs(result, segs))
+    if (proposed.starts, proposed.sizes) != (stages.starts, stages.sizes):
+        print(f"note: the proposed sweep runs {b0} {stages.to_list()}, not this proposal's {proposed.sizes[0]} "
+              f"{proposed.to_list()}: its 'pred' columns are the proposal's")  # fmt: skip
     print(f"target {target:.4g}; schedule: batch_size {b0}, lr {sched[2]:g}, batch_schedule {stages.to_list()}")
     print(f"proposal's own plan: sizes per segment {prop.schedule.sizes}; reference constant {ref_b}")
     print(f"{'plan':>14} | {'pred steps':>10} {'pred ex':>9} | {'meas steps':>10} {'meas ex':>9} {'seeds':>5} | "
