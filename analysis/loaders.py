@@ -160,7 +160,8 @@ def load_mlflow(experiment_name: str, tracking_uri: str | None = None, parent_ru
     ``num_workers``,
     ``lr``, ``seed``; other params are kept as string columns), tag ``trial_id`` the id (else the run
     name), tag ``status`` the status (else derived from the run state: RUNNING → running, FAILED/KILLED →
-    failed, FINISHED → budget_spent). Metric histories become rows with ``examples = step * batch_size``.
+    failed, FINISHED → budget_spent). Metric histories become rows with ``examples = step * batch_size``
+    (summed over the stages of a ``batch_schedule`` param).
     Without ``parent_run_id``, the most recent run of the experiment that has children is the parent.
     """
     from mlflow.tracking import MlflowClient
@@ -237,6 +238,7 @@ def _tables_from_runs(client, kids: list) -> tuple[pa.Table, pa.Table]:
         for v in extra.values():
             v.extend([None] * (i + 1 - len(v)))
         start = r.info.start_time or 0
+        examples_at = _examples_at(p.get("batch_schedule"), ints["batch_size"], r.info.run_id, tid)
         for key in sorted(r.data.metrics):
             if key in m.TRACKING_ONLY:  # counters, sortable copies, outcomes: not reported rows
                 continue
@@ -246,7 +248,7 @@ def _tables_from_runs(client, kids: list) -> tuple[pa.Table, pa.Table]:
             for step, h in sorted(last.items()):
                 rows["trial_id"].append(tid)
                 rows["step"].append(step)
-                rows["examples"].append(step * ints["batch_size"])
+                rows["examples"].append(examples_at(step))
                 rows["metric"].append(key)
                 rows["value"].append(float(h.value))
                 rows["wall_time"].append((h.timestamp - start) / 1000.0)
@@ -255,6 +257,20 @@ def _tables_from_runs(client, kids: list) -> tuple[pa.Table, pa.Table]:
 
 
 _BRANCH_PARAMS = {"parent_trial_id": str, "branch_step": int, "k": float}  # logged as params extra.<name>
+
+
+def _examples_at(schedule: str | None, batch_size: int, run_id: str, tid: str):
+    """``step -> examples`` of a run: ``step x batch_size``, or summed over the stages of its ``batch_schedule``
+    param (analysis.stages; MLflow keeps it as the list's text)."""
+    if not schedule or schedule == "[]":
+        return lambda step: step * batch_size
+    from analysis.stages import BatchStages  # here: analysis.stages imports analysis.branch, which imports this
+
+    try:
+        stages = BatchStages.from_schedule(batch_size, json.loads(schedule))
+    except ValueError as e:  # json.JSONDecodeError is a ValueError
+        raise RunsTableError(f"MLflow run {run_id} ({tid}): bad param batch_schedule ({e})") from None
+    return stages.examples
 
 
 def _branch_columns(extra: dict[str, list]) -> dict[str, list]:

@@ -50,6 +50,8 @@ def store(tmp_path_factory):  # one SQLite store for the module: creating its ta
             tags["status"] = status
         run = client.create_run(exp, run_name=f"run-{tid}", tags=tags)
         params = {"batch_size": bs, "micro_batch_size": bs // 2, "grad_accum": 2, "num_workers": 1}
+        if tid == "t1":  # a scheduled trial: B = 32 once 10 steps are done (analysis.stages)
+            params["batch_schedule"] = "[[10, 32]]"
         for k, v in {**params, "lr": lr, "seed": 0, "warmup": 5}.items():
             client.log_param(run.info.run_id, k, v)
         for i, v in enumerate(losses):
@@ -81,6 +83,8 @@ def test_load_mlflow_nested_runs(store):
     np.testing.assert_allclose(s.value[sel], [1.0, 0.5, 0.19])  # the re-logged step keeps the latest value
     ex = runs.metrics.filter(runs.metrics.column("trial_id").to_numpy(zero_copy_only=False) == "t2")
     assert ex.column("examples").to_pylist() == [0, 320, 640]  # examples = step * batch_size
+    ex = runs.metrics.filter(runs.metrics.column("trial_id").to_numpy(zero_copy_only=False) == "t1")
+    assert ex.column("examples").to_pylist() == [0, 160, 480]  # summed over its stages: 10 x 16, then 10 x 32
     assert load_mlflow("sweep", tracking_uri=uri, parent_run_id=parent).trial_ids == runs.trial_ids
 
 
