@@ -11,6 +11,7 @@ two files, sorted by ``(trial_id, step, metric)`` and validated with analysis.sc
 from __future__ import annotations
 
 import glob
+import json
 import os
 import time
 from typing import Any
@@ -56,6 +57,8 @@ def trial_row(trial_id: str, cfg: dict, status: str, result: dict | None = None)
     for k in EXTRA_RESULTS:
         v = (result or {}).get(k)
         row[k] = None if v is None else float(v)
+    if cfg.get("batch_schedule"):  # a scheduled trial (analysis.stages): its stages as JSON text; absent otherwise
+        row["batch_schedule"] = json.dumps(cfg["batch_schedule"])
     tags = cfg.get("extra") or {}
     if tags.get(PARENT):  # a branch of a branched study (orchestrator.branch)
         row.update({PARENT: str(tags[PARENT]), BRANCH_STEP: int(tags[BRANCH_STEP]), K: float(tags[K])})
