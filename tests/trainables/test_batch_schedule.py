@@ -9,6 +9,7 @@ import numpy as np
 import pytest
 
 from analysis import metrics as M
+from analysis.gns import window_b_simple
 from trainables.config import ConfigError, TrialConfig
 from trainables.nqm_trial import QuadraticConfig, train_loop
 from trainables.trial import LocalSession, run_local
@@ -83,7 +84,7 @@ def test_nqm_bad_schedule_is_one_line(changes, words):
 
 # --- the DiT ------------------------------------------------------------------------------------------------------
 DIT = dict(preset="tiny", batch_size=8, micro_batch_size=8, eval_every=2, eval_repeats=1, timestep_bins=4,
-           max_steps=6, gns_every=0, batch_schedule=[[3, 16]])  # fmt: skip
+           max_steps=6, gns_every=0, gns_window=4, batch_schedule=[[3, 16]])  # fmt: skip
 
 
 def test_dit_schedule_counters_lr_and_gns_sizes():
@@ -98,6 +99,15 @@ def test_dit_schedule_counters_lr_and_gns_sizes():
     # global GNS: halves of the micro-batch in stage 0 (A = 1), micro-batches in stage 1 (A = 2)
     assert dict(values(s.reports, M.GNS_B_BIG)) == {n: (8.0 if n <= 3 else 16.0) for n in range(1, 7)}
     assert dict(values(s.reports, M.GNS_B_SMALL)) == {n: (4.0 if n <= 3 else 8.0) for n in range(1, 7)}
+    # the live B_simple is the offline re-smoothing of the logged statistics with each step's own b and B
+    steps = [n for n, _ in values(s.reports, M.GNS_G2_SMALL)]
+    cols = [
+        [v for _, v in values(s.reports, name)] for name in (M.GNS_G2_SMALL, M.GNS_G2_BIG, M.GNS_B_SMALL, M.GNS_B_BIG)
+    ]
+    offline, _se = window_b_simple(steps, *cols, window=4, half=True)
+    live = dict(values(s.reports, M.GNS_B_SIMPLE))
+    assert live and all(v == pytest.approx(offline[steps.index(n)], rel=1e-12) for n, v in live.items())
+    assert any(n > 3 for n in live)  # a window holding steps of both stages
 
 
 def test_dit_resume_in_the_middle_of_a_stage_is_exact(tmp_path):
@@ -138,3 +148,39 @@ def test_dit_schedule_split_invariance():
 def test_dit_bad_schedule_is_one_line():
     with pytest.raises(ConfigError, match="multiple of micro_batch_size x workers = 8"):
         TrialConfig(**{**DIT, "batch_schedule": [[3, 12]]})
+
+
+def test_dit_stage_gradient_norms_match_explicit_float64():
+    """A step of stage 1 (B = 8 = 2 micro-batches of 4, after 2 steps at B = 4): the collected |G_b|^2 (every
+    micro-batch's) and |G_B|^2 against gradients recomputed by hand in float64 from the stage's stream positions."""
+    import contextlib
+    import copy
+
+    import torch
+
+    from trainables.data import load_dataset
+    from trainables.diffusion import NUM_TIMESTEPS, make_scheduler, per_example_loss
+    from trainables.presets import build_dit
+    from trainables.randomness import global_batch_indices, step_draws
+    from trainables.step import TrainStep
+
+    cfg = TrialConfig(preset="tiny", batch_size=4, micro_batch_size=4, timestep_bins=4, batch_schedule=[[2, 8]])
+    data, sched, step = load_dataset("digits", 297), make_scheduler(), 3
+    torch.manual_seed(0)
+    model = build_dit("tiny", sample_size=8, in_channels=1, num_classes=10).train()
+    ref = copy.deepcopy(model).double()
+    cpu = torch.device("cpu")
+    stats = TrainStep(cfg, model, model, data, sched, 0, 1, cpu, contextlib.nullcontext)(step)
+    idx = global_batch_indices(cfg.seed, step, 8, data.info.train_size, start=2 * 4 + 1 * 8)
+    draws = step_draws(cfg.seed, step, 8, (1, 8, 8), NUM_TIMESTEPS)
+    grads = []
+    for sl in (slice(0, 4), slice(4, 8)):
+        x, y = data.get(idx[sl])
+        t, u, noise = (d[sl] for d in draws)
+        y = torch.where(u < cfg.class_dropout, data.info.num_classes, y)
+        loss = per_example_loss(ref, sched, x.double(), y, t, noise.double()).mean()
+        grads.append(torch.cat([g.reshape(-1) for g in torch.autograd.grad(loss, list(ref.parameters()))]))
+    big = torch.stack(grads).mean(0)
+    assert (stats.b_small, stats.b_big) == (4.0, 8)
+    assert stats.g2_big == pytest.approx(float(big @ big), rel=1e-6)
+    assert stats.g2_small == pytest.approx(float(torch.stack([g @ g for g in grads]).mean()), rel=1e-6)
