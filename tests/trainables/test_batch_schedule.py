@@ -184,3 +184,38 @@ def test_dit_stage_gradient_norms_match_explicit_float64():
     assert (stats.b_small, stats.b_big) == (4.0, 8)
     assert stats.g2_big == pytest.approx(float(big @ big), rel=1e-6)
     assert stats.g2_small == pytest.approx(float(torch.stack([g @ g for g in grads]).mean()), rel=1e-6)
+
+
+# --- two DDP workers (spawned gloo group) -------------------------------------------------------------------------
+def _ddp_worker(rank: int, world: int, init_method: str, out_dir: str) -> None:
+    import json
+    from pathlib import Path
+
+    import torch.distributed as dist
+    from test_resume_gns import GroupSession
+
+    from trainables.loop import train_loop as dit_loop
+
+    dist.init_process_group("gloo", init_method=init_method, rank=rank, world_size=world)
+    try:
+        cfg = TrialConfig(**{**DIT, "micro_batch_size": 4, "num_workers": 2})  # A = 1, then 2 (W = 2)
+        session = GroupSession(rank, world, None, None)
+        dit_loop(cfg, session)
+        Path(out_dir, f"rank{rank}.json").write_text(json.dumps(session.reports))
+    finally:
+        dist.destroy_process_group()
+
+
+@pytest.mark.slow  # a spawned 2-rank group (~15 s): slow like the other spawned-group tests (test_resume_gns.py)
+def test_dit_schedule_on_two_workers_trains_like_one(tmp_path):
+    """B = 8 -> 16 on W = 2 (micro 4: A = 1 -> 2, GNS from the ranks, b = micro x A) against W = 1 (micro 8)."""
+    from ddp_group import run_group
+
+    ranks = run_group(_ddp_worker, 2, tmp_path, timeout_s=240.0)
+    one = run_local(TrialConfig(**DIT))
+    for reports in ranks:
+        two = values(reports, M.TRAIN_LOSS)
+        assert np.allclose([v for _, v in two], [v for _, v in values(one.reports, M.TRAIN_LOSS)], rtol=1e-4)
+        assert dict(values(reports, M.GNS_B_SMALL)) == {n: (4.0 if n <= 3 else 8.0) for n in range(1, 7)}
+        assert dict(values(reports, M.GNS_B_BIG)) == {n: (8.0 if n <= 3 else 16.0) for n in range(1, 7)}
+        assert reports[-1][M.EXAMPLES] == 72
