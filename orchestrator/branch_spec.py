@@ -336,7 +336,7 @@ def parse_branch_spec(data: dict, *, sweep_dir: str | None = None, source: str =
 def check_branch_spec(spec: BranchSpec, resources: dict | None = None) -> tuple[dict, list[dict]]:
     """Every trial config through its config class and the workload's check; the reference's cadence against the
     branch points. Returns (reference config, branch configs with a placeholder parent). Raises UserError."""
-    from orchestrator.sweep import check_storage, check_tracking
+    from orchestrator.sweep_checks import check_storage, check_tracking
     from orchestrator.tune_trainable import get_workload
     from trainables.config import ConfigError
 
