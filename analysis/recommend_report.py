@@ -142,7 +142,8 @@ def figure(p: Plan, out: Path) -> Path:
         (ok & ~ext, dict(color="tab:blue", label="candidate")),
         (ok & ext, dict(facecolors="none", edgecolors="tab:blue", label="extrapolated")),
     ):
-        ax.scatter(p.time_s[sel], p.cost_h[sel], s=28, **kw)
+        if sel.any():
+            ax.scatter(p.time_s[sel], p.cost_h[sel], s=28, **kw)
     f = p.front
     ax.plot(p.time_s[f], p.cost_h[f], "-", color="tab:red", lw=1.5, label="Pareto front")
     ax.errorbar(

@@ -70,3 +70,33 @@ def test_sweep_without_sys_metrics_or_directory(tmp_path, capsys):
     assert rc == 2 and "reported sys/examples_per_s" in err and len(err.strip().splitlines()) == 1
     rc, _, err = _run(capsys, tmp_path / "nope", "--target", "0.3", "--no-mlflow")
     assert rc == 2 and "no such sweep directory" in err
+
+
+def test_logged_to_the_sweeps_parent_run(tmp_path, empty_mlflow_db, capsys):
+    import shutil
+
+    from mlflow.tracking import MlflowClient
+
+    from analysis import publish
+
+    d = tmp_path / "sweep"
+    write_sweep_dir(synth_split_runs(np.random.default_rng(0)), d)
+    shutil.copy(empty_mlflow_db, tmp_path / "mlflow.db")
+    uri = f"sqlite:///{tmp_path}/mlflow.db"
+    client = MlflowClient(uri)
+    exp = client.create_experiment("e", artifact_location=str(tmp_path / "art"))
+    parent = client.create_run(exp).info.run_id
+    (d / "mlflow_parent.json").write_text(json.dumps({"tracking_uri": uri, "experiment_id": exp, "run_id": parent}))
+    for _ in range(2):  # a re-run replaces the table
+        rc, text, err = _run(capsys, d, "--target", "0.3", "--bootstrap", "50")
+        assert rc == 0, err
+    run = client.get_run(parent)
+    rec = json.loads((d / "analysis" / "recommend.json").read_text())
+    fastest = rec["candidates"][rec["fastest"]]
+    assert run.data.metrics["recommend/fastest/time_s/0.3"] == pytest.approx(fastest["time_s"])
+    assert run.data.metrics["recommend/cheapest/num_workers/0.3"] == rec["candidates"][rec["cheapest"]]["num_workers"]
+    logged = json.loads(run.data.tags["mlflow.loggedArtifacts"])
+    assert logged == [{"path": publish.RECOMMEND_TABLE, "type": "table"}]
+    table = json.loads(open(client.download_artifacts(parent, publish.RECOMMEND_TABLE, str(tmp_path / "dl"))).read())
+    assert len(table["data"]) == len(rec["candidates"])
+    assert {f.path for f in client.list_artifacts(parent, "analysis")} >= {"analysis/recommend.json"}
