@@ -71,6 +71,24 @@ def main() -> None:
         f"(measured {meas[tuple(p.splits[j])]['seconds']:.3g} s); measured fastest: {name(best)} "
         f"({meas[best]['seconds']:.3g} s)"
     )
+    ranking(runs, fit, times, meas, bs)
+
+
+def ranking(runs, fit, times, meas: dict, b_simple: float) -> None:
+    """Over the measured splits: how well each model's predicted times (from the whole sweep) order the measured
+    ones (Spearman), and their rms log error against them."""
+    from scipy.stats import spearmanr
+
+    p = recommend.plan(fit, times, times.splits)
+    keys = [tuple(s) for s in p.splits.tolist()]
+    m = np.array([meas.get(k, {}).get("seconds", np.nan) for k in keys])
+    pol = recommend.pollux_times(fit, b_simple, p.batch_size, p.step_s)
+    ok = np.isfinite(m)
+    for label, pred in (("bcrit", p.time_s), ("Pollux", pol)):
+        rho = spearmanr(pred[ok], m[ok]).statistic
+        err = float(np.sqrt(np.mean(np.log(pred[ok] / m[ok]) ** 2)))
+        n = int(ok.sum())
+        print(f"{label}: Spearman(predicted, measured) over {n} measured splits {rho:.2f}, rms log error {err:.3f}")
 
 
 if __name__ == "__main__":
