@@ -120,7 +120,7 @@ def _run(args: argparse.Namespace) -> int:
 
     from analysis import loaders, recommend, throughput
     from analysis import recommend_report as rr
-    from orchestrator.analyze_cmd import check_out_dir, check_parent_run
+    from orchestrator.analyze_cmd import UsageError, check_metric, check_out_dir, check_parent_run
 
     check_args(args)
     out = args.out or os.path.join(args.sweep_dir, "analysis")
@@ -130,6 +130,16 @@ def _run(args: argparse.Namespace) -> int:
     uri = (
         check_parent_run(runs.tracking_uri, parent, f"{args.sweep_dir}/{loaders.SWEEP_PARENT_FILE}") if parent else None
     )
+    if args.metric not in runs.metric_names():
+        raise UserError(f"--metric {args.metric}: no trial reported it (have {runs.metric_names()[:6]} ...)")
+    try:
+        check_metric(runs, args.metric, None if args.target is None else [args.target])
+    except UsageError as e:  # analyze's wording names its --targets; this command's flag is --target
+        raise UserError(
+            str(e)
+            .replace("--targets", "--target")
+            .replace("omit --target for automatic ones", "omit --target for the headline one")
+        ) from None
     times = throughput.measured_splits(runs)
     target, how = (args.target, "--target") if args.target is not None else default_target(runs, args.metric, out)
     fit = recommend.fit_steps(runs, args.metric, target, args.bootstrap, args.seed)

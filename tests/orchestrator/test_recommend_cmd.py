@@ -54,6 +54,8 @@ def test_recommend_writes_json_figure_and_report_section(sweep, tmp_path, capsys
         (["--target", "0.3", "--max-workers", "0"], "--max-workers must be an integer >= 1"),
         (["--target", "0.3", "--bootstrap", "0"], "--bootstrap must be >= 1"),
         (["--target", "0.05"], "pick a higher target"),  # below the floor: no batch size reaches it
+        (["--target", "2"], "at or above every trial's starting eval/loss"),
+        (["--target", "0.3", "--metric", "eval/lost"], "--metric eval/lost: no trial reported it"),
         (["--target", "0.3", "--max-batch", "8"], "--max-batch 8: no candidate split"),
         (["--target", "0.3", "--device-mem-gb", "0.5"], "every candidate split is excluded: predicted peak memory"),
     ],
