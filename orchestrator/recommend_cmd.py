@@ -167,7 +167,8 @@ def _run(args: argparse.Namespace) -> int:
     print(f"target: {args.metric} {target:.4g} ({how})")
     print("\n".join(rr.summary(p)))
     print("\n".join(rr.table(p)))
-    print("\n".join(pollux[0] + [f"- {n}" for n in p.notes]))
+    excluded = sorted({e for e in p.excluded if e})
+    print("\n".join(pollux[0] + [f"- excluded: {e}" for e in excluded] + [f"- {n}" for n in p.notes]))
     print(
         f"wrote {out}/{rr.JSON_FILE}, {rr.FIGURE}, recommend.md"
         + (f"; logged to MLflow run {parent}" if parent else "")
