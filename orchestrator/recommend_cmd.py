@@ -167,6 +167,7 @@ def _run(args: argparse.Namespace) -> int:
     print(f"target: {args.metric} {target:.4g} ({how})")
     print("\n".join(rr.summary(p)))
     print("\n".join(rr.table(p)))
+    print(model_lines(model, times)[0].replace("`", "").rstrip(":") + "; per split in recommend.md")
     excluded = sorted({e for e in p.excluded if e})
     print("\n".join(pollux[0] + [f"- excluded: {e}" for e in excluded] + [f"- {n}" for n in p.notes]))
     print(
