@@ -302,3 +302,29 @@ def pollux_times(fit: StepsFit, b_simple: float, batch: np.ndarray, step_s: np.n
     """Pollux's time-to-target ``c·(1 + φ/B)·T_step`` with ``c`` fitted to the measured best steps in log space."""
     c = np.exp(np.mean(np.log(fit.steps) - np.log1p(b_simple / fit.batch_sizes)))
     return c * (1.0 + b_simple / np.asarray(batch, dtype=np.float64)) * np.asarray(step_s)
+
+
+def recommend(
+    runs: Runs,
+    target: float,
+    metric: str = m.EVAL_LOSS,
+    *,
+    unit: str = "device-hours",
+    device_mem_gb: float | None = None,
+    max_workers: int | None = None,
+    max_accum: int | None = None,
+    max_batch: int | None = None,
+    n_boot: int = 1000,
+    seed: int = 0,
+    level: float = 0.9,
+) -> tuple[Plan, StepsFit, throughput.SplitTimes]:
+    """The whole recommendation in one call (what ``bcrit recommend`` and a batch-size schedule build on): the steps
+    fit at ``target``, the measured splits, and the plan over the candidate splits with ``B`` from the smallest
+    fitted batch size to ``max_batch`` (default the largest fitted)."""
+    times = throughput.measured_splits(runs)
+    fit = fit_steps(runs, metric, target, n_boot, seed)
+    hi = max_batch or int(fit.batch_sizes.max())
+    splits = candidate_splits(times.splits, (int(fit.batch_sizes.min()), hi), max_workers, max_accum)
+    if len(splits) == 0:
+        raise RecommendError(f"no candidate split has a batch size in [{int(fit.batch_sizes.min())}, {hi}]")
+    return plan(fit, times, splits, metric, unit, device_mem_gb, level, seed), fit, times

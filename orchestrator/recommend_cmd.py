@@ -140,17 +140,17 @@ def _run(args: argparse.Namespace) -> int:
             .replace("--targets", "--target")
             .replace("omit --target for automatic ones", "omit --target for the headline one")
         ) from None
-    times = throughput.measured_splits(runs)
+    throughput.measured_splits(runs)  # a sweep without sys/ metrics: say so before the fit
     target, how = (args.target, "--target") if args.target is not None else default_target(runs, args.metric, out)
-    fit = recommend.fit_steps(runs, args.metric, target, args.bootstrap, args.seed)
-    hi = args.max_batch or int(fit.batch_sizes.max())
-    splits = recommend.candidate_splits(
-        times.splits, (int(fit.batch_sizes.min()), hi), args.max_workers, args.max_accum
-    )
-    if len(splits) == 0:
-        raise UserError(f"--max-batch {hi}: no candidate split has a batch size <= {hi}; raise it")
-    unit = cost_unit(args.sweep_dir)
-    p = recommend.plan(fit, times, splits, args.metric, unit, args.device_mem_gb, seed=args.seed)
+    if args.max_batch is not None and args.max_batch < int(runs.batch_size.min()):
+        raise UserError(
+            f"--max-batch {args.max_batch}: no candidate split has a batch size <= {args.max_batch}; raise it"
+        )
+    p, fit, times = recommend.recommend(
+        runs, target, args.metric, unit=cost_unit(args.sweep_dir), device_mem_gb=args.device_mem_gb,
+        max_workers=args.max_workers, max_accum=args.max_accum, max_batch=args.max_batch, n_boot=args.bootstrap,
+        seed=args.seed,
+    )  # fmt: skip
     pollux = pollux_lines(runs, args.metric, fit, p)
     model = throughput.fit_step_time(times.splits, times.step_s)
     rec = rr.to_json(p, {"target_from": how, "throughput_model": model_json(model, times), "pollux": pollux[1]})
