@@ -15,12 +15,23 @@ from orchestrator import (
     migrate_cmd,
     pack_cmd,
     probe_cmd,
+    recommend_cmd,
     sweep_cmd,
     train_cmd,
 )
 from orchestrator.overrides import UserError
 
-COMMANDS = (train_cmd, sweep_cmd, analyze_cmd, probe_cmd, branch_cmd, pack_cmd, migrate_cmd, cluster_check)
+COMMANDS = (
+    train_cmd,
+    sweep_cmd,
+    analyze_cmd,
+    recommend_cmd,
+    probe_cmd,
+    branch_cmd,
+    pack_cmd,
+    migrate_cmd,
+    cluster_check,
+)
 
 
 def build_parser() -> argparse.ArgumentParser:
