@@ -134,7 +134,7 @@ def log_analysis(out_dir: str | Path, tracking_uri: str | None, parent_run_id: s
         _replace_table(client, parent_run_id, table)
 
 
-def _replace_table(client, run_id: str, columns: dict[str, list]) -> None:
+def _replace_table(client, run_id: str, columns: dict[str, list], table_file: str = TABLE_FILE) -> None:
     """Write the table as MLflow's table artifact (the ``split`` JSON that ``log_table`` writes) and register it
     in the run's ``mlflow.loggedArtifacts`` tag, so the UI renders it. Not ``log_table`` itself: it appends to an
     existing table by downloading and re-uploading it, which both doubles rows on a re-run and races with a
@@ -143,12 +143,12 @@ def _replace_table(client, run_id: str, columns: dict[str, list]) -> None:
     from mlflow.utils.mlflow_tags import MLFLOW_LOGGED_ARTIFACTS
 
     with tempfile.TemporaryDirectory() as d:
-        path = os.path.join(d, os.path.basename(TABLE_FILE))
+        path = os.path.join(d, os.path.basename(table_file))
         pd.DataFrame(columns).to_json(path, orient="split", index=False, date_format="iso")
-        client.log_artifact(run_id, path, os.path.dirname(TABLE_FILE))
+        client.log_artifact(run_id, path, os.path.dirname(table_file))
     from mlflow.exceptions import MlflowException
 
-    entry = {"path": TABLE_FILE, "type": "table"}
+    entry = {"path": table_file, "type": "table"}
     for attempt in range(3):  # two analyses of one sweep at once may both find the tag missing and both insert it
         logged = json.loads(client.get_run(run_id).data.tags.get(MLFLOW_LOGGED_ARTIFACTS, "[]"))
         if entry in logged:
@@ -159,3 +159,40 @@ def _replace_table(client, run_id: str, columns: dict[str, list]) -> None:
         except MlflowException:  # SQLite: UNIQUE constraint failed (the other one inserted it first): read again
             if attempt == 2:
                 raise
+
+
+RECOMMEND_TABLE = "analysis/recommend_table.json"
+
+
+def log_recommendation(out_dir: str | Path, tracking_uri: str | None, parent_run_id: str, rec: dict) -> None:
+    """``bcrit recommend``'s files (``recommend.json``, its figure, the updated report) as artifacts under
+    ``analysis/``, the fastest and cheapest as metrics ``recommend/<fastest|cheapest>/<time_s|cost_hours|...>/<target>``
+    and every candidate as the MLflow table ``analysis/recommend_table.json``."""
+    from mlflow.entities import Metric
+    from mlflow.tracking import MlflowClient
+
+    client = MlflowClient(tracking_uri)
+    out = Path(out_dir)
+    for name in ("recommend.json", "recommend.png", "recommend.md", REPORT_FILE, "report.html"):
+        if (out / name).is_file():
+            client.log_artifact(parent_run_id, str(out / name), ARTIFACT_DIR)
+    now, key = int(time.time() * 1000), target_key(rec["target"])
+    metrics = []
+    for role in ("fastest", "cheapest"):
+        row = rec["candidates"][rec[role]]
+        for k in ("time_s", "cost_hours", "batch_size", "micro_batch_size", "grad_accum", "num_workers"):
+            v = _finite(row[k])
+            if v is not None:
+                metrics.append(Metric(f"recommend/{role}/{k}/{key}", v, now, 0))
+    client.log_batch(parent_run_id, metrics=metrics)
+    cols: dict[str, list] = {}
+    for i, row in enumerate(rec["candidates"]):
+        row = {**row, "role": _role(rec, i)}
+        for k, v in row.items():
+            cols.setdefault(k, []).append(json.dumps(v) if isinstance(v, list) else v)
+    _replace_table(client, parent_run_id, cols, RECOMMEND_TABLE)
+
+
+def _role(rec: dict, i: int) -> str:
+    roles = [r for r in ("fastest", "cheapest") if rec[r] == i] or (["front"] if i in rec["front"] else [])
+    return " + ".join(roles)

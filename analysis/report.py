@@ -88,40 +88,52 @@ def analyze_metric(
             (notes if notes is not None else []).append(str(e))
             continue
         fit = pareto.fit_pareto(best.batch_sizes, best.steps)
-        fitted = np.isfinite(best.steps)
-        ci = (float("nan"), float("nan"))
-        if boot is not None:
-            reps = np.where(fitted[None, :], boot[j], np.nan)  # the batch sizes of the point estimate only
-            tau2 = pareto.lack_of_fit_var(best.batch_sizes[fitted], best.steps[fitted], fit, reps[:, fitted])
-            reps = pareto.with_lack_of_fit(reps, tau2, rng)
-            s_min, e_min = pareto.fit_pareto_batched(best.batch_sizes, reps, np.log([fit.s_min, fit.e_min]))
-            ci = pareto.percentile_ci(e_min / s_min, level)
-        ref_steps, ref_lr = refine_lr(val, st, best)
-        refined = pareto.fit_pareto(best.batch_sizes[fitted], ref_steps[fitted]).b_crit
-        points = [ctx.point(int(i), best, steps[j], ref_steps[i], ref_lr[i]) for i in np.flatnonzero(fitted)]
-        flags = {f for p in points for f in p["flags"]}
-        if not best.batch_sizes[fitted].min() <= fit.b_crit <= best.batch_sizes[fitted].max():
-            flags.add(fl.EXTRAPOLATED)
-        censored_b = [ctx.censored_reason(int(i), best, steps[j]) for i in np.flatnonzero(best.censored)]
-        if censored_b:
-            flags.add(fl.CENSORED_BATCH_SIZES)
-        out.append(
-            {
-                "target": float(y),
-                "b_crit": fit.b_crit,
-                "b_crit_ci": [_num(ci[0]), _num(ci[1])],
-                "s_min": fit.s_min,
-                "e_min": fit.e_min,
-                "flags": [f for f in fl.FLAGS if f in flags],
-                "ci_resamples": resample,
-                "b_crit_refined": refined,
-                "points": points,
-                "censored": [runs.trial_ids[r] for r in np.flatnonzero(ok & np.isinf(steps[j]))],
-                "censored_batch_sizes": censored_b,
-                "unreached_batch_sizes": [int(b) for b, k in zip(best.batch_sizes, best.setting, strict=True) if k < 0],
-            }
-        )
+        ci = _b_crit_interval(best, fit, None if boot is None else boot[j], rng, level)
+        out.append(_target_result(runs, ctx, float(y), steps[j], val, st, best, fit, ci, ok, resample))
     return out
+
+
+def _b_crit_interval(best, fit, boot: np.ndarray | None, rng, level: float) -> tuple[float, float]:
+    """The percentile interval of ``B_crit`` at one target: the bootstrap's best steps per batch size (``boot``,
+    (R, n_B); None: no bootstrap) at the point estimate's batch sizes, the points' scatter about the fit beyond
+    what the replicates show added (analysis.pareto.lack_of_fit_var), each replicate refitted."""
+    if boot is None:
+        return (float("nan"), float("nan"))
+    fitted = np.isfinite(best.steps)
+    reps = np.where(fitted[None, :], boot, np.nan)  # the batch sizes of the point estimate only
+    tau2 = pareto.lack_of_fit_var(best.batch_sizes[fitted], best.steps[fitted], fit, reps[:, fitted])
+    reps = pareto.with_lack_of_fit(reps, tau2, rng)
+    s_min, e_min = pareto.fit_pareto_batched(best.batch_sizes, reps, np.log([fit.s_min, fit.e_min]))
+    return pareto.percentile_ci(e_min / s_min, level)
+
+
+def _target_result(runs, ctx, y: float, steps: np.ndarray, val, st, best, fit, ci, ok: np.ndarray, resample) -> dict:
+    """One target's entry of `analyze_metric`: the fit, the interval, the fit with
+    the learning rate refined, the points with their checks, the flags, what was censored."""
+    fitted = np.isfinite(best.steps)
+    ref_steps, ref_lr = refine_lr(val, st, best)
+    refined = pareto.fit_pareto(best.batch_sizes[fitted], ref_steps[fitted]).b_crit
+    points = [ctx.point(int(i), best, steps, ref_steps[i], ref_lr[i]) for i in np.flatnonzero(fitted)]
+    flags = {f for p in points for f in p["flags"]}
+    if not best.batch_sizes[fitted].min() <= fit.b_crit <= best.batch_sizes[fitted].max():
+        flags.add(fl.EXTRAPOLATED)
+    censored_b = [ctx.censored_reason(int(i), best, steps) for i in np.flatnonzero(best.censored)]
+    if censored_b:
+        flags.add(fl.CENSORED_BATCH_SIZES)
+    return {
+        "target": y,
+        "b_crit": fit.b_crit,
+        "b_crit_ci": [_num(ci[0]), _num(ci[1])],
+        "s_min": fit.s_min,
+        "e_min": fit.e_min,
+        "flags": [f for f in fl.FLAGS if f in flags],
+        "ci_resamples": resample,
+        "b_crit_refined": refined,
+        "points": points,
+        "censored": [runs.trial_ids[r] for r in np.flatnonzero(ok & np.isinf(steps))],
+        "censored_batch_sizes": censored_b,
+        "unreached_batch_sizes": [int(b) for b, k in zip(best.batch_sizes, best.setting, strict=True) if k < 0],
+    }
 
 
 def _num(x: float) -> float | None:

@@ -30,7 +30,7 @@ import numpy as np
 import torch
 
 from trainables.data import load_dataset
-from trainables.data.datasets import _latent_files
+from trainables.data.base import latent_files
 from trainables.data.latent_store import pack
 from trainables.diffusion import NUM_TIMESTEPS
 from trainables.randomness import STREAM_EXAMPLE, example_draws, step_draws
@@ -49,7 +49,7 @@ def make_folder(root: str, n: int) -> None:
 
 def old_loader(root: str):
     """The folder loader as it was: np.load per file, no checks."""
-    feats, labs = _latent_files(root)
+    feats, labs = latent_files(root)
 
     def load(idx):
         x = np.stack([np.load(feats[i])[0] for i in idx])

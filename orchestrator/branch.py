@@ -125,12 +125,14 @@ def _tuner(spec: BranchSpec, name: str, configs: list[dict], worker_failures: in
     from ray import tune
 
     from orchestrator.progress import StripRows
-    from orchestrator.sweep import _trainable, callbacks, max_concurrent, quiet_driver_logs
+    from orchestrator.ray_logs import quiet_driver_logs
+    from orchestrator.resources import max_concurrent
+    from orchestrator.tuner import callbacks, sweep_trainable
 
     quiet_driver_logs(False)
 
     return tune.Tuner(
-        _trainable(spec, worker_failures),
+        sweep_trainable(spec, worker_failures),
         param_space={"trial": tune.grid_search(configs)},
         tune_config=tune.TuneConfig(
             max_concurrent_trials=max_concurrent(configs, ray.cluster_resources()),
@@ -151,11 +153,11 @@ def _phase(spec: BranchSpec, name: str, configs: list[dict], resume: bool):
     """Fit (or, when resuming and Tune can, restore and continue) one phase; returns the ResultGrid."""
     from ray.tune import Tuner
 
-    from orchestrator.sweep import _trainable, run
+    from orchestrator.tuner import run, sweep_trainable
 
     path = os.path.join(spec.sweep_dir, name)
     if resume and Tuner.can_restore(path):
-        tuner = Tuner.restore(path, trainable=_trainable(spec, 3), resume_unfinished=True)
+        tuner = Tuner.restore(path, trainable=sweep_trainable(spec, 3), resume_unfinished=True)
     else:
         tuner = _tuner(spec, name, configs)
     return run(tuner, spec)
@@ -172,7 +174,7 @@ def reference_id(sweep_dir: str) -> str | None:
 def run_study(spec: BranchSpec, resume: bool = False) -> tuple[str, list]:
     """Both phases through Ray Tune. Returns (reference trial id, the branches' ResultGrid)."""
     from analysis import metrics as M
-    from orchestrator.sweep import ray_cpus
+    from orchestrator.resources import ray_cpus
     from orchestrator.tables import RunsTables
     from trainables.trial import ensure_ray
 

@@ -211,7 +211,9 @@ def _int_list(v: Any, where: str, minimum: int) -> list[int]:
 
 
 def parse_branch_spec(data: dict, *, sweep_dir: str | None = None, source: str = "spec") -> BranchSpec:
-    """Validate a branched-study spec; every mistake raises one UserError line naming the key and the fix."""
+    """Validate a branched-study spec; every mistake raises one UserError line naming the key and the fix. The
+    sections are read in this order (the first mistake is the one named): top level, reference, branches,
+    analysis, stopping, where it is stored and tracked, the reference's checkpoints, its resources."""
     _keys(data, TOP_KEYS, "")
     if data.get("kind") != KIND:
         raise UserError(f"{source}: kind must be {KIND!r} for bcrit branch (a sweep spec goes to bcrit sweep)")
@@ -227,8 +229,37 @@ def parse_branch_spec(data: dict, *, sweep_dir: str | None = None, source: str =
             raise UserError(f"fixed.{key} is set by the branched study (reference/branches sections); remove it")
     if "seeds" in fixed:
         raise UserError("fixed.seeds: a branched study takes reference.seed and branches.seeds; remove it")
+    reference = _parse_reference(ref)
+    branches = _parse_branches(br, reference["b0"], workload)
+    analysis = _parse_analysis(an)
+    div = stop.get("divergence_factor")
+    div = None if div is None else _number(div, "stopping.divergence_factor")
+    name = name.strip()
+    where = _parse_where(data, track, name, sweep_dir)
+    checkpoints = _check_checkpoints(reference.pop("checkpoints"), branches["points"], workload)
+    return BranchSpec(
+        name=name,
+        workload=workload,
+        **reference,
+        checkpoints=checkpoints,
+        use_gpu=_bool(ref.get("use_gpu", False), "reference.use_gpu"),
+        cpus_per_worker=_pos_int(ref.get("cpus_per_worker", 1), "reference.cpus_per_worker"),
+        **branches,
+        **analysis,
+        fixed=fixed,
+        divergence_factor=div,
+        **where,
+        raw={
+            **data,
+            "name": name,
+            "storage": where["sweep_dir"],
+            "tracking": {"mlflow_uri": where["mlflow_uri"], "experiment": where["experiment"]},
+        },
+    )
 
-    # the reference
+
+def _parse_reference(ref: dict) -> dict[str, Any]:
+    """The ``reference`` section: B0, its learning rate, seed and split, and a directory of kept checkpoints."""
     b0 = _pos_int(ref.get("batch_size"), "reference.batch_size")
     lr0 = _number(ref.get("lr"), "reference.lr")
     ref_seed = _pos_int(ref.get("seed", 0), "reference.seed", minimum=0)
@@ -238,8 +269,12 @@ def parse_branch_spec(data: dict, *, sweep_dir: str | None = None, source: str =
     checkpoints = ref.get("checkpoints")
     if checkpoints is not None and not isinstance(checkpoints, str):
         raise UserError("reference.checkpoints must be a directory of kept checkpoints (step<N>/ inside)")
+    return {"b0": b0, "lr0": lr0, "ref_seed": ref_seed, "ref_split": ref_split, "checkpoints": checkpoints}
 
-    # the branches
+
+def _parse_branches(br: dict, b0: int, workload: str) -> dict[str, Any]:
+    """The ``branches`` section: points, multipliers k (1 added), how k x B0 is reached, the lr rule, the examples
+    each branch trains and its evaluations (the same example counts for every k), seeds."""
     points = _int_list(br.get("points"), "branches.points", minimum=1)
     raw_k = br.get("multipliers")
     if not isinstance(raw_k, list) or not raw_k:
@@ -266,8 +301,19 @@ def parse_branch_spec(data: dict, *, sweep_dir: str | None = None, source: str =
                 "(every branch evaluates at the same example counts); change examples, evals or multipliers"
             )
     seeds = _int_list(br.get("seeds", [0]), "branches.seeds", minimum=0)
+    return {
+        "points": tuple(points),
+        "multipliers": tuple(ks),
+        "lr_rule": lr_rule,
+        "delta": delta,
+        "evals": evals,
+        "seeds": tuple(seeds),
+        "scale_by": scale_by,
+    }
 
-    # the analysis
+
+def _parse_analysis(an: dict) -> dict[str, Any]:
+    """The ``analysis`` section: the loss tolerances epsilon, what a branch is compared with, the smoothing window."""
     eps = an.get("epsilons", [0.01, 0.02, 0.05])
     eps = [eps] if isinstance(eps, (int, float)) and not isinstance(eps, bool) else eps
     if not isinstance(eps, list) or not eps:
@@ -281,10 +327,11 @@ def parse_branch_spec(data: dict, *, sweep_dir: str | None = None, source: str =
     window = _number(an.get("window", 0.0), "analysis.window", positive=False)
     if not 0 <= window < 1:
         raise UserError(f"analysis.window must be in [0, 1) (a fraction of branches.examples), got {window}")
-    div = stop.get("divergence_factor")
-    div = None if div is None else _number(div, "stopping.divergence_factor")
+    return {"epsilons": tuple(eps), "compare": compare, "window": window}
 
-    name = name.strip()
+
+def _parse_where(data: dict, track: dict, name: str, sweep_dir: str | None) -> dict[str, str]:
+    """Where the study is stored (``storage``, default runs/<name>) and tracked (MLflow URI and experiment)."""
     storage = data.get("storage") or os.path.join("runs", name)
     if not isinstance(storage, str):
         raise UserError("storage must be a directory path, e.g. storage: ./runs/branched-tiny")
@@ -293,50 +340,30 @@ def parse_branch_spec(data: dict, *, sweep_dir: str | None = None, source: str =
     experiment = track.get("experiment") or "bcrit"
     if not isinstance(experiment, str):
         raise UserError("tracking.experiment must be a string (an MLflow experiment name)")
-    if checkpoints is not None:
-        checkpoints = os.path.abspath(checkpoints)
-        missing = [p for p in points if not os.path.isdir(branch_checkpoint(checkpoints, p))]
-        if missing:
-            raise UserError(
-                f"reference.checkpoints {checkpoints!r} has no checkpoint for branch point(s) {missing}; "
-                "branch only from kept steps"
-            )
-        if workload == "dit":
-            _check_data_only(checkpoints, points)
-    return BranchSpec(
-        name=name,
-        workload=workload,
-        b0=b0,
-        ref_split=ref_split,
-        lr0=lr0,
-        ref_seed=ref_seed,
-        checkpoints=checkpoints,
-        use_gpu=_bool(ref.get("use_gpu", False), "reference.use_gpu"),
-        cpus_per_worker=_pos_int(ref.get("cpus_per_worker", 1), "reference.cpus_per_worker"),
-        points=tuple(points),
-        multipliers=tuple(ks),
-        lr_rule=lr_rule,
-        delta=delta,
-        evals=evals,
-        seeds=tuple(seeds),
-        scale_by=scale_by,
-        epsilons=tuple(eps),
-        compare=compare,
-        window=window,
-        fixed=fixed,
-        divergence_factor=div,
-        mlflow_uri=uri,
-        experiment=experiment,
-        sweep_dir=sweep_dir,
-        raw={**data, "name": name, "storage": sweep_dir, "tracking": {"mlflow_uri": uri, "experiment": experiment}},
-    )
+    return {"mlflow_uri": uri, "experiment": experiment, "sweep_dir": sweep_dir}
+
+
+def _check_checkpoints(checkpoints: str | None, points: tuple[int, ...], workload: str) -> str | None:
+    """``reference.checkpoints`` as an absolute path holding a checkpoint at every branch point (None: none)."""
+    if checkpoints is None:
+        return None
+    checkpoints = os.path.abspath(checkpoints)
+    missing = [p for p in points if not os.path.isdir(branch_checkpoint(checkpoints, p))]
+    if missing:
+        raise UserError(
+            f"reference.checkpoints {checkpoints!r} has no checkpoint for branch point(s) {missing}; "
+            "branch only from kept steps"
+        )
+    if workload == "dit":
+        _check_data_only(checkpoints, points)
+    return checkpoints
 
 
 # --- validation of the trial configs (before anything runs) ------------------------------------------------------
 def check_branch_spec(spec: BranchSpec, resources: dict | None = None) -> tuple[dict, list[dict]]:
     """Every trial config through its config class and the workload's check; the reference's cadence against the
     branch points. Returns (reference config, branch configs with a placeholder parent). Raises UserError."""
-    from orchestrator.sweep import check_storage, check_tracking
+    from orchestrator.sweep_checks import check_storage, check_tracking
     from orchestrator.tune_trainable import get_workload
     from trainables.config import ConfigError
 

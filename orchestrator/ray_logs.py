@@ -1,4 +1,5 @@
-"""Known-harmless Ray log lines kept out of a sweep's terminal (``--verbose`` keeps them).
+"""What a sweep driver's terminal leaves out (``--verbose`` keeps it all): known-harmless Ray log lines
+(`filter_driver_logs`), and Tune's own boxes, INFO logs and slow-callback warnings (`quiet_driver_logs`).
 
 Ray forwards every worker's stderr to the driver. Ray Train 2.60's controller logs one C++ error line per
 ``TorchTrainer`` it starts -- ``core_worker.cc:... Actor with class name: 'PreemptionWatcher' ... has constructor
@@ -12,6 +13,8 @@ named ``ray_print_logs`` on its stream dispatcher (workers' logs) and ``ray._pri
 
 from __future__ import annotations
 
+import logging
+import os
 import re
 
 # one pattern per known-harmless line, with the Ray issue that explains it
@@ -68,3 +71,34 @@ def filter_driver_logs() -> bool:
             if name == "ray_print_logs":
                 return True
     return False
+
+
+# --- Tune's and the Python loggers' output of the driver ------------------------------------------------------
+QUIET_LOGGERS = (
+    "ray.tune",  # "Wrote the latest version of all result files ..." and other per-sweep INFO lines
+    "ray.train",
+    "mlflow.store.db.utils",  # "Creating initial MLflow database tables..."
+    "alembic",
+)
+
+
+class _DropSlowWarnings:
+    """Tune's "The `callbacks.on_trial_result` operation took 0.5 s, which may be a performance bottleneck": our
+    own driver-side writers (MLflow on SQLite, Parquet parts) on a busy machine; nothing a user can act on."""
+
+    def filter(self, record) -> bool:
+        return "performance bottleneck" not in record.getMessage()
+
+
+_DROP_SLOW = _DropSlowWarnings()
+
+
+def quiet_driver_logs(verbose: bool) -> None:
+    """The driver's output without ``--verbose``: none of Tune's boxes and tables (Ray 2.60's new output prints its
+    experiment box even at ``verbose=0`` and ignores a ``progress_reporter``: the classic output at verbosity 0
+    prints nothing), no INFO logs of Tune, Train and MLflow's store set-up, no slow-callback warnings."""
+    os.environ["RAY_AIR_NEW_OUTPUT"] = "1" if verbose else "0"  # read by Tune when fit() starts
+    for name in QUIET_LOGGERS:
+        logging.getLogger(name).setLevel(logging.INFO if verbose else logging.WARNING)
+    slow = logging.getLogger("ray.tune.utils.util")
+    (slow.addFilter if not verbose else slow.removeFilter)(_DROP_SLOW)

@@ -23,7 +23,7 @@ def register(sub) -> None:
 def run(args) -> int:
     from orchestrator.overrides import UserError
     from orchestrator.spec import load_spec
-    from orchestrator.sweep import restore_spec
+    from orchestrator.sweep_state import restore_spec
 
     if os.path.isdir(args.spec):
         if not args.resume:
@@ -49,7 +49,7 @@ def plan_start(spec, resume: bool) -> bool:
     killed before Tune's first state file is started again from scratch (its leftovers cleared); a fresh start
     is refused only for a directory holding a restorable sweep or results of an earlier one."""
     from orchestrator.overrides import UserError
-    from orchestrator.sweep import (
+    from orchestrator.sweep_state import (
         NO_SWEEP,
         RESTORABLE,
         UNSTARTED,
@@ -108,7 +108,9 @@ def gns_note(configs: list[dict]) -> str | None:
 
 
 def _run(spec, resume: bool, verbose: bool = False) -> int:
-    from orchestrator.sweep import build_tuner, check_spec, local_resources, restore_tuner, run, start_ray
+    from orchestrator.resources import local_resources, start_ray
+    from orchestrator.sweep_checks import check_spec
+    from orchestrator.tuner import build_tuner, restore_tuner, run
 
     # validate before anything starts: against the local Ray we would start, or the cluster at RAY_ADDRESS
     configs = check_spec(spec, None if os.environ.get("RAY_ADDRESS") else local_resources(spec))

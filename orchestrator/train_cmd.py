@@ -65,7 +65,7 @@ def train_command(args) -> int:
         check_trial(cfg)
     except (ConfigError, TypeError) as e:
         raise UserError(str(e)) from None
-    from orchestrator.sweep import check_storage
+    from orchestrator.sweep_checks import check_storage
 
     name = args.name or time.strftime("train-%Y%m%d-%H%M%S")
     if not name.strip() or "/" in name or name in (".", ".."):

@@ -76,7 +76,7 @@ KILL_ON_CONDITION = textwrap.dedent(
     """
     import os, pathlib, signal, sys
     from ray.tune import Callback
-    import orchestrator.sweep
+    import orchestrator.tuner
     from orchestrator.cli import main
 
     spec_path, parts, needed, mark = sys.argv[1], sys.argv[2], int(sys.argv[3]), sys.argv[4]
@@ -96,8 +96,8 @@ KILL_ON_CONDITION = textwrap.dedent(
                 pathlib.Path(mark).touch()
                 os.killpg(os.getpgrp(), signal.SIGKILL)
 
-    bcrit_callbacks = orchestrator.sweep.callbacks
-    orchestrator.sweep.callbacks = lambda spec, *a, **kw: [*bcrit_callbacks(spec, *a, **kw), KillOnCondition()]
+    bcrit_callbacks = orchestrator.tuner.callbacks
+    orchestrator.tuner.callbacks = lambda spec, *a, **kw: [*bcrit_callbacks(spec, *a, **kw), KillOnCondition()]
     sys.exit(main(["sweep", spec_path]))
     """
 )

@@ -56,14 +56,15 @@ def tripwires(monkeypatch):
     def launched(*a, **k):
         raise AssertionError("compute was launched for a bad input")
 
-    import orchestrator.sweep
+    import orchestrator.resources
+    import orchestrator.tuner
     import trainables.trial
 
     monkeypatch.setattr(trainables.trial, "run_trial", launched)
     monkeypatch.setattr(trainables.trial, "build_trainer", launched)
     monkeypatch.setattr(trainables.trial, "ensure_ray", launched)
-    monkeypatch.setattr(orchestrator.sweep, "start_ray", launched)
-    monkeypatch.setattr(orchestrator.sweep, "build_tuner", launched)
+    monkeypatch.setattr(orchestrator.resources, "start_ray", launched)
+    monkeypatch.setattr(orchestrator.tuner, "build_tuner", launched)
 
 
 def one_line_exit_2(capsys, argv: list[str], command: str) -> str:

@@ -136,12 +136,12 @@ class Launched(Exception):
 
 @pytest.fixture
 def launch_trap(monkeypatch):
-    import orchestrator.sweep
+    import orchestrator.resources
 
     def trap(*a, **k):
         raise Launched
 
-    monkeypatch.setattr(orchestrator.sweep, "start_ray", trap)
+    monkeypatch.setattr(orchestrator.resources, "start_ray", trap)
 
 
 def sweep_dir_with(tmp_path, *, state: str, results: bool = False, child: bool = False):

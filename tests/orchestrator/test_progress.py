@@ -142,7 +142,7 @@ def test_verbose_switches_tunes_own_output_and_logs(monkeypatch):
     import logging
 
     from orchestrator.cli import build_parser
-    from orchestrator.sweep import quiet_driver_logs
+    from orchestrator.ray_logs import quiet_driver_logs
 
     monkeypatch.delenv("RAY_AIR_NEW_OUTPUT", raising=False)
     slow = logging.LogRecord("ray.tune.utils.util", logging.WARNING, "", 0, "x took 0.6 s, which may be a "

@@ -14,61 +14,22 @@ from __future__ import annotations
 
 import os
 import sys
-from dataclasses import dataclass
 from importlib import resources
 
 import numpy as np
-import torch
 
-from trainables.exc_chain import exception_in_chain
+from trainables.data.base import (
+    FOLDER_CLASSES,
+    Dataset,
+    DatasetError,
+    DatasetInfo,
+    latent_files,
+    read_label,
+    read_latent,
+)
+from trainables.data.latent_store import is_store, open_store
 
 DIGITS_SPLIT_SEED = 20181214  # fixed: the held-out set must not move with the trial seed
-LATENT_SHAPE = (1, 4, 32, 32)
-
-
-class DatasetError(ValueError):
-    """A dataset that is missing or malformed; one line naming the problem and the fix."""
-
-
-def dataset_error_in(exc: BaseException) -> DatasetError | None:
-    """The `DatasetError` behind ``exc``, if any (`trainables.exc_chain`: chained or inside Ray Train's wrappers of
-    a worker's exception), so a bad file met by a worker mid-training still reaches the user as its one line."""
-    return exception_in_chain(exc, DatasetError)
-
-
-@dataclass(frozen=True)
-class DatasetInfo:
-    name: str
-    train_size: int
-    eval_size: int
-    channels: int
-    image_size: int
-    num_classes: int
-
-
-class Dataset:
-    """Train and held-out examples addressed by integer index; ``get`` loads only what is asked for.
-
-    ``storage`` is the dtype examples are stored in (``float32``, ``float16`` or ``bfloat16``): ``gather`` returns
-    them in it (fewer bytes to copy to the device, cast there), ``get`` as float32."""
-
-    def __init__(self, info: DatasetInfo, loader, storage: str = "float32"):
-        self.info = info
-        self.storage = storage
-        self._loader = loader  # (split, np.ndarray[int]) -> (x [n,C,H,W] in storage dtype, y int64 [n])
-
-    def gather(self, indices: np.ndarray, split: str = "train") -> tuple[torch.Tensor, torch.Tensor]:
-        """``(x (n, C, H, W) in the storage dtype, y (n,) int64)`` as CPU tensors."""
-        x, y = self._loader(split, np.asarray(indices, dtype=np.int64))
-        x = torch.from_numpy(np.ascontiguousarray(x))
-        if self.storage == "bfloat16":
-            x = x.view(torch.bfloat16)  # stored as the raw uint16 bits (numpy has no bfloat16)
-        return x, torch.from_numpy(np.ascontiguousarray(y))
-
-    def get(self, indices: np.ndarray, split: str = "train") -> tuple[torch.Tensor, torch.Tensor]:
-        """``(x (n, C, H, W) float32, y (n,) int64)`` as CPU tensors."""
-        x, y = self.gather(indices, split)
-        return x.float(), y
 
 
 def _digits(eval_size: int) -> Dataset:
@@ -90,60 +51,12 @@ def _digits(eval_size: int) -> Dataset:
     return Dataset(info, load)
 
 
-def _latent_files(root: str) -> tuple[list[str], list[str]]:
-    fdir, ldir = os.path.join(root, "imagenet256_features"), os.path.join(root, "imagenet256_labels")
-    for d in (fdir, ldir):
-        if not os.path.isdir(d):
-            raise DatasetError(
-                f"latent folder {root!r} has no {os.path.basename(d)}/; run fast-DiT's extract_features.py"
-            )
-    feats = sorted(f for f in os.listdir(fdir) if f.endswith(".npy"))
-    labs = sorted(f for f in os.listdir(ldir) if f.endswith(".npy"))
-    if not feats:
-        raise DatasetError(f"{fdir} holds no .npy files")
-    if len(feats) != len(labs):
-        raise DatasetError(f"{root}: {len(feats)} feature files but {len(labs)} label files; they must pair up")
-    return [os.path.join(fdir, f) for f in feats], [os.path.join(ldir, f) for f in labs]
-
-
-def _check_array(path: str, arr: np.ndarray, shape: tuple, dtype) -> None:
-    if arr.shape != shape or arr.dtype != dtype:
-        raise DatasetError(
-            f"{path}: shape {arr.shape} dtype {arr.dtype}, expected {shape} {np.dtype(dtype)} (fast-DiT latents); "
-            "replace or remove the file"
-        )
-
-
-def read_latent(path: str) -> np.ndarray:
-    """One fast-DiT feature file, checked: float32 ``(1, 4, 32, 32)``, else one `DatasetError` line naming it."""
-    try:
-        arr = np.load(path)
-    except (OSError, ValueError, EOFError) as e:
-        raise DatasetError(f"{path}: not a readable .npy file ({e}); replace or remove it") from None
-    _check_array(path, arr, LATENT_SHAPE, np.float32)
-    return arr
-
-
-def read_label(path: str, num_classes: int) -> int:
-    """One fast-DiT label file, checked: int64 ``(1,)`` in ``0..num_classes-1``, else one line naming it."""
-    try:
-        arr = np.load(path)
-    except (OSError, ValueError, EOFError) as e:
-        raise DatasetError(f"{path}: not a readable .npy file ({e}); replace or remove it") from None
-    _check_array(path, arr, (1,), np.int64)
-    label = int(arr[0])
-    if not 0 <= label < num_classes:
-        raise DatasetError(f"{path}: label {label} is outside 0..{num_classes - 1} (ImageNet classes)")
-    return label
-
-
 SPOT_CHECKS = 16  # files checked when a folder is opened, evenly spaced (a full scan of 1.28M files takes minutes)
-FOLDER_CLASSES = 1000  # fast-DiT ImageNet labels
 _hinted: set[str] = set()
 
 
 def _latents(root: str, eval_size: int) -> Dataset:
-    feats, labs = _latent_files(root)
+    feats, labs = latent_files(root)
     if not 0 < eval_size < len(feats):
         raise DatasetError(f"eval_size must be in 1..{len(feats) - 1} for {root} ({len(feats)} files), got {eval_size}")
     for i in sorted(set(np.linspace(0, len(feats) - 1, SPOT_CHECKS).astype(int).tolist())):
@@ -177,8 +90,6 @@ def load_dataset(name: str, eval_size: int) -> Dataset:
         raise DatasetError(
             f"dataset {name!r} not found: use 'digits', a packed latent store or a fast-DiT latent folder"
         )
-    from trainables.data.latent_store import is_store, open_store
-
     if is_store(name):
         return open_store(name, eval_size)
     return _latents(name, eval_size)

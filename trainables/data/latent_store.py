@@ -21,13 +21,13 @@ from collections.abc import Callable
 
 import numpy as np
 
-from trainables.data.datasets import (
+from trainables.data.base import (
     FOLDER_CLASSES,
     LATENT_SHAPE,
     Dataset,
     DatasetError,
     DatasetInfo,
-    _latent_files,
+    latent_files,
     read_label,
     read_latent,
 )
@@ -98,7 +98,7 @@ def pack(
         raise DatasetError(f"storage dtype {dtype!r} unknown; choose one of {list(STORAGE)}")
     if num_classes < 1:
         raise DatasetError(f"num_classes must be >= 1, got {num_classes}")
-    feats, labs = _latent_files(folder)
+    feats, labs = latent_files(folder)
     for f, lab in zip(feats, labs, strict=True):
         if os.path.basename(f) != os.path.basename(lab):
             raise DatasetError(f"{f} has no label file of the same name (found {lab}); the folders must pair up")

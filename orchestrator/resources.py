@@ -1,0 +1,76 @@
+"""What a sweep's trials hold and need in Ray (Ray Train V2), and the local Ray sized for them.
+
+A trial with workers takes one CPU for its Tune driver; its workers get their own placement group from Train, so
+the trial's own request must not include them (they would be reserved twice). `max_concurrent` keeps room for the
+largest trial's workers next to the running drivers.
+"""
+
+from __future__ import annotations
+
+import math
+import os
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    from orchestrator.spec import SweepSpec
+
+
+def trial_bundle(cfg: dict) -> dict[str, float]:
+    """What the Tune trial itself holds: its driver (1 CPU), or the whole in-process worker."""
+    if int(cfg.get("num_workers", 0)) == 0:
+        return {"CPU": float(cfg.get("cpus_per_worker", 1)), **({"GPU": 1.0} if cfg.get("use_gpu") else {})}
+    return {"CPU": 1.0}
+
+
+def trial_need(cfg: dict) -> dict[str, float]:
+    """Everything a trial uses while it runs (driver + Train workers)."""
+    w = int(cfg.get("num_workers", 0))
+    if w == 0:
+        return trial_bundle(cfg)
+    need = {"CPU": 1.0 + w * float(cfg.get("cpus_per_worker", 1))}
+    if cfg.get("use_gpu"):
+        need["GPU"] = float(w)
+    return need
+
+
+def max_concurrent(configs: list[dict], resources: dict) -> int:
+    """Trials that can run at once without a worker group waiting on drivers: total / largest need."""
+    worst = 1 << 30
+    for kind in ("CPU", "GPU"):
+        need = max((trial_need(c).get(kind, 0.0) for c in configs), default=0.0)
+        if need:
+            worst = min(worst, math.floor(resources.get(kind, 0.0) / need))
+    return max(1, worst)
+
+
+def local_cpus(spec: SweepSpec | None = None) -> int:
+    """Logical CPUs of the embedded local Ray: this machine's cores over-subscribed twice (each Tune driver takes
+    a CPU besides its workers; REFERENCE.md), at least 4. Not grown to fit the spec: a trial larger than the
+    machine is refused by `check_spec` (say what the machine has), not run at a crawl."""
+    return max(4, 2 * (os.cpu_count() or 1))
+
+
+def ray_cpus(configs: list[dict]) -> int:
+    """Logical CPUs for an embedded local Ray that runs these trials two at a time (`max_concurrent`): twice the
+    largest trial's need, at least twice this machine's cores. On 2 cores a sweep with a 2-worker trial (1 driver +
+    2 workers) gets 6, so two trials run at once -- one per core -- instead of one after the other."""
+    biggest = max((trial_need(c)["CPU"] for c in configs), default=1.0)
+    return int(max(2 * (os.cpu_count() or 1), 2 * biggest))
+
+
+def local_resources(spec: SweepSpec) -> dict[str, float]:
+    """What the embedded local Ray of `start_ray` will hold (to validate before starting it)."""
+    import torch
+
+    return {"CPU": float(local_cpus(spec)), "GPU": float(torch.cuda.device_count())}
+
+
+def start_ray(spec: SweepSpec, verbose: bool = False) -> None:
+    """``RAY_ADDRESS`` if set, else a local Ray sized for the spec (trainables.trial.ensure_ray); without
+    ``verbose``, Ray's known-harmless log lines are kept out of the terminal (orchestrator.ray_logs)."""
+    from orchestrator.ray_logs import filter_driver_logs
+    from trainables.trial import ensure_ray
+
+    ensure_ray(num_cpus=max(local_cpus(spec), ray_cpus(spec.trial_configs())), quiet=not verbose)
+    if not verbose:
+        filter_driver_logs()

@@ -1,0 +1,83 @@
+"""A sweep checked before anything launches: every trial config against the resources it will get, the storage
+directory, the MLflow tracking URI. Each mistake is one `UserError` line naming the fix."""
+
+from __future__ import annotations
+
+import os
+from typing import Any
+
+from orchestrator.overrides import UserError
+from orchestrator.resources import trial_need
+from orchestrator.spec import SweepSpec
+from orchestrator.tune_trainable import get_workload
+
+
+def check_storage(sweep_dir: str, what: str = "storage") -> None:
+    """The directory exists (created) and takes files; else one UserError line."""
+    if os.path.exists(sweep_dir) and not os.path.isdir(sweep_dir):
+        raise UserError(f"{what} {sweep_dir!r} is a file, not a directory; choose another storage path")
+    try:
+        os.makedirs(sweep_dir, exist_ok=True)
+        probe = os.path.join(sweep_dir, f".bcrit-write-test-{os.getpid()}")
+        with open(probe, "w") as f:
+            f.write("ok")
+        os.remove(probe)
+    except OSError as e:
+        raise UserError(f"{what} {sweep_dir!r} is not writable ({e.strerror}); choose another storage path") from None
+
+
+def check_tracking(uri: str) -> None:
+    """The tracking URI must be usable now: a SQLite file we can create, or a server that answers within seconds."""
+    from analysis.mlflow_uri import TrackingUriError, check_tracking_uri
+
+    try:
+        check_tracking_uri(uri, create=True, what="tracking.mlflow_uri")
+    except TrackingUriError as e:
+        raise UserError(f"{e} (or unset tracking.mlflow_uri to use the embedded SQLite store)") from None
+
+
+def check_spec(spec: SweepSpec, resources: dict | None = None) -> list[dict[str, Any]]:
+    """Validate everything before launch: each trial config (``from_dict`` + the workload's check against
+    ``resources``, default ``ray.cluster_resources()``), storage and tracking. Returns the trial-config dicts
+    (normalised by the config class). Raises UserError; nothing is launched."""
+    check_storage(spec.sweep_dir)
+    check_tracking(spec.mlflow_uri)
+    if resources is None:
+        import ray
+
+        resources = ray.cluster_resources()
+        where = f"the Ray cluster ({int(resources.get('CPU', 0))} CPUs, {int(resources.get('GPU', 0))} GPUs)"
+    else:
+        where = (
+            f"this machine ({os.cpu_count() or 1} cores, over-subscribed to {int(resources.get('CPU', 0))} logical "
+            f"CPUs, {int(resources.get('GPU', 0))} GPUs)"
+        )
+    w = get_workload(spec.workload)
+    from trainables.config import ConfigError
+
+    out, checked = [], set()
+    for raw in spec.trial_configs():
+        trial = f"trial B={raw['batch_size']} split {raw['micro_batch_size']}x{raw['grad_accum']}x{raw['num_workers']}"
+        try:
+            cfg = w.config_cls.from_dict(raw)
+        except (ConfigError, TypeError) as e:
+            raise UserError(f"{trial}: {e}") from None
+        need = trial_need(cfg.to_dict())
+        for kind, n in need.items():
+            if n > resources.get(kind, 0.0):
+                raise UserError(
+                    f"{trial} needs {n:g} {kind}s (1 Tune driver + {cfg.num_workers} workers x {cfg.cpus_per_worker})"
+                    f" but {where} has {resources.get(kind, 0.0):g}; lower num_workers or cpus_per_worker, or set "
+                    "RAY_ADDRESS to a bigger cluster"
+                    if kind == "CPU" and cfg.num_workers
+                    else f"{trial} needs {n:g} {kind}s but {where} has {resources.get(kind, 0.0):g}; lower its needs"
+                )
+        key = tuple(sorted((k, str(v)) for k, v in cfg.to_dict().items() if k not in ("lr", "seed")))
+        if key not in checked:
+            try:
+                w.check(cfg, resources)
+            except (ConfigError, TypeError) as e:
+                raise UserError(f"{trial}: {e}") from None
+            checked.add(key)
+        out.append(cfg.to_dict())
+    return out

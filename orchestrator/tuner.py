@@ -1,0 +1,121 @@
+"""The Ray Tune ``Tuner`` of a sweep: its trainable and resources, its search, bcrit's driver-side callbacks; a
+sweep restored with ``Tuner.restore``; ``run``, which leaves no MLflow run RUNNING when the fit is interrupted."""
+
+from __future__ import annotations
+
+import os
+
+from orchestrator.overrides import UserError
+from orchestrator.ray_logs import quiet_driver_logs
+from orchestrator.resources import max_concurrent, trial_bundle
+from orchestrator.spec import SPEC_FILE, SweepSpec
+from orchestrator.sweep_checks import check_spec
+from orchestrator.sweep_state import TUNE_DIR, can_restore
+from orchestrator.tune_trainable import make_trainable
+
+
+def sweep_trainable(spec: SweepSpec, worker_failures: int, verbose: bool = False):
+    """The workload's Tune function trainable, holding what `trial_bundle` says (its Train workers hold their own)."""
+    from ray import tune
+    from ray.tune.execution.placement_groups import PlacementGroupFactory
+
+    fn = make_trainable(spec.workload, spec.sweep_dir, worker_failures, verbose=verbose)
+    return tune.with_resources(fn, lambda config: PlacementGroupFactory([trial_bundle(config["trial"])]))
+
+
+def callbacks(spec: SweepSpec, verbose: bool = False, total: int | None = None) -> list:
+    """The driver-side callbacks every bcrit sweep needs: MLflow tracking, the Parquet tables, the terminal
+    (event lines; the live bar unless ``verbose``); fault injection for tests (orchestrator.faults)."""
+    from orchestrator.faults import fault_callbacks
+    from orchestrator.progress import SweepProgress
+    from orchestrator.tables import TablesCallback
+    from orchestrator.tracking import MLflowTracking
+
+    tracking = MLflowTracking(spec.mlflow_uri, spec.experiment, spec.name, spec.sweep_dir, spec.to_yaml())
+    return [
+        *fault_callbacks(),
+        tracking,
+        TablesCallback(spec.sweep_dir),
+        SweepProgress(spec.num_trials() if total is None else total, live=not verbose),
+    ]
+
+
+def build_tuner(
+    spec: SweepSpec,
+    *,
+    configs: list[dict] | None = None,
+    worker_failures: int = 3,
+    trial_retries: int = 2,
+    extra_callbacks: list | tuple = (),
+    verbose: bool = False,
+):
+    """A ``Tuner`` for the spec (saves the resolved spec in the sweep dir, where ``restore_tuner`` reads it).
+    ``extra_callbacks``: your own Tune callbacks, after bcrit's (tracking, tables, terminal); they still see each
+    result's ``rows``, which a last callback then drops (orchestrator.progress.StripRows). ``verbose``: Tune's
+    own tables and Ray Train's INFO logs instead of bcrit's progress bar."""
+    import ray
+    from ray import tune
+
+    from orchestrator.progress import StripRows
+
+    configs = configs if configs is not None else check_spec(spec)
+    with open(os.path.join(spec.sweep_dir, SPEC_FILE), "w") as f:
+        f.write(spec.to_yaml())
+    if spec.search == "grid":
+        param_space, search_alg, num_samples = {"trial": tune.grid_search(configs)}, None, 1
+    else:  # one TPE study per (batch size, split, seed) group; its quota of trials each (orchestrator.search)
+        from orchestrator.search import GroupedOptunaSearch
+
+        search_alg = GroupedOptunaSearch.from_spec(spec)
+        param_space, num_samples = {}, search_alg.total_trials
+    quiet_driver_logs(verbose)
+    return tune.Tuner(
+        sweep_trainable(spec, worker_failures, verbose),
+        param_space=param_space,
+        tune_config=tune.TuneConfig(
+            search_alg=search_alg,
+            num_samples=num_samples,
+            max_concurrent_trials=max_concurrent(configs, ray.cluster_resources()),
+            trial_dirname_creator=lambda t: t.trial_id,
+            reuse_actors=True,  # in-process trials skip the actor start and torch import
+        ),
+        run_config=tune.RunConfig(
+            name=TUNE_DIR,
+            storage_path=spec.sweep_dir,
+            callbacks=[*callbacks(spec, verbose), *extra_callbacks, StripRows()],
+            failure_config=tune.FailureConfig(max_failures=trial_retries),
+            verbose=1 if verbose else 0,  # 0: none of Tune's boxes (Ray 2.60's output ignores progress_reporter)
+        ),
+    )
+
+
+def restore_tuner(spec: SweepSpec, worker_failures: int = 3, verbose: bool = False):
+    """``Tuner.restore`` of the sweep: finished trials stay finished, unfinished ones resume from checkpoints.
+    (The run config, callbacks included, is the one the sweep was started with: ``verbose`` sets the trainable
+    and the driver's logs.)"""
+    from ray.tune import Tuner
+
+    path = os.path.join(spec.sweep_dir, TUNE_DIR)
+    if not can_restore(spec.sweep_dir):
+        raise UserError(f"{spec.sweep_dir}: no interrupted sweep to resume; run it without --resume")
+    quiet_driver_logs(verbose)
+    return Tuner.restore(path, trainable=sweep_trainable(spec, worker_failures, verbose), resume_unfinished=True)
+
+
+def run(tuner, spec: SweepSpec):
+    """Fit the tuner; on any interruption every MLflow run this driver opened is ended (KILLED), none RUNNING."""
+    from orchestrator.tracking import MLflowTracking
+
+    try:
+        return tuner.fit()
+    except BaseException:
+        for cb in _tuner_callbacks(tuner):
+            if isinstance(cb, MLflowTracking):
+                cb.close("KILLED")
+        raise
+
+
+def _tuner_callbacks(tuner) -> list:
+    internal = getattr(tuner, "_local_tuner", None)
+    rc = getattr(internal, "_run_config", None) if internal else None
+    return list(getattr(rc, "callbacks", None) or [])
