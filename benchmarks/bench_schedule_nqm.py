@@ -10,10 +10,11 @@ sweep's fits, analysis.schedule), measured (the trials' own steps and ``examples
         --set 'fixed.batch_schedule=<the proposal>'
     python benchmarks/bench_schedule_nqm.py runs/schedule-quadratic runs/schedule-quadratic-proposed
 
-Measured: per setting (batch size or schedule, lr) the mean over seeds of the steps and examples to the last
-segment's target (interpolated in the rows, analysis.schedule.measured_to_target), then the setting with the fewest
-mean steps. The proposed sweep's schedule is read from its spec (``fixed.batch_schedule``), its stage-0 lr is its
-best one. Exact: the expected loss of the same trial settings (problem from the spec's ``fixed`` keys).
+On another workload (the DiT) the exact columns are ``nan``; ``--plan 16,16,...,64`` predicts a plan other than
+the proposal (a point of ``analysis.schedule.pareto_front``). Measured: per setting (batch size or schedule, lr)
+the mean over seeds of the steps and examples to the last segment's target (interpolated in the rows,
+analysis.schedule.measured_to_target), then the setting with the fewest mean steps. The schedule is read from the
+second sweep's spec (``fixed.batch_schedule``), its stage-0 lr is its best one.
 """
 
 from __future__ import annotations
@@ -29,7 +30,7 @@ import yaml
 from analysis import metrics as M
 from analysis.loaders import load_sweep_dir
 from analysis.nqm_schedule import expected_to_target_staged
-from analysis.schedule import measured_to_target, propose, segments_of
+from analysis.schedule import measured_to_target, plan, propose, segments_of
 from analysis.stages import BatchStages
 from orchestrator.schedule_cmd import tuned_lrs
 from trainables.nqm_trial import QuadraticConfig
@@ -58,57 +59,74 @@ def best_measured(sweep: str, target: float) -> dict[int, tuple[float, float, fl
     return best
 
 
+def exact_fn(spec: dict, target: float):
+    """``(stages, lrs) -> (steps, examples)`` of the NQM's expected loss; None for another workload."""
+    if spec.get("workload") != "quadratic":
+        return None
+    fixed = {k: v for k, v in spec["fixed"].items() if k in ("dim", "h_decay", "noise_scale", "theta0")}
+    h, c, theta0 = QuadraticConfig(**fixed).problem()
+    return lambda stages, lrs: expected_to_target_staged(h, c, theta0**2, stages, lrs, target, 100_000)
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("constants", help="the constant-batch sweep, analysed (bcrit analyze)")
-    ap.add_argument("proposed", help="the sweep running the proposed schedule")
+    ap.add_argument("proposed", help="the sweep running the schedule (fixed.batch_schedule, one batch size)")
+    ap.add_argument("--plan", help="batch size per segment the schedule realises (default: the proposal's)")
     args = ap.parse_args()
     with open(os.path.join(args.constants, "analysis", "bcrit.json")) as f:
         result = json.load(f)
     with open(os.path.join(args.proposed, "sweep_spec.yaml")) as f:
         spec = yaml.safe_load(f)
     segs, notes = segments_of(result)
-    sizes = sorted({int(p["batch_size"]) for t in result["targets"] for p in t["points"]})
-    prop = propose(segs, sizes)
-    target = segs[-1].lo
-    fixed = {k: v for k, v in spec["fixed"].items() if k in ("dim", "h_decay", "noise_scale", "theta0")}
-    h, c, theta0 = QuadraticConfig(**fixed).problem()
-    m0 = theta0**2
-
+    prop = propose(segs, sorted({int(p["batch_size"]) for t in result["targets"] for p in t["points"]}))
+    chosen = plan(segs, [int(b) for b in args.plan.split(",")]) if args.plan else prop.schedule
+    target, exact = segs[-1].lo, exact_fn(spec, segs[-1].lo)
     b0 = spec["scientific"]["batch_sizes"][0]
     stages = BatchStages.from_schedule(b0, spec["fixed"]["batch_schedule"], 1)
-    sched = best_measured(args.proposed, target)[b0]
-    const = best_measured(args.constants, target)
-    rule = spec["fixed"].get("schedule_lr_rule", "linear")
-    stage_lrs = [stages.lr(s, sched[2], rule) for s in stages.starts]
-    exact_sched = expected_to_target_staged(h, c, m0, stages, stage_lrs, target, 100_000)
-    ref_b = prop.reference.sizes[0]
-    proposed, _lrs = prop.schedule.stages(tuned_lrs(result, segs))
-    if (proposed.starts, proposed.sizes) != (stages.starts, stages.sizes):
-        print(f"note: the proposed sweep runs {b0} {stages.to_list()}, not this proposal's {proposed.sizes[0]} "
-              f"{proposed.to_list()}: its 'pred' columns are the proposal's")  # fmt: skip
+    sched, const = best_measured(args.proposed, target)[b0], best_measured(args.constants, target)
+    rule = spec["fixed"].get("schedule_lr_rule", "linear" if exact else "sqrt")
+    planned, _lrs = chosen.stages(tuned_lrs(result, segs))
+    if (planned.starts, planned.sizes) != (stages.starts, stages.sizes):
+        print(f"note: the sweep runs {b0} {stages.to_list()}, the plan is {planned.sizes[0]} {planned.to_list()}")
     print(f"target {target:.4g}; schedule: batch_size {b0}, lr {sched[2]:g}, batch_schedule {stages.to_list()}")
-    print(f"proposal's own plan: sizes per segment {prop.schedule.sizes}; reference constant {ref_b}")
-    print(f"{'plan':>14} | {'pred steps':>10} {'pred ex':>9} | {'meas steps':>10} {'meas ex':>9} {'seeds':>5} | "
-          f"{'exact steps':>11} {'exact ex':>9}")  # fmt: skip
-    rows = {"schedule": (prop.schedule, sched, exact_sched)}
+    print(
+        f"plan: sizes per segment {chosen.sizes}; proposal {prop.schedule.sizes}; reference {prop.reference.sizes[0]}"
+    )
+    nan = (float("nan"), float("nan"))
+    rows = {
+        "schedule": (
+            chosen,
+            sched,
+            exact(stages, [stages.lr(s, sched[2], rule) for s in stages.starts]) if exact else nan,
+        )
+    }
     for p in prop.constants:
         b = p.sizes[0]
         if b in const:
-            exact = expected_to_target_staged(h, c, m0, BatchStages((0,), (b,)), [const[b][2]], target, 100_000)
-            rows[f"constant {b}"] = (p, const[b], exact)
-    for name, (p, meas, exact) in rows.items():
-        print(f"{name:>14} | {p.total_steps:10.4g} {p.total_examples:9.5g} | {meas[0]:10.4g} {meas[1]:9.5g} "
-              f"{meas[3]:5d} | {exact[0]:11.4g} {exact[1]:9.5g}")  # fmt: skip
-    ref = rows[f"constant {ref_b}"]
-    for label, i in (("steps", 0), ("examples", 1)):
-        pred = rows["schedule"][0].total_steps / ref[0].total_steps if i == 0 else (
-            rows["schedule"][0].total_examples / ref[0].total_examples)  # fmt: skip
-        meas = rows["schedule"][1][i] / ref[1][i]
-        exact = rows["schedule"][2][i] / ref[2][i]
-        print(f"schedule / constant {ref_b} {label}: predicted {pred:.3f}, measured {meas:.3f}, exact {exact:.3f}")
+            rows[f"constant {b}"] = (p, const[b], exact(BatchStages((0,), (b,)), [const[b][2]]) if exact else nan)
+    report(rows, prop.reference.sizes[0])
     for n in notes:
         print("note:", n)
+
+
+def report(rows: dict, ref_b: int) -> None:
+    print(f"{'plan':>14} | {'pred steps':>10} {'pred ex':>9} | {'meas steps':>10} {'meas ex':>9} {'seeds':>5} | "
+          f"{'exact steps':>11} {'exact ex':>9}")  # fmt: skip
+    for name, (p, meas, ex) in rows.items():
+        print(f"{name:>14} | {p.total_steps:10.4g} {p.total_examples:9.5g} | {meas[0]:10.4g} {meas[1]:9.5g} "
+              f"{meas[3]:5d} | {ex[0]:11.4g} {ex[1]:9.5g}")  # fmt: skip
+    ref, sch = rows[f"constant {ref_b}"], rows["schedule"]
+    for other in sorted({ref_b, *(int(n.split()[1]) for n in rows if n != "schedule")}):
+        o = rows[f"constant {other}"]
+        pred = (sch[0].total_steps / o[0].total_steps, sch[0].total_examples / o[0].total_examples)
+        meas = (sch[1][0] / o[1][0], sch[1][1] / o[1][1])
+        ex = (sch[2][0] / o[2][0], sch[2][1] / o[2][1])
+        mark = " (reference)" if o is ref else ""
+        print(
+            f"schedule / constant {other}{mark}: steps predicted {pred[0]:.3f}, measured {meas[0]:.3f}, exact "
+            f"{ex[0]:.3f}; examples predicted {pred[1]:.3f}, measured {meas[1]:.3f}, exact {ex[1]:.3f}"
+        )
 
 
 if __name__ == "__main__":
