@@ -61,3 +61,29 @@ def test_missing_or_unusable_analysis_is_one_line_exit_2(tmp_path, capsys):
     bad = analysis(tmp_path, s_min=(-1.0, -2.0, -3.0))
     assert main(["schedule", bad]) == 2
     assert "no target has a usable fit" in capsys.readouterr().err
+
+
+def test_seconds_come_from_the_median_throughput_per_batch_size(tmp_path, capsys):
+    """A sweep directory with sys/examples_per_s rows: the proposal's seconds are examples / median throughput."""
+    from analysis import metrics as M
+    from orchestrator.schedule_cmd import _throughput
+    from orchestrator.tables import RunsTables, trial_row
+
+    tables = RunsTables(str(tmp_path))
+    for i, (b, rates) in enumerate([(b, [100.0 * b, 300.0 * b, 250.0 * b]) for b in SIZES]):
+        tid = f"t{i}"
+        cfg = {"batch_size": b, "micro_batch_size": 8, "num_workers": 0, "lr": 0.01}
+        tables.add_rows(
+            tid, [[10 * (j + 1), 10 * (j + 1) * b, M.SYS_EXAMPLES_PER_S, r, 1.0, 0.0] for j, r in enumerate(rates)]
+        )
+        tables.write_trial(trial_row(tid, cfg, M.STATUS_BUDGET_SPENT))
+    tables.compact()
+    assert _throughput(str(tmp_path)) == {b: 250.0 * b for b in SIZES}  # the median, not the mean
+    (tmp_path / "analysis").mkdir()
+    (tmp_path / "analysis" / "bcrit.json").write_text(open(analysis(tmp_path)).read())
+    out = tmp_path / "p.json"
+    assert main(["schedule", str(tmp_path), "--json", str(out)]) == 0
+    got = json.loads(out.read_text())
+    # examples / (250 B) = steps / 250 at every batch size
+    for row in (got["schedule"], got["reference"], *got["constants"]):
+        assert row["seconds"] == pytest.approx(row["steps"] / 250.0, rel=1e-9)
