@@ -9,6 +9,7 @@ import argparse
 import sys
 
 from orchestrator import (
+    allocate_cmd,
     analyze_cmd,
     branch_cmd,
     cluster_check,
@@ -20,7 +21,17 @@ from orchestrator import (
 )
 from orchestrator.overrides import UserError
 
-COMMANDS = (train_cmd, sweep_cmd, analyze_cmd, probe_cmd, branch_cmd, pack_cmd, migrate_cmd, cluster_check)
+COMMANDS = (
+    train_cmd,
+    sweep_cmd,
+    analyze_cmd,
+    allocate_cmd,
+    probe_cmd,
+    branch_cmd,
+    pack_cmd,
+    migrate_cmd,
+    cluster_check,
+)
 
 
 def build_parser() -> argparse.ArgumentParser:
