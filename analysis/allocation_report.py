@@ -14,6 +14,7 @@ and global GNS measurements, ``analysis.allocation``) beside the gain measured i
 
 from __future__ import annotations
 
+import json
 import math
 
 import numpy as np
@@ -241,11 +242,14 @@ def render_markdown(result: dict, png: str | None = None) -> str:
     pred = result["predicted"]
     if result["bins"]:
         names = list(pred["allocations"])
-        lines += ["| bin | timesteps | B_simple (uniform) | " + " | ".join(f"p ({n})" for n in names) + " |",
-                  "| --- | --- | --- | " + " | ".join("---" for _ in names) + " |"]  # fmt: skip
+        lines += ["| bin | timesteps | B_simple (uniform) | B_crit (uniform, bin target) | "
+                  + " | ".join(f"p ({n})" for n in names) + " |",
+                  "| --- | --- | --- | --- | " + " | ".join("---" for _ in names) + " |"]  # fmt: skip
         for r in result["bins"]:
             cells = " | ".join(f"{r['p'][n]:.3f}" for n in names)
-            lines.append(f"| {r['bin']} | {r['timesteps'][0]}-{r['timesteps'][1]} | {_n(r['b_simple'])} | {cells} |")
+            bc = f"{_n(r['b_crit'])} (at {r['b_crit_target']:.3g})" if r.get("b_crit") is not None else "–"
+            span = f"{r['timesteps'][0]}-{r['timesteps'][1]}"
+            lines.append(f"| {r['bin']} | {span} | {_n(r['b_simple'])} | {bc} | {cells} |")
         lines.append("")
     if pred is not None:
         lines += [f"Predicted from {len(pred['trials'])} uniform trial(s) (window at the target):", "",
@@ -304,3 +308,30 @@ def plot(result: dict, path) -> None:
     fig.tight_layout()
     fig.savefig(path, dpi=110)
     plt.close(fig)
+
+
+def add_to_report(bcrit: dict, runs: Runs, out_dir, bootstrap: int = 200) -> dict | None:
+    """For a sweep that compared samplers: the comparison at the report's first target, with each bin's empirical
+    B_crit (``bcrit["bins"]``, from the uniform trials) in the per-bin table, appended to ``report.md`` with its
+    figure, and ``report.html`` rendered again; ``allocation.json`` beside them. None for a one-sampler sweep."""
+    from pathlib import Path
+
+    from analysis.html_report import HTML_FILE, render_html
+    from analysis.report import REPORT_FILE
+
+    if len(set(samplers_of(runs))) < 2 or not bcrit["targets"]:
+        return None
+    out = Path(out_dir)
+    result = compare(runs, float(bcrit["targets"][0]["target"]), bootstrap=bootstrap)
+    b_crit = {b["bin"]: b["targets"][len(b["targets"]) // 2] for b in bcrit.get("bins", []) if b["targets"]}
+    for row in result["bins"]:
+        t = b_crit.get(row["bin"])
+        row["b_crit"], row["b_crit_target"] = (t["b_crit"], t["target"]) if t else (None, None)
+    png = "allocation.png" if result["ratios"] else None
+    if png:
+        plot(result, out / png)
+    md = (out / REPORT_FILE).read_text() + "\n" + render_markdown(result, png)
+    (out / REPORT_FILE).write_text(md)
+    (out / HTML_FILE).write_text(render_html(md, out, title=f"Critical batch size: {bcrit['metric']}"))
+    (out / "allocation.json").write_text(json.dumps(result, indent=1, default=float) + "\n")
+    return result

@@ -186,11 +186,16 @@ def _run(args: argparse.Namespace) -> int:
         uri = check_parent_run(args.tracking_uri or runs.tracking_uri, parent, source)
     if _is_branched(runs):
         return _run_branched(runs, args, parent, uri)
+    all_runs, runs = runs, _uniform_only(runs)  # a sweep comparing timestep samplers: B_crit of the uniform ones
     check_metric(runs, args.metric, targets)
     with staging_dir(args.out) as tmp:
         result = report.analyze(
             runs, args.metric, targets, tmp, bootstrap=args.bootstrap, seed=args.seed, plots=not args.no_plots
         )
+        if runs is not all_runs:
+            from analysis.allocation_report import add_to_report
+
+            add_to_report(result, all_runs, tmp, bootstrap=min(args.bootstrap, 200))
         if parent is not None:
             log_analysis(tmp, uri, parent)
         publish(tmp, args.out, last=report.JSON_FILE)
@@ -227,6 +232,21 @@ def publish(tmp: str, out: str, last: str) -> None:
     names = sorted(n for n in os.listdir(tmp) if os.path.isfile(os.path.join(tmp, n)))
     for name in [n for n in names if n != last] + [n for n in names if n == last]:
         os.replace(os.path.join(tmp, name), os.path.join(out, name))
+
+
+def _uniform_only(runs):
+    """The uniform trials of a sweep that compared timestep samplers (``scientific.timestep_sampling``), said on
+    stderr; the runs unchanged otherwise. Its report gets the samplers' comparison (analysis.allocation_report)."""
+    from analysis.allocation_report import UNIFORM, samplers_of, subset
+
+    kinds = samplers_of(runs)
+    if len(set(kinds)) < 2:
+        return runs
+    if not (kinds == UNIFORM).any():
+        raise UsageError(f"the sweep compared samplers {sorted(set(kinds))} without uniform; analyse it per sampler")
+    print(f"[bcrit] samplers {sorted(set(kinds))}: B_crit from the uniform trials, the comparison appended to the "
+          "report (bcrit allocate for more)", file=sys.stderr)  # fmt: skip
+    return subset(runs, kinds == UNIFORM)
 
 
 def _is_branched(runs) -> bool:

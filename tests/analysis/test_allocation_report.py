@@ -126,6 +126,18 @@ def test_measured_ratios_are_each_samplers_own_analysis(tmp_path, capsys):
     assert main(["allocate", str(tmp_path / "s"), "--target", "0.3", "--bootstrap", "20"]) == 0
     assert (tmp_path / "s" / "analysis" / "allocation.png").exists()
     assert "| noise | 4 |" in (tmp_path / "s" / "analysis" / "allocation.md").read_text()
+    # bcrit analyze: B_crit of the uniform trials only, the comparison appended to the report
+    out = tmp_path / "a"
+    assert main(["analyze", str(tmp_path / "s"), "--targets", "0.3", "--no-mlflow", "--bootstrap", "20",
+                 "--no-plots", "--out", str(out)]) == 0  # fmt: skip
+    assert "## Timestep allocation at eval/loss 0.3" in (out / "report.md").read_text()
+    assert "Timestep allocation" in (out / "report.html").read_text()
+    uniform_only = analyze_metric(subset(runs, samplers_of(runs) == "uniform"), M.EVAL_LOSS, [0.3], bootstrap=0)
+    import json
+
+    assert json.loads((out / "bcrit.json").read_text())["targets"][0]["b_crit"] == pytest.approx(
+        uniform_only[0]["b_crit"]
+    )
     assert main(["allocate", str(tmp_path / "nothing"), "--target", "0.3"]) == 2
     assert main(["allocate", str(tmp_path / "s"), "--target", "0.3", "--floor", "0"]) == 2
     assert "error" in capsys.readouterr().err
