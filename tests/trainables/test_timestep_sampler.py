@@ -13,6 +13,7 @@ from __future__ import annotations
 import contextlib
 import copy
 import json
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -139,3 +140,43 @@ def test_sampler_settings_are_checked():
         TrialConfig(timestep_sampling="noise", gns_every=0)
     with pytest.raises(ConfigError, match="alloc_floor"):
         TrialConfig(timestep_sampling="loss", alloc_floor=0.0)
+
+
+def _ddp_worker(rank: int, world: int, init_method: str, out_dir: str) -> None:
+    """One rank of a W=2 gloo group: one weighted step of the whole batch split over the ranks (A = 2 each)."""
+    import torch.distributed as dist
+
+    torch.set_num_threads(1)
+    dist.init_process_group("gloo", init_method=init_method, rank=rank, world_size=world)
+    try:
+        cfg = TrialConfig(batch_size=8, micro_batch_size=2, num_workers=2, seed=3, timestep_bins=5,
+                          timestep_sampling="loss", alloc_history=1)  # fmt: skip
+        torch.manual_seed(0)
+        model = build_dit("tiny", sample_size=8, in_channels=1, num_classes=10).train()
+        ddp = torch.nn.parallel.DistributedDataParallel(model)
+        sampler = TimestepSampler(cfg, NUM_TIMESTEPS, CPU)
+        sampler.p = SKEWED.copy()
+        data, sched = load_dataset("digits", 297), make_scheduler()
+        s = TrainStep(cfg, model, ddp, data, sched, rank, world, CPU, contextlib.nullcontext, None, sampler)(11)
+        grad = torch.cat([p.grad.reshape(-1).double() for p in model.parameters()])
+        out = {"loss": s.loss, "grad": grad.tolist(), "history": sampler.history}
+        Path(out_dir, f"rank{rank}.json").write_text(json.dumps(out))
+    finally:
+        dist.destroy_process_group()
+
+
+@pytest.mark.slow  # spawns a 2-process gloo group: ~10-30 s
+def test_two_workers_take_the_one_worker_weighted_step(parts, tmp_path):
+    """W = 2 x A = 2 x micro 2 gives the W = 1 float64 reference update, and both ranks hold the same per-bin loss
+    history (the all-reduced per-bin sums): the draws and the allocation's inputs are split-invariant."""
+    from ddp_group import run_group
+
+    _, ref, data, sched = parts
+    ranks = run_group(_ddp_worker, 2, tmp_path, timeout_s=180.0)
+    cfg = TrialConfig(batch_size=8, micro_batch_size=8, seed=3, timestep_bins=5, timestep_sampling="loss")
+    loss, ref_grad = _reference(cfg, ref, data, sched, 11, SKEWED)
+    for r in ranks:
+        grad = torch.tensor(r["grad"], dtype=torch.float64)
+        assert r["loss"] == pytest.approx(loss, rel=1e-5)
+        assert float((grad - ref_grad).norm()) <= 1e-5 * float(ref_grad.norm())
+    assert ranks[0]["history"] == ranks[1]["history"] and sum(len(h) for h in ranks[0]["history"]) >= 2
