@@ -60,13 +60,16 @@ def _window(runs: Runs, row: int, k: int | None, end: float, window: int) -> tup
     return np.atleast_1d(gns.g2_unbiased(small, big, b, B)), np.atleast_1d(gns.trace_unbiased(small, big, b, B))
 
 
-def uniform_statistics(runs: Runs, target: float | None) -> tuple[list[np.ndarray], np.ndarray, list[str]]:
-    """Pooled ``(m samples per bin, global |G|^2 samples, trial ids used)`` of the uniform trials' windows."""
+def uniform_statistics(
+    runs: Runs, target: float | None, sampler: str = UNIFORM, traces: list | None = None
+) -> tuple[list[np.ndarray], np.ndarray, list[str]]:
+    """Pooled ``(m samples per bin, global |G|^2 samples, trial ids used)`` of the ``sampler`` trials' windows (the
+    uniform ones by default); ``traces`` collects the global ``tr Sigma`` samples when given."""
     ks = gns_view.bins_in(runs, "gns/")
     loss = runs.series(M.EVAL_LOSS)
     m_s: list[list[np.ndarray]] = [[] for _ in ks]
     g_s, used = [], []
-    for row in np.flatnonzero(samplers_of(runs) == UNIFORM):
+    for row in np.flatnonzero(samplers_of(runs) == sampler):
         lo, hi = np.searchsorted(loss.trial, [row, row + 1])
         if hi == lo:
             continue
@@ -75,11 +78,13 @@ def uniform_statistics(runs: Runs, target: float | None) -> tuple[list[np.ndarra
             hit = steps_to_target(type(loss)(loss.trial[lo:hi] * 0, loss.step[lo:hi], loss.value[lo:hi]), 1, [target])
             end = float(hit[0, 0]) if np.isfinite(hit[0, 0]) else end
         window = gns_view.window_of(runs, int(row))
-        g2, _ = _window(runs, int(row), None, end, window)
+        g2, tr = _window(runs, int(row), None, end, window)
         per_bin = [_window(runs, int(row), k, end, window) for k in ks]
         if len(g2) < 2 or any(len(g) < 1 for g, _ in per_bin):
             continue
         g_s.append(g2)
+        if traces is not None:
+            traces.append(tr)
         for j, (g, t) in enumerate(per_bin):
             m_s[j].append(g + t)
         used.append(runs.trial_ids[row])
@@ -177,9 +182,23 @@ def compare(runs: Runs, target: float, floor: float = 0.1, bootstrap: int = 200)
     except ValueError as e:
         result["predicted"], result["notes"] = None, [f"no prediction: {e}"]
     result["measured"] = measured(runs, target, bootstrap)
+    for name, m in result["measured"].items():
+        m["b_simple"], m["b_simple_se"] = measured_b_simple(runs, target, name)
     result["ratios"] = _ratio_rows(result)
     result["bins"] = _bin_rows(runs, result)
     return result
+
+
+def measured_b_simple(runs: Runs, target: float, sampler: str) -> tuple[float | None, float | None]:
+    """The global B_simple ± SE the ``sampler`` trials measured in their windows at the target (pooled): under a
+    non-uniform sampler the training gradient is the weighted one, so this is ``tr Sigma(p) / |G|^2`` measured --
+    the quantity ``predict`` predicts."""
+    traces: list[np.ndarray] = []
+    _, g2, used = uniform_statistics(runs, target, sampler, traces)
+    if not used:
+        return None, None
+    value, se = gns.b_simple_with_se(g2, np.concatenate(traces))
+    return (value, se) if math.isfinite(value) else (None, None)
 
 
 def _ratio_rows(result: dict) -> list[dict]:
@@ -262,15 +281,19 @@ def render_markdown(result: dict, png: str | None = None) -> str:
                 f"| {name} | {_n(a['trace'], a['trace_se'])} | {_n(a['b_simple'], a['b_simple_se'])} | {ratios} |"
             )
         lines.append("")
-    lines += ["| sampler | B_crit | interval | " + " | ".join(f"steps B={b}" for b in result["batch_sizes"]) + " |",
-              "| --- | --- | --- | " + " | ".join("---" for _ in result["batch_sizes"]) + " |"]  # fmt: skip
+    lines += ["| sampler | B_crit | interval | measured B_simple | "
+              + " | ".join(f"steps B={b}" for b in result["batch_sizes"]) + " |",
+              "| --- | --- | --- | --- | " + " | ".join("---" for _ in result["batch_sizes"]) + " |"]  # fmt: skip
     for name, m in result["measured"].items():
+        bs = _n(m.get("b_simple"), m.get("b_simple_se"))
         if "error" in m:
-            lines.append(f"| {name} | – | {m['error']} | " + " | ".join("–" for _ in result["batch_sizes"]) + " |")
+            lines.append(
+                f"| {name} | – | {m['error']} | {bs} | " + " | ".join("–" for _ in result["batch_sizes"]) + " |"
+            )
             continue
         steps = " | ".join(_n(m["points"].get(b, {}).get("steps")) for b in result["batch_sizes"])
         ci = m["b_crit_ci"]
-        lines.append(f"| {name} | {_n(m['b_crit'])} | [{_n(ci[0])}, {_n(ci[1])}] | {steps} |")
+        lines.append(f"| {name} | {_n(m['b_crit'])} | [{_n(ci[0])}, {_n(ci[1])}] | {bs} | {steps} |")
     lines += ["", "| sampler | B | measured S/S_uniform | predicted S/S_uniform |", "| --- | --- | --- | --- |"]
     for r in result["ratios"]:
         pred_cell = _n(r.get("predicted"), r.get("predicted_se"))

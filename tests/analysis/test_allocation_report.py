@@ -11,7 +11,7 @@ import pytest
 from analysis import gns, nqm
 from analysis import metrics as M
 from analysis.allocation import bin_shares, noise_allocation, predict
-from analysis.allocation_report import compare, measured, predictions, samplers_of, subset
+from analysis.allocation_report import compare, measured, measured_b_simple, predictions, samplers_of, subset
 from analysis.loaders import runs_from_tables, write_sweep_dir
 from analysis.report import analyze_metric
 from analysis.schema import metrics_table, trials_table
@@ -93,6 +93,11 @@ def test_prediction_pools_the_uniform_windows_at_the_target():
     assert got["allocations"]["noise"]["b_simple"] == pytest.approx(want[0].b_simple, rel=1e-12)
     assert got["allocations"]["noise"]["ratio_se"] == pytest.approx(want[0].ratio_se.tolist(), rel=1e-12)
     assert got["allocations"]["noise (logged)"]["ratio"] == pytest.approx(want[1].ratio.tolist(), rel=1e-12)
+    # the noise trial's own global window at the target: the measured B_simple under its allocation
+    tab = [r for r in runs.metrics.to_pylist() if r["trial_id"] == "n8" and 10 - WINDOW < r["step"] <= 10]
+    small, big = ([r["value"] for r in tab if r["metric"] == n] for n in (M.GNS_G2_SMALL, M.GNS_G2_BIG))
+    ref = gns.b_simple_with_se(gns.g2_unbiased(small, big, 4, 8), gns.trace_unbiased(small, big, 4, 8))
+    assert measured_b_simple(runs, TARGET, "noise") == pytest.approx(ref, rel=1e-12)
 
 
 def nqm_two_samplers():
