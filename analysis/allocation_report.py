@@ -3,10 +3,11 @@ and global GNS measurements, ``analysis.allocation``) beside the gain measured i
 
 1. the sweep's trials are split by their ``timestep_sampling`` column (absent: every trial ``uniform``);
 2. prediction: the uniform trials' GNS measurements in the window that ends where each reached the target (their
-   last step otherwise) are pooled -- per bin ``m_k = |G_k|^2 + tr Sigma_k`` per measurement, globally ``|G|^2``
-   per step -- and ``analysis.allocation.predict`` gives ``tr Sigma``, ``B_simple`` and ``S_p / S_u`` per batch
-   size for the uniform allocation, the Neyman allocation of those means (``noise``, with the floor) and, for a
-   sampler the sweep ran, the allocation its trials logged last (``alloc/bin{k}/p``, mean over trials);
+   last step otherwise; the trial's window, at most half its steps so far) are pooled -- per bin ``m_k = |G_k|^2 +
+   tr Sigma_k`` per measurement, globally ``|G|^2`` per step -- and ``analysis.allocation.predict`` gives
+   ``tr Sigma``, ``B_simple`` and ``S_p / S_u`` per batch size for the uniform allocation, the Neyman allocation of
+   those means (``noise``, with the floor) and, for a sampler the sweep ran, the allocation its trials logged last
+   (``alloc/bin{k}/p``, mean over trials);
 3. measurement: ``analysis.report.analyze_metric`` per sampler (best lr per batch size, seeds averaged, B_crit with
    its bootstrap interval) and the ratio of best steps per batch size, with an SE from the seeds' scatter of the
    two best settings (``log`` steps, delta method).
@@ -77,7 +78,11 @@ def uniform_statistics(
         if target is not None:
             hit = steps_to_target(type(loss)(loss.trial[lo:hi] * 0, loss.step[lo:hi], loss.value[lo:hi]), 1, [target])
             end = float(hit[0, 0]) if np.isfinite(hit[0, 0]) else end
-        window = gns_view.window_of(runs, int(row))
+        # one span for the global and the per-bin samples, never reaching back past half the steps so far (the
+        # global live rule, analysis.gns.window_span): |G|^2 falls ~600x in the first tens of steps, and a global
+        # window holding them (every step) beside per-bin measurements that do not (every gns_every steps) mixes
+        # two different |G|^2 (measured on the demo-like sweep: uniform B_simple predicted 0.7 vs 3.0 measured)
+        window = int(gns.window_span(int(end), gns_view.window_of(runs, int(row)), half=True))
         g2, tr = _window(runs, int(row), None, end, window)
         per_bin = [_window(runs, int(row), k, end, window) for k in ks]
         if len(g2) < 2 or any(len(g) < 1 for g, _ in per_bin):

@@ -58,7 +58,9 @@ def gns_runs(seed: int = 0):
 
 
 def _brute_samples(runs, tid, end):
-    """Per bin m and global |G|^2 samples of trial ``tid`` at steps in (end - WINDOW, end], read row by row."""
+    """Per bin m and global |G|^2 samples of trial ``tid`` at steps in (end - span, end], read row by row; span =
+    the window, at most half the steps so far (ceil(end / 2))."""
+    span = min(WINDOW, (end + 1) // 2)
     tab = runs.metrics.to_pylist()
 
     def vals(name):
@@ -66,7 +68,7 @@ def _brute_samples(runs, tid, end):
 
     def est(names):
         small, big, b, B = (vals(n) for n in names)
-        steps = [s for s in sorted(small) if end - WINDOW < s <= end]
+        steps = [s for s in sorted(small) if end - span < s <= end]
         g2 = [gns.g2_unbiased(small[s], big[s], b[s], B[s]) for s in steps]
         tr = [gns.trace_unbiased(small[s], big[s], b[s], B[s]) for s in steps]
         return np.array(g2), np.array(tr)
@@ -87,14 +89,14 @@ def test_prediction_pools_the_uniform_windows_at_the_target():
     (m8, g8), (m16, g16) = _brute_samples(runs, "u8", 10), _brute_samples(runs, "u16", 20)
     m = [np.concatenate([a, b]) for a, b in zip(m8, m16, strict=True)]
     g2 = np.concatenate([g8, g16])
-    assert len(g2) == 10 + 15 and len(m[0]) == 2 + 3  # (5, 20]: step 5 is not in the window of u16
+    assert len(g2) == 5 + 10 and len(m[0]) == 1 + 2  # u8: (5, 10], u16: (10, 20] (half the steps so far)
     q = bin_shares(K)
     want = predict(m, g2, {"noise": noise_allocation([x.mean() for x in m], q, 0.1), "logged": [0.3, 0.7]}, q, [8, 16])
     assert got["allocations"]["noise"]["b_simple"] == pytest.approx(want[0].b_simple, rel=1e-12)
     assert got["allocations"]["noise"]["ratio_se"] == pytest.approx(want[0].ratio_se.tolist(), rel=1e-12)
     assert got["allocations"]["noise (logged)"]["ratio"] == pytest.approx(want[1].ratio.tolist(), rel=1e-12)
     # the noise trial's own global window at the target: the measured B_simple under its allocation
-    tab = [r for r in runs.metrics.to_pylist() if r["trial_id"] == "n8" and 10 - WINDOW < r["step"] <= 10]
+    tab = [r for r in runs.metrics.to_pylist() if r["trial_id"] == "n8" and 5 < r["step"] <= 10]
     small, big = ([r["value"] for r in tab if r["metric"] == n] for n in (M.GNS_G2_SMALL, M.GNS_G2_BIG))
     ref = gns.b_simple_with_se(gns.g2_unbiased(small, big, 4, 8), gns.trace_unbiased(small, big, 4, 8))
     assert measured_b_simple(runs, TARGET, "noise") == pytest.approx(ref, rel=1e-12)
