@@ -28,7 +28,8 @@ def register(subparsers) -> argparse.ArgumentParser:
 
 
 def run(args: argparse.Namespace) -> int:
-    from analysis.allocation_report import compare, plot, render_markdown
+    from analysis.allocation_report import compare
+    from analysis.allocation_view import plot, render_markdown
     from analysis.loaders import load_sweep_dir
     from analysis.schema import RunsTableError
 

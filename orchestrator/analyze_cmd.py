@@ -193,7 +193,7 @@ def _run(args: argparse.Namespace) -> int:
             runs, args.metric, targets, tmp, bootstrap=args.bootstrap, seed=args.seed, plots=not args.no_plots
         )
         if runs is not all_runs:
-            from analysis.allocation_report import add_to_report
+            from analysis.allocation_view import add_to_report
 
             add_to_report(result, all_runs, tmp, bootstrap=min(args.bootstrap, 200))
         if parent is not None:
