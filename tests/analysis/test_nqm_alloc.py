@@ -47,3 +47,23 @@ def test_noise_allocation_gains_at_small_batch_sizes_only():
     assert g.ratio[0] < 0.9  # fewer steps where noise dominates
     assert g.ratio[-1] == pytest.approx(1.0, abs=0.1)  # little change where it does not
     assert np.all(np.diff(g.ratio) > -0.02)  # the gain shrinks with B
+
+
+def test_simulated_gain_in_steps_matches_the_closed_form():
+    """Steps for the mean loss of 3000 simulated runs (the trial's draw) to cross the target, uniform vs noise,
+    against the closed form's expected-loss crossings: the gain itself, not only the curves."""
+    from analysis.loaders import Series
+    from analysis.steps import steps_to_target
+
+    p, lr, B, target, steps = na.noise_allocation(S, Q, 0.1), 0.1, 2, 0.12, 200
+    got, exact = [], []
+    for alloc in (Q, p):
+        mean = na.simulate(H, H, np.ones(DIM), lr, B, steps, S, Q, alloc, 3000, seed=2).mean(0)
+        cross = steps_to_target(Series(np.zeros(steps + 1, np.int64), np.arange(steps + 1), mean), 1, [target])
+        got.append(float(cross[0, 0]))
+        curve = na.expected_loss(H, H, np.ones(DIM), lr, B, steps, S, Q, alloc)
+        exact.append(float(steps_to_target(Series(np.zeros(steps + 1, np.int64), np.arange(steps + 1), curve), 1,
+                                           [target])[0, 0]))  # fmt: skip
+    assert exact[1] / exact[0] < 0.9  # a real gain at this small batch (0.83)
+    assert got[1] / got[0] == pytest.approx(exact[1] / exact[0], abs=0.03)
+    assert got == pytest.approx(exact, rel=0.03)
