@@ -52,6 +52,9 @@ GNS_BIN_B_SIMPLE = "gns/bin{k}/b_simple"
 GNS_BIN_B_SIMPLE_SE = "gns/bin{k}/b_simple_se"
 GNS_BIN_B_SIMPLE_UNDEFINED = "gns/bin{k}/b_simple_undefined"
 
+# --- timestep allocation (config timestep_sampling noise / loss), at each re-estimation -----------------------
+ALLOC_BIN_P = "alloc/bin{k}/p"  # probability of drawing timestep bin k (uniform = its share of the timesteps)
+
 # --- trial status (trials.parquet `status`, MLflow tag `status`) ------------------------------------------
 STATUS_RUNNING = "running"
 STATUS_REACHED_TARGET = "reached_target"
@@ -126,6 +129,9 @@ METRIC_DOCS: dict[str, str] = {
     "measurements)",
     GNS_BIN_B_SIMPLE_SE: "its standard error",
     GNS_BIN_B_SIMPLE_UNDEFINED: "per-bin running count of measurements without a valid `B_simple`",
+    ALLOC_BIN_P: "probability of drawing a training timestep from bin k (`timestep_sampling` `noise` / `loss`; "
+    "logged every `alloc_every` steps; its examples carry the weight `q_k / p_k`, `q_k` the bin's share of the "
+    "timesteps; docs/allocation.md)",
 }
 
 

@@ -45,11 +45,13 @@ def _collapse(h: np.ndarray, c: np.ndarray, m0: np.ndarray) -> tuple[np.ndarray,
 
 
 def _loss_at(
-    h: np.ndarray, c: np.ndarray, m0: np.ndarray, lr: np.ndarray, B: float, t: np.ndarray, w=None
+    h: np.ndarray, c: np.ndarray, m0: np.ndarray, lr: np.ndarray, B: float, t: np.ndarray, w=None, mult: float = 0.0
 ) -> np.ndarray:
     """``E L(t)`` for learning rates ``lr`` (n,) at real times ``t`` (T,): shape (n, T); ``inf`` if diverged.
 
-    ``w``: optional multiplicity of each coordinate (from :func:`_collapse`).
+    ``w``: optional multiplicity of each coordinate (from :func:`_collapse`). ``mult``: a per-example noise term
+    ``mult · HθθᵀH`` besides ``C`` (importance-weighted timestep bins, ``analysis.nqm_alloc``): it adds
+    ``lr² mult h² / B`` to the recursion's factor ``r`` (0: the plain NQM, unchanged).
     """
     if w is None:
         h, c, m0, w = _collapse(h, c, m0)
@@ -57,6 +59,8 @@ def _loss_at(
     t3 = np.asarray(t, dtype=np.float64)[None, None, :]  # (1, 1, T)
     h3, c3, m3 = h[None, :, None], c[None, :, None], m0[None, :, None]  # (1, d, 1)
     r = (1.0 - lr3 * h3) ** 2  # (n, d, 1)
+    if mult:
+        r = r + mult * lr3**2 * h3**2 / B
     q = lr3**2 * c3 / B
     with np.errstate(over="ignore", invalid="ignore", divide="ignore"):
         flat = np.isclose(r, 1.0, rtol=0.0, atol=1e-15)
@@ -106,12 +110,20 @@ def expected_steps_to_target(
 
 
 def _crossings(
-    h: np.ndarray, c: np.ndarray, m0: np.ndarray, lrs: np.ndarray, B: float, y: float, max_steps: int, best=False
+    h: np.ndarray,
+    c: np.ndarray,
+    m0: np.ndarray,
+    lrs: np.ndarray,
+    B: float,
+    y: float,
+    max_steps: int,
+    best=False,
+    mult: float = 0.0,
 ) -> np.ndarray:
     """Steps to ``y`` per lr (steps 1-3 of :func:`expected_steps_to_target`); ``best``: refine only the lrs
     that can still be the fastest (the others stay ``inf``)."""
     grid = np.unique(np.concatenate([[0], np.round(np.geomspace(1, max_steps, 256))])).astype(np.int64)
-    below = _loss_at(h, c, m0, lrs, B, grid) <= y  # (n, G)
+    below = _loss_at(h, c, m0, lrs, B, grid, mult=mult) <= y  # (n, G)
     hit = below.any(axis=1)
     j = np.where(hit, np.argmax(below, axis=1), len(grid))
     out = np.full(len(lrs), np.inf)
@@ -123,7 +135,7 @@ def _crossings(
             out[i] = 0.0
             continue
         t = np.arange(grid[j[i] - 1], grid[j[i]] + 1)
-        fine = _loss_at(h, c, m0, lrs[i : i + 1], B, t)[0]
+        fine = _loss_at(h, c, m0, lrs[i : i + 1], B, t, mult=mult)[0]
         out[i] = steps_to_target(Series(np.zeros(len(t), np.int64), t, fine), 1, [y])[0, 0]
     return out
 

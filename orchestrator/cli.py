@@ -9,6 +9,7 @@ import argparse
 import sys
 
 from orchestrator import (
+    allocate_cmd,
     analyze_cmd,
     branch_cmd,
     cluster_check,
@@ -28,6 +29,7 @@ COMMANDS = (
     analyze_cmd,
     recommend_cmd,
     schedule_cmd,
+    allocate_cmd,
     probe_cmd,
     branch_cmd,
     pack_cmd,

@@ -170,6 +170,7 @@ def _run(args: argparse.Namespace) -> int:
     print(model_lines(model, times)[0].replace("`", "").rstrip(":") + "; per split in recommend.md")
     excluded = sorted({e for e in p.excluded if e})
     print("\n".join(pollux[0] + [f"- excluded: {e}" for e in excluded] + [f"- {n}" for n in p.notes]))
+    print(schedule_line(args.sweep_dir))
     print(
         f"wrote {out}/{rr.JSON_FILE}, {rr.FIGURE}, recommend.md"
         + (f"; logged to MLflow run {parent}" if parent else "")
@@ -245,3 +246,33 @@ def write_section(out: str, sec: str, metric: str) -> None:
             f.write(md)
         with open(os.path.join(out, HTML_FILE), "w", encoding="utf-8") as f:
             f.write(render_html(md, out, title=f"Critical batch size: {metric}"))
+
+
+def schedule_line(sweep_dir: str) -> str:
+    """One line on growing the batch during training: the step-minimising ``batch_schedule`` within the examples of
+    the constant batch size nearest B_crit (``bcrit schedule``, analysis.schedule), from the sweep's analysis."""
+    from analysis.schedule import propose, segments_of
+    from orchestrator import schedule_cmd as sc
+
+    try:
+        path, _ = sc.analysis_file(sweep_dir)
+        with open(path) as f:
+            result = json.load(f)
+        segments, _notes = segments_of(result)
+        if not segments:
+            return "batch schedule: no target has a usable fit to propose one from"
+        proposal = propose(segments, sc.batch_sizes_of(None, result), None)
+        out = sc.summary(proposal, sc.tuned_lrs(result, segments), sc.throughput_per_batch(sweep_dir), [])
+    except (UserError, OSError, ValueError, KeyError) as e:
+        return f"batch schedule: not proposed ({e})"
+    sched, ref = out["schedule"], out["reference"]
+    if len(set(sched["sizes"])) == 1:
+        return (f"batch schedule: none proposed -- no growing batch beats {ref['plan']} within its examples "
+                f"(bcrit schedule {sweep_dir} shows the segments)")  # fmt: skip
+    t = out["trial"]
+    return (
+        f"batch schedule: start at batch_size {t['batch_size']}, batch_schedule {t['batch_schedule']}: predicted "
+        f"{100 * (1 - sched['steps'] / ref['steps']):.0f}% fewer steps and "
+        f"{100 * (1 - sched['examples'] / ref['examples']):.0f}% fewer examples than {ref['plan']} "
+        f"(bcrit schedule {sweep_dir}; docs/schedule.md)"
+    )

@@ -31,7 +31,7 @@ def register(sub) -> None:
     p.set_defaults(func=schedule_command)
 
 
-def _analysis_file(path: str) -> tuple[str, str | None]:
+def analysis_file(path: str) -> tuple[str, str | None]:
     """``(bcrit.json, sweep dir or None)`` of the positional argument."""
     if os.path.isfile(path):
         return path, None
@@ -41,7 +41,7 @@ def _analysis_file(path: str) -> tuple[str, str | None]:
     raise UserError(f"{path} holds no analysis ({candidate} missing); run `bcrit analyze {path}` first")
 
 
-def _batch_sizes(text: str | None, result: dict) -> list[int]:
+def batch_sizes_of(text: str | None, result: dict) -> list[int]:
     if text is None:
         found = {int(p["batch_size"]) for t in result["targets"] for p in t.get("points", [])}
         if not found:
@@ -56,7 +56,7 @@ def _batch_sizes(text: str | None, result: dict) -> list[int]:
     return sizes
 
 
-def _throughput(sweep: str | None) -> dict[int, float]:
+def throughput_per_batch(sweep: str | None) -> dict[int, float]:
     """Median ``sys/examples_per_s`` per batch size of the sweep's trials ({} without tables or measurements)."""
     if sweep is None or not os.path.isfile(os.path.join(sweep, "metrics.parquet")):
         return {}
@@ -74,7 +74,7 @@ def _throughput(sweep: str | None) -> dict[int, float]:
 def schedule_command(args) -> int:
     from analysis.schedule import propose, segments_of
 
-    path, sweep = _analysis_file(args.sweep)
+    path, sweep = analysis_file(args.sweep)
     try:
         with open(path) as f:
             result = json.load(f)
@@ -82,14 +82,14 @@ def schedule_command(args) -> int:
         raise UserError(f"cannot read {path}: {e}") from None
     if not isinstance(result, dict) or not isinstance(result.get("targets"), list):
         raise UserError(f"{path} is not a bcrit analysis (no targets); run bcrit analyze again")
-    sizes = _batch_sizes(args.batch_sizes, result)
+    sizes = batch_sizes_of(args.batch_sizes, result)
     if args.reference is not None and args.reference not in sizes:
         raise UserError(f"--reference {args.reference} is not among the batch sizes {sizes}; pick one of them")
     segments, notes = segments_of(result)
     if not segments:
         raise UserError(f"{path}: no target has a usable fit (S_min, E_min > 0); analyse more targets")
     proposal = propose(segments, sizes, args.reference)
-    out = summary(proposal, tuned_lrs(result, segments), _throughput(sweep), notes)
+    out = summary(proposal, tuned_lrs(result, segments), throughput_per_batch(sweep), notes)
     print(render(out, result.get("metric", "?"), path))
     if args.json:
         with open(args.json, "w") as f:

@@ -34,7 +34,7 @@ from typing import Any
 from orchestrator.overrides import UserError, apply_overrides, load_yaml
 
 TOP_KEYS = ("name", "workload", "scientific", "nuisance", "fixed", "stopping", "tracking", "storage")
-SCIENTIFIC_KEYS = ("batch_sizes", "splits", "per_batch_size", "use_gpu", "cpus_per_worker")
+SCIENTIFIC_KEYS = ("batch_sizes", "splits", "per_batch_size", "use_gpu", "cpus_per_worker", "timestep_sampling")
 SPLIT_KEYS = ("micro_batch_size", "grad_accum", "num_workers")
 NUISANCE_PARAMS = ("lr", "warmup_steps", "beta2", "weight_decay")
 NUISANCE_KEYS = ("search", "trials_per_batch_size", "seed", *NUISANCE_PARAMS)
@@ -108,6 +108,9 @@ class SweepSpec:
     experiment: str
     sweep_dir: str
     raw: dict = field(compare=False, repr=False)  # the resolved YAML (saved in the sweep dir, logged to MLflow)
+    samplers: tuple[
+        str, ...
+    ] = ()  # scientific.timestep_sampling: every trial runs once per sampler (docs/allocation.md)
 
     # --- trial configs -----------------------------------------------------------------------------------
     def base_config(self, batch_size: int, split: Split, seed: int) -> dict[str, Any]:
@@ -144,7 +147,9 @@ class SweepSpec:
         """All trial-config dicts of a grid sweep; for optuna, one representative per group and nuisance corner
         (low and high ends of every range), which is what validation needs."""
         points = self.grid_points() or self._optuna_corners()
-        return [{**self.base_config(b, s, seed), **p} for b, s, seed in self.groups() for p in points if s.runs(p)]
+        samplers = [{"timestep_sampling": x} for x in self.samplers] or [{}]
+        return [{**self.base_config(b, s, seed), **x, **p}
+                for b, s, seed in self.groups() for x in samplers for p in points if s.runs(p)]  # fmt: skip
 
     def _optuna_corners(self) -> list[dict[str, Any]]:
         ends = [list(v) if isinstance(v, tuple) else [v] for v in self.nuisance.values()]
@@ -153,7 +158,8 @@ class SweepSpec:
     def num_trials(self) -> int:
         if self.search == "grid":
             points = self.grid_points()
-            return sum(sum(1 for p in points if s.runs(p)) for _b, s, _seed in self.groups())
+            per = max(1, len(self.samplers))
+            return per * sum(sum(1 for p in points if s.runs(p)) for _b, s, _seed in self.groups())
         return len(self.groups()) * self.trials_per_batch_size  # one study per group (batch size x split x seed)
 
     def to_yaml(self) -> str:
@@ -253,7 +259,23 @@ def parse_spec(data: dict, *, sweep_dir: str | None = None, source: str = "spec"
         experiment=experiment,
         sweep_dir=sweep_dir,
         raw={**data, "name": name, "storage": sweep_dir, "tracking": {"mlflow_uri": uri, "experiment": experiment}},
+        samplers=_samplers(sci.get("timestep_sampling"), fixed, search),
     )
+
+
+def _samplers(v: Any, fixed: dict, search: str) -> tuple[str, ...]:
+    """``scientific.timestep_sampling``: a list of samplers compared over the same grid (docs/allocation.md)."""
+    if v is None:
+        return ()
+    v = [v] if isinstance(v, str) else v
+    known = ("uniform", "noise", "loss")
+    if not isinstance(v, list) or not v or any(x not in known for x in v) or len(set(v)) != len(v):
+        raise UserError(f"scientific.timestep_sampling must be a list of distinct samplers of {list(known)}, got {v!r}")
+    if "timestep_sampling" in fixed:
+        raise UserError("fixed.timestep_sampling is set by scientific.timestep_sampling; keep one of them")
+    if search != "grid":
+        raise UserError("scientific.timestep_sampling compares samplers on one grid; use nuisance.search: grid")
+    return tuple(v)
 
 
 def local_mlflow_uri(sweep_dir: str) -> str:

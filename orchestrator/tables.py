@@ -59,6 +59,8 @@ def trial_row(trial_id: str, cfg: dict, status: str, result: dict | None = None)
         row[k] = None if v is None else float(v)
     if cfg.get("batch_schedule"):  # a scheduled trial (analysis.stages): its stages as JSON text; absent otherwise
         row["batch_schedule"] = json.dumps(cfg["batch_schedule"])
+    if "timestep_sampling" in cfg:  # a scientific variable when a sweep compares samplers (docs/allocation.md)
+        row["timestep_sampling"] = str(cfg["timestep_sampling"])
     tags = cfg.get("extra") or {}
     if tags.get(PARENT):  # a branch of a branched study (orchestrator.branch)
         row.update({PARENT: str(tags[PARENT]), BRANCH_STEP: int(tags[BRANCH_STEP]), K: float(tags[K])})

@@ -10,6 +10,7 @@ import os
 from dataclasses import dataclass, field, fields
 from typing import Any
 
+from analysis.allocation import SAMPLERS
 from analysis.gns import DEFAULT_WINDOW
 from analysis.stages import LR_RULES, BatchStages
 from trainables.presets import PRESETS
@@ -65,6 +66,12 @@ class TrialConfig:
     # windows (sparse: one measurement per gns_every steps) keep the plain gns_window rule
     gns_every: int = 300  # per-bin GNS cadence in steps (0 = off); one pass ~13 steps of B=32 (K=10): ~4.3%
     gns_bin_examples: int = 32  # examples per bin per measurement (split in two halves); 0 = micro_batch_size
+    # --- timestep sampling (trainables.timestep_sampler, docs/allocation.md) ---------------------------------
+    timestep_sampling: str = "uniform"  # uniform (today's draws) | noise (p_k ∝ q_k sqrt(m_k) from per-bin GNS) |
+    # loss (p_k ∝ q_k sqrt(E[L^2]) of recent steps); noise and loss weight examples by q_k / p_k (unbiased)
+    alloc_every: int = 50  # steps between re-estimations of the allocation (noise / loss)
+    alloc_floor: float = 0.1  # uniform share mixed into the allocation so no bin starves
+    alloc_history: int = 10  # loss: recent per-bin losses kept (uniform until every bin has this many)
     # --- reporting and checkpoints ------------------------------------------------------------------------
     report_every: int = 0  # steps between reports to Ray; 0 = eval_every
     checkpoint_every: int = 0  # steps between checkpoints (a multiple of report_every); 0 = only at the end
@@ -296,6 +303,10 @@ BOUNDS: dict[str, Bound] = {
     "gns_window_half": Bound("bool"),
     "gns_every": COUNT,
     "gns_bin_examples": COUNT,
+    "timestep_sampling": Bound("str"),
+    "alloc_every": POS,
+    "alloc_floor": Bound("float", 0, 1, lo_open=True),
+    "alloc_history": POS,
     "report_every": COUNT,
     "checkpoint_every": COUNT,
     "use_gpu": Bound("bool"),
@@ -330,6 +341,17 @@ def check_schedule(c: Any) -> None:
         raise ConfigError(str(e)) from None
 
 
+def check_sampling(c: TrialConfig) -> None:
+    """The timestep-sampling settings (docs/allocation.md): a known sampler; ``noise`` needs per-bin GNS."""
+    if c.timestep_sampling not in SAMPLERS:
+        raise ConfigError(f"timestep_sampling must be one of {list(SAMPLERS)}, got {c.timestep_sampling!r}")
+    if c.timestep_sampling == "noise" and not 0 < c.gns_every <= c.max_steps:
+        raise ConfigError(
+            "timestep_sampling: noise allocates by the per-bin GNS measurements; set gns_every to a step count "
+            f"in 1..max_steps ({c.max_steps}), e.g. gns_every: {min(c.max_steps, c.alloc_every)}"
+        )
+
+
 def validate(c: TrialConfig) -> None:
     """Raise one ConfigError for the first impossible setting, before any worker starts: each field against its
     row of `BOUNDS`, then the settings that depend on each other."""
@@ -362,6 +384,7 @@ def validate(c: TrialConfig) -> None:
         raise ConfigError(
             f"checkpoint_every {c.checkpoint_every} must be a multiple of report_every {c.report_interval}"
         )
+    check_sampling(c)
     if c.eval_size < c.timestep_bins:
         raise ConfigError(f"eval_size {c.eval_size} must be >= timestep_bins {c.timestep_bins}")
     if c.dataset != "digits" and not os.path.isdir(c.dataset):

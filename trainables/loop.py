@@ -21,7 +21,7 @@ from trainables import branch_points, checkpoint
 from trainables.compiling import compile_model
 from trainables.config import TrialConfig
 from trainables.data import load_dataset
-from trainables.diffusion import make_scheduler
+from trainables.diffusion import NUM_TIMESTEPS, make_scheduler
 from trainables.evaluation import HeldOutEval
 from trainables.gns_stats import LocalGradNormHook
 from trainables.lr_schedule import lr_schedule
@@ -79,7 +79,13 @@ class DiTLearner(Learner):
         self.autocast = _autocast(cfg, device)
         self.evaluator = HeldOutEval(self.data, cfg.eval_repeats, cfg.timestep_bins, rank, world, device)
         data, scheduler, autocast = self.data, self.scheduler, self.autocast
-        self.train_step = TrainStep(cfg, model, ddp, data, scheduler, rank, world, device, autocast, hook)
+        self.sampler = None  # timestep_sampling uniform: the original draws (trainables.timestep_sampler)
+        if cfg.timestep_sampling != "uniform":
+            from trainables.timestep_sampler import TimestepSampler
+
+            self.sampler = TimestepSampler(cfg, NUM_TIMESTEPS, device)
+        args = (cfg, model, ddp, data, scheduler, rank, world, device, autocast, hook, self.sampler)
+        self.train_step = TrainStep(*args)
         self.bin_gns = None
         if cfg.gns_every:
             from trainables.gns_bins import BinGNS
@@ -108,6 +114,8 @@ class DiTLearner(Learner):
         done = step + 1
         measure_bins = self.bin_gns is not None and done % cfg.gns_every == 0
         bin_values = self.bin_gns.measure(done) if measure_bins else {}
+        if self.sampler is not None:  # re-estimate the allocation (after this step's per-bin measurement)
+            bin_values.update(self.sampler.update(done, self.bin_gns.windows if self.bin_gns else ()))
         seconds = self.timer.stop()  # training time includes the GNS measurements
         values = {M.TRAIN_LOSS: s.loss, M.LR: lr, M.GRAD_NORM: s.g2_big**0.5}
         if s.g2_small is not None and s.finite:  # a non-finite step ends the trial as diverged
@@ -143,6 +151,7 @@ class DiTLearner(Learner):
             "ema": self.ema.state_dict() if self.ema is not None else None,
             "gns_ema": self.gns_window.state_dict(),
             "bin_gns": self.bin_gns.state_dict() if self.bin_gns is not None else None,
+            "timestep_sampler": self.sampler.state_dict() if self.sampler is not None else None,
             "config": self.cfg.to_dict(),
             "dataset_info": vars(self.data.info),
         }
@@ -156,6 +165,8 @@ class DiTLearner(Learner):
         self.gns_window.load_state_dict(state["gns_ema"])
         if self.bin_gns is not None:
             self.bin_gns.load_state_dict(state["bin_gns"])
+        if self.sampler is not None:
+            self.sampler.load_state_dict(state.get("timestep_sampler"))
 
     def save(self, directory: str, state) -> None:
         checkpoint.save(directory, self.rank, state() if self.rank == 0 else None)

@@ -22,6 +22,7 @@ from typing import Any
 import numpy as np
 
 from analysis import metrics as M
+from analysis.nqm_alloc import bin_noise, noise_allocation, weighted_noise
 from analysis.stages import BatchStages
 from trainables.branch_points import start_quadratic
 from trainables.config import BOUNDS, COUNT, Bound, ConfigError, check_bounds, check_schedule, config_from_dict
@@ -61,6 +62,11 @@ class QuadraticConfig:
     # noises N(0, c/u) and averages them, so a batch of k·u sees the same unit noises, in the same order, as k
     # steps at u (common random numbers across batch sizes, like a data stream; the branched study sets u = B0)
     noise_unit: int = 0
+    # --- timestep bins of different noise (analysis.nqm_alloc; docs/allocation.md) -----------------------------
+    timestep_bins: int = 1  # K equal bins; an example of bin k has noise covariance s_k c, s of mean 1
+    bin_noise_ratio: float = 1.0  # s_{K-1} / s_0 (geometric in k); 1 = every bin the plain NQM's noise
+    timestep_sampling: str = "uniform"  # uniform (today's draws) | noise (p_k ∝ sqrt(s_k), weights q_k / p_k)
+    alloc_floor: float = 0.1  # uniform share mixed into the noise allocation
     # --- resources -----------------------------------------------------------------------------------------------
     use_gpu: bool = False
     cpus_per_worker: int = 1
@@ -80,6 +86,16 @@ class QuadraticConfig:
                 raise ConfigError(f"noise_unit {self.noise_unit} must divide every batch size, got {b}")
         if self.checkpoint_every and self.checkpoint_every % self.report_interval:
             raise ConfigError(f"checkpoint_every must be a multiple of report_every {self.report_interval}")
+        self._check_sampling()
+
+    def _check_sampling(self) -> None:
+        if self.timestep_sampling not in ("uniform", "noise"):
+            raise ConfigError(
+                f"the quadratic workload's timestep_sampling is uniform or noise, got {self.timestep_sampling!r} "
+                "(its bins share one loss, so a loss-based sampler has nothing to act on)"
+            )
+        if self.timestep_sampling == "noise" and (self.timestep_bins < 2 or self.noise_unit):
+            raise ConfigError("timestep_sampling: noise needs timestep_bins >= 2 and noise_unit: 0")
 
     @property
     def accum(self) -> int:
@@ -121,6 +137,10 @@ QUADRATIC_BOUNDS: dict[str, Bound] = {
     "noise_scale": Bound("float", 0),
     "theta0": Bound("float"),
     "step_seconds": Bound("float", 0, 60),
+    "timestep_bins": Bound("int", 1, 1000),
+    "bin_noise_ratio": Bound("float", 0, lo_open=True),
+    "timestep_sampling": Bound("str"),
+    "alloc_floor": Bound("float", 0, 1, lo_open=True),
 }
 
 
@@ -143,6 +163,10 @@ class QuadraticLearner(Learner):
         self.c = c
         self.rng = np.random.default_rng(cfg.seed)
         self._stages: dict[int, tuple[np.ndarray, int, float]] = {}  # stage -> (noise sd, unit draws, lr)
+        self.alloc = None  # (s, q, p) of the noise sampler; uniform keeps the plain draws
+        if cfg.timestep_sampling == "noise":
+            s, q = bin_noise(cfg.timestep_bins, cfg.bin_noise_ratio), np.full(cfg.timestep_bins, 1 / cfg.timestep_bins)
+            self.alloc = (s, q, noise_allocation(s, q, cfg.alloc_floor))
 
     def stage(self, step: int) -> tuple[np.ndarray, int, float]:
         """``(noise sd, unit noises per step, lr)`` of the step taken with ``step`` steps done (its stage's B)."""
@@ -163,11 +187,18 @@ class QuadraticLearner(Learner):
         sd, units, lr = self.stage(step)
         t0 = time.perf_counter()
         with np.errstate(over="ignore", invalid="ignore"):
-            xi = sd * (rng.standard_normal((units, cfg.dim)).mean(axis=0) if units else rng.standard_normal(cfg.dim))
-            self.theta = theta - lr * (h * theta + xi)
+            if self.alloc is not None:  # importance-weighted bins (analysis.nqm_alloc, the closed form's draw)
+                B = cfg.stages.batch(step)
+                self.theta = theta - lr * weighted_noise(rng, theta, h, self.c, B, *self.alloc)
+            else:
+                xi = sd * (rng.standard_normal((units, cfg.dim)).mean(0) if units else rng.standard_normal(cfg.dim))
+                self.theta = theta - lr * (h * theta + xi)
         if cfg.step_seconds:
             time.sleep(cfg.step_seconds)
-        return StepOutcome(time.perf_counter() - t0)
+        values = {}
+        if self.alloc is not None and step == 0:  # the allocation in use (fixed: the known per-bin noise)
+            values = {M.per_bin(M.ALLOC_BIN_P, k): float(pk) for k, pk in enumerate(self.alloc[2])}
+        return StepOutcome(time.perf_counter() - t0, values)
 
     def evaluate(self) -> dict[str, float]:
         with np.errstate(over="ignore", invalid="ignore"):

@@ -52,7 +52,9 @@ def global_gns_available(cfg) -> bool:
 
 
 class TrainStep:
-    def __init__(self, cfg, model, ddp_model, data, scheduler, rank, world_size, device, autocast, hook=None):
+    def __init__(
+        self, cfg, model, ddp_model, data, scheduler, rank, world_size, device, autocast, hook=None, sampler=None
+    ):
         self.cfg, self.model, self.ddp = cfg, model, ddp_model
         self.data, self.scheduler = data, scheduler
         self.rank, self.world, self.device, self.autocast = rank, world_size, torch.device(device), autocast
@@ -72,33 +74,44 @@ class TrainStep:
         self.generator = torch.Generator(device=self.device)
         info = data.info
         self.shape = (info.channels, info.image_size, info.image_size)
+        self.sampler = sampler  # trainables.timestep_sampler.TimestepSampler; None = uniform (the original draws)
 
-    def draws(self, step: int) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    def draws(self, step: int) -> tuple[torch.Tensor, ...]:
         """The global batch's ``(timesteps [B], uniforms [B], noise [B, C, H, W])`` of ``step`` on the device (``B``
-        of the step's stage: still keyed by ``(seed, step)``)."""
-        return step_draws(self.cfg.seed, step, self.stages.batch(step), self.shape, NUM_TIMESTEPS, self.device,
-                          self.generator)  # fmt: skip
+        of the step's stage: still keyed by ``(seed, step)``); with a timestep sampler the timesteps are re-drawn from
+        its allocation, and ``(weights [B], bins [B])`` follow."""
+        B = self.stages.batch(step)
+        t, u, noise = step_draws(self.cfg.seed, step, B, self.shape, NUM_TIMESTEPS, self.device, self.generator)
+        if self.sampler is None:
+            return t, u, noise
+        t, w, k = self.sampler.draw(self.generator, B)  # same generator, after the noise
+        return t, u, noise, w, k
 
     def _micro_batch(self, step: int, draws, m: int, B: int, A: int):
         cfg = self.cfg
         sl = local_slice(B, self.world, self.rank, A, cfg.micro_batch_size, m)
         x, y = self.batches.get(step, m)  # (micro, C, H, W) float32, (micro,) on the device
-        t, u, noise = (d[sl] for d in draws)
+        t, u, noise, *wk = (d[sl] for d in draws)  # wk: [weights, bins] of a non-uniform sampler
         y = torch.where(u < cfg.class_dropout, self.data.info.num_classes, y)  # label drop -> null class
-        return x, y, t, noise
+        return x, y, t, noise, wk
 
     def close(self) -> None:
         """Stop the prefetching thread."""
         self.batches.close()
 
-    def _backward(self, x, y, t, noise, m: int, A: int, mode: str, loss_sum: torch.Tensor) -> None:
-        """Micro-batch ``m`` of ``A``: its forward and backward, one pass or (``halves``, A = 1) one per half."""
+    def _backward(self, x, y, t, noise, m: int, A: int, mode: str, loss_sum: torch.Tensor, wk=(), bin_stats=None):
+        """Micro-batch ``m`` of ``A``: its forward and backward, one pass or (``halves``, A = 1) one per half.
+        ``wk``: ``[weights, bins]`` of a non-uniform sampler (each loss is weighted; ``bin_stats`` collects per-bin
+        L^2)."""
         micro, halves = self.cfg.micro_batch_size, mode == GNS_HALVES
         pieces = self.pieces if mode in (GNS_MICRO, GNS_HALVES) else None
         cuts = [(0, micro // 2), (micro // 2, micro)] if halves else [(0, micro)]
         for i, (lo, hi) in enumerate(cuts):
             with self.autocast():
                 losses = per_example_loss(self.ddp, self.scheduler, x[lo:hi], y[lo:hi], t[lo:hi], noise[lo:hi])
+            if wk:  # importance weights q_k / p_k: an unbiased estimate of the uniform objective
+                self.sampler.bin_stats(losses, wk[1][lo:hi], bin_stats)
+                losses = losses * wk[0][lo:hi]
             if halves:  # each half's share of the micro-batch mean
                 (losses.sum() / micro).backward()
             else:
@@ -114,12 +127,14 @@ class TrainStep:
         loss_sum = torch.zeros((), dtype=torch.float64, device=self.device)
         if self.pieces is not None:
             self.pieces.total = B
+        nbins = self.sampler.num_bins if self.sampler is not None else 0
+        bin_stats = torch.zeros(nbins, 2, dtype=torch.float64, device=self.device)  # per bin [sum L^2, count]
         for m in range(A):
-            x, y, t, noise = self._micro_batch(step, draws, m, B, A)
+            x, y, t, noise, wk = self._micro_batch(step, draws, m, B, A)
             last = m == A - 1
             sync = contextlib.nullcontext() if (last or self.world == 1) else self.ddp.no_sync()
             with sync:
-                self._backward(x, y, t, noise, m, A, mode, loss_sum)
+                self._backward(x, y, t, noise, m, A, mode, loss_sum, wk, bin_stats)
         g2_big = sq_norm([p.grad for p in self.params]).to(self.device)
         small, k = torch.zeros((), dtype=torch.float64, device=self.device), 0
         pieces = self.pieces is not None and mode in (GNS_MICRO, GNS_HALVES)
@@ -130,11 +145,14 @@ class TrainStep:
             local_g2 = self.hook.pop_tensor().to(device=self.device, dtype=torch.float64)
         else:
             local_g2 = torch.zeros((), dtype=torch.float64, device=self.device)
-        reduced = torch.stack([loss_sum, local_g2])
+        reduced = torch.cat([torch.stack([loss_sum, local_g2]), bin_stats.flatten()])
         if self.world > 1:
             torch.distributed.all_reduce(reduced)
-        # the step's one host synchronisation: [loss sum, |G_B|^2, pieces' |G_b|^2, sum of local |G|^2]
-        loss_total, g2_big_f, small_f, local_sum = torch.stack([reduced[0], g2_big, small, reduced[1]]).tolist()
+        # the step's one host synchronisation: [loss sum, |G_B|^2, pieces' |G_b|^2, sum of local |G|^2, bins...]
+        synced = torch.cat([torch.stack([reduced[0], g2_big, small, reduced[1]]), reduced[2:]]).tolist()
+        loss_total, g2_big_f, small_f, local_sum = synced[:4]
+        if self.sampler is not None:
+            self.sampler.observe([synced[4 + 2 * j : 6 + 2 * j] for j in range(nbins)])
         loss = loss_total / B
         if mode == GNS_RANKS and self.hook is not None:
             g2_small, b_small = local_sum / self.world, float(cfg.micro_batch_size * A)

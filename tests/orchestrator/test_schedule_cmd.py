@@ -66,7 +66,7 @@ def test_missing_or_unusable_analysis_is_one_line_exit_2(tmp_path, capsys):
 def test_seconds_come_from_the_median_throughput_per_batch_size(tmp_path, capsys):
     """A sweep directory with sys/examples_per_s rows: the proposal's seconds are examples / median throughput."""
     from analysis import metrics as M
-    from orchestrator.schedule_cmd import _throughput
+    from orchestrator.schedule_cmd import throughput_per_batch
     from orchestrator.tables import RunsTables, trial_row
 
     tables = RunsTables(str(tmp_path))
@@ -78,7 +78,7 @@ def test_seconds_come_from_the_median_throughput_per_batch_size(tmp_path, capsys
         )
         tables.write_trial(trial_row(tid, cfg, M.STATUS_BUDGET_SPENT))
     tables.compact()
-    assert _throughput(str(tmp_path)) == {b: 250.0 * b for b in SIZES}  # the median, not the mean
+    assert throughput_per_batch(str(tmp_path)) == {b: 250.0 * b for b in SIZES}  # the median, not the mean
     (tmp_path / "analysis").mkdir()
     (tmp_path / "analysis" / "bcrit.json").write_text(open(analysis(tmp_path)).read())
     out = tmp_path / "p.json"
@@ -87,3 +87,23 @@ def test_seconds_come_from_the_median_throughput_per_batch_size(tmp_path, capsys
     # examples / (250 B) = steps / 250 at every batch size
     for row in (got["schedule"], got["reference"], *got["constants"]):
         assert row["seconds"] == pytest.approx(row["steps"] / 250.0, rel=1e-9)
+
+
+def test_recommend_states_the_schedule_in_one_line(tmp_path):
+    """`bcrit recommend`'s schedule line is the `bcrit schedule` proposal (same stages, same predicted savings), a
+    'none proposed' line where the batch need not grow, and says why where nothing can be proposed."""
+    from orchestrator.recommend_cmd import schedule_line
+
+    sweep = tmp_path / "sweep"
+    (sweep / "analysis").mkdir(parents=True)
+    analysis(sweep / "analysis")
+    assert main(["schedule", str(sweep), "--json", str(tmp_path / "p.json")]) == 0
+    got = json.loads((tmp_path / "p.json").read_text())
+    line = schedule_line(str(sweep))
+    saved = 100 * (1 - got["schedule"]["steps"] / got["reference"]["steps"])
+    assert f"batch_schedule {got['trial']['batch_schedule']}" in line and f"{saved:.0f}% fewer steps" in line
+    flat = tmp_path / "flat"
+    (flat / "analysis").mkdir(parents=True)
+    analysis(flat / "analysis", s_min=(3.0, 6.0, 9.0), e_min=(30.0, 60.0, 90.0))  # B_local 10 in every segment
+    assert "none proposed" in schedule_line(str(flat))
+    assert "not proposed" in schedule_line(str(tmp_path / "nothing"))

@@ -191,3 +191,35 @@ def test_per_batch_size_eval_every_and_max_steps(tmp_path):
     spec["fixed"]["eval_every"] = {16: 4, 64: 1, 32: 2}
     with pytest.raises(UserError, match=r"fixed.eval_every.32 is not in scientific.batch_sizes \[16, 64\]"):
         parse_spec(spec)
+
+
+def test_timestep_sampling_is_a_scientific_variable(tmp_path, no_ray_address):
+    sci = {"batch_sizes": [16, 64], "splits": [{"grad_accum": 1, "num_workers": 0}]}
+    base = quadratic_spec(tmp_path, fixed={"dim": 50, "eval_every": 1, "seeds": [0], "timestep_bins": 4})
+    spec = parse_spec({**base, "scientific": {**sci, "timestep_sampling": ["uniform", "noise"]}})
+    configs = spec.trial_configs()
+    assert spec.num_trials() == len(configs) == 2 * 2 * 2  # batch sizes x lrs x samplers
+    assert sorted({c["timestep_sampling"] for c in configs}) == ["noise", "uniform"]
+    assert "timestep_sampling" not in parse_spec(base).trial_configs()[0]  # absent: today's configs
+    from orchestrator.tables import trial_row
+
+    assert (
+        trial_row("t", {**configs[-1], "lr": 0.5}, "running")["timestep_sampling"] == configs[-1]["timestep_sampling"]
+    )
+    for bad, message in [
+        (["uniform", "snr"], "timestep_sampling must be a list"),
+        (["noise", "noise"], "timestep_sampling must be a list"),
+    ]:
+        with pytest.raises(UserError, match=message):
+            parse_spec({**base, "scientific": {**sci, "timestep_sampling": bad}})
+    both = {**base, "fixed": {**base["fixed"], "timestep_sampling": "noise"}}
+    with pytest.raises(UserError, match="keep one of them"):
+        parse_spec({**both, "scientific": {**sci, "timestep_sampling": ["uniform"]}})
+    with pytest.raises(UserError, match="search: grid"):
+        parse_spec(
+            {
+                **base,
+                "scientific": {**sci, "timestep_sampling": ["uniform"]},
+                "nuisance": {"search": "optuna", "lr": {"low": 0.1, "high": 1.0}, "trials_per_batch_size": 2},
+            }
+        )

@@ -23,3 +23,30 @@ def test_resume_is_exact_theta_and_noise_stream(tmp_path):
     assert evals(first) + new == evals(straight)  # bit-identical: the generator's state was restored
     assert summary["status"] == M.STATUS_BUDGET_SPENT and summary[M.STEP] == 20
     assert len({v for _, v in evals(straight)}) == 21  # the noise is live (not a deterministic decay)
+
+
+def test_binned_noise_sampler_resumes_exactly_and_logs_its_allocation(tmp_path):
+    import numpy as np
+    import pytest
+
+    from analysis.nqm_alloc import bin_noise, noise_allocation
+    from trainables.config import ConfigError
+
+    base = dict(dim=8, batch_size=4, micro_batch_size=4, lr=0.3, max_steps=20, eval_every=1, report_every=5,
+                timestep_bins=4, bin_noise_ratio=30.0)  # fmt: skip
+    cfg = QuadraticConfig(**base, timestep_sampling="noise")
+    straight, first = LocalSession(), LocalSession(str(tmp_path))
+    train_loop(cfg, straight)
+    train_loop(QuadraticConfig.from_dict({**cfg.to_dict(), "max_steps": 10}), first)
+    resumed = LocalSession(resume_from=first.checkpoints[-1])
+    train_loop(cfg, resumed)
+    assert evals(first) + [(s, v) for s, v in evals(resumed) if s > 10] == evals(straight)
+    uniform = LocalSession()
+    train_loop(QuadraticConfig(**base), uniform)
+    assert evals(uniform) != evals(straight)  # the sampler changes the draws
+    p = [r[3] for rep in straight.reports for r in rep["rows"] if r[2].startswith("alloc/")]
+    np.testing.assert_allclose(p, noise_allocation(bin_noise(4, 30.0), np.full(4, 0.25), 0.1))
+    with pytest.raises(ConfigError, match="uniform or noise"):
+        QuadraticConfig(**base, timestep_sampling="loss")
+    with pytest.raises(ConfigError, match="timestep_bins >= 2"):
+        QuadraticConfig(dim=8, timestep_sampling="noise")

@@ -101,6 +101,19 @@ def test_split_invariance_micro_and_accumulation():
     assert moved > 1e-3  # the tolerance is meaningful: another seed moves the parameters far more
 
 
+def test_split_invariance_with_a_timestep_sampler():
+    """The same with importance-weighted timesteps (docs/allocation.md): the allocation moves every step
+    (alloc_every 1, loss history 1) from the all-reduced per-bin losses, and the split still changes nothing."""
+    base = dict(TINY, max_steps=3, eval_every=3, batch_size=16, timestep_bins=4, timestep_sampling="loss",
+                alloc_every=1, alloc_history=1, gns_every=0)  # fmt: skip
+    p1 = _params_after(TrialConfig(**{**base, "micro_batch_size": 16}))
+    p2 = _params_after(TrialConfig(**{**base, "micro_batch_size": 4}))  # A = 4
+    diff = max((p1[k] - p2[k]).abs().max().item() for k in p1)
+    assert diff < 1e-4, diff
+    p0 = _params_after(TrialConfig(**{**base, "timestep_sampling": "uniform", "micro_batch_size": 16}))
+    assert max((p1[k] - p0[k]).abs().max().item() for k in p1) > 1e-3  # the sampler does change the update
+
+
 @pytest.mark.parametrize("micro", [16, 9])
 def test_halves_train_the_same_losses_as_one_backward(micro):
     """gns_halves (W = A = 1, the default) runs each step as two half-size backward passes over the same examples and
