@@ -14,7 +14,7 @@ import numpy as np
 import pytest
 import torch
 import torch.distributed as dist
-from ddp_group import rendezvous, run_group
+from ddp_group import run_group
 from torch import nn
 from torch.nn.parallel import DistributedDataParallel
 
@@ -116,11 +116,9 @@ def _worker(rank: int, world: int, init_method: str, out_dir: str) -> None:
 
 @pytest.mark.parametrize("world", [1, 2])
 def test_local_grad_norm_hook_matches_explicit_gradients(world: int, tmp_path: Path) -> None:
-    if world == 1:  # a one-process group runs in this process (saves a ~3 s spawn)
-        _worker(0, 1, rendezvous(tmp_path), str(tmp_path))
-        ranks = [json.loads(Path(tmp_path, "rank0.json").read_text())]
-    else:
-        ranks = run_group(_worker, world, tmp_path, timeout_s=90.0)
+    # W = 1 is spawned too: in the test process, freeing DDP's reducer after destroy_process_group() joined a gloo
+    # thread forever now and then (~3 s of spawn buys a reliable suite); a spawned rank leaves with os._exit
+    ranks = run_group(_worker, world, tmp_path, timeout_s=90.0)
     for r in ranks:
         assert r["pop2"] is False  # pop() resets: a second pop without a backward raises
         for step in r["steps"]:
@@ -147,11 +145,10 @@ def test_pop_before_any_bucket_names_the_fix() -> None:
         hook.pop_tensor()
 
 
-def test_hook_counts_each_bucket_once_in_float64(tmp_path: Path) -> None:
-    """One synchronising backward on a one-rank gloo group (in this process): ``buckets`` equals the number of times
-    DDP called the comm hook (counted by a wrapping hook, so DDP's bucketing is not assumed), the accumulated norm is
-    a float64 tensor equal to the float64 ``|grad|^2``, and ``pop`` resets both; a ``no_sync`` backward adds nothing."""
-    dist.init_process_group("gloo", init_method=rendezvous(tmp_path), rank=0, world_size=1)
+def _bucket_worker(rank: int, world: int, init_method: str, out_dir: str) -> None:
+    """The checks of `test_hook_counts_each_bucket_once_in_float64` on a one-rank group (a failed assert exits the
+    spawned rank non-zero, which fails the test); ``rank0.json`` says how many steps were checked."""
+    dist.init_process_group("gloo", init_method=init_method, rank=rank, world_size=world)
     try:
         ddp = DistributedDataParallel(_model(), bucket_cap_mb=1e-4)  # tiny buckets: several per backward
         hook = LocalGradNormHook()
@@ -178,5 +175,13 @@ def test_hook_counts_each_bucket_once_in_float64(tmp_path: Path) -> None:
             assert float(value) == pytest.approx(float(sum((g**2).sum() for g in grads)), rel=1e-6)
             assert hook.buckets == 0
             calls.clear()
+        Path(out_dir, f"rank{rank}.json").write_text(json.dumps({"checked_steps": 2}))
     finally:
         dist.destroy_process_group()
+
+
+def test_hook_counts_each_bucket_once_in_float64(tmp_path: Path) -> None:
+    """One synchronising backward on a one-rank gloo group: ``buckets`` equals the number of times DDP called the
+    comm hook (counted by a wrapping hook, so DDP's bucketing is not assumed), the accumulated norm is a float64
+    tensor equal to the float64 ``|grad|^2``, and ``pop`` resets both; a ``no_sync`` backward adds nothing."""
+    assert run_group(_bucket_worker, 1, tmp_path, timeout_s=90.0) == [{"checked_steps": 2}]
