@@ -1,9 +1,12 @@
 """What a person reads in the terminal while a sweep or a trial runs.
 
-- One line per trial event: ``[3/16] B=64 (32x1x2) lr=2e-3: reached 0.22 in 70 steps, 37 s`` (finished: reached /
-  budget spent / diverged; failed; retried). ``k/N``: trials finished so far of the sweep's total.
-- A live progress bar: on a terminal one line redrawn in place (``done / running / pending``, elapsed, ETA); when
-  the output is a file or a pipe, the same as a plain line at most once a minute.
+- One line per trial event, printed by bcrit: ``[3/16] B=64 (32x1x2) lr=2e-3: reached 0.22 in 70 steps, 37 s``
+  (finished: reached / budget spent / diverged; failed; retried). ``k/N``: trials finished so far of the total.
+- A live progress bar, drawn by tqdm: on a terminal one line redrawn in place (``done / running / pending``,
+  elapsed, ETA) at most every `REDRAW_EVERY_S`; when the output is a file or a pipe, the same as a plain
+  ``[bcrit] ...`` line at most every `PLAIN_EVERY_S` (`LogLines`: tqdm redraws with a carriage return, which a
+  log would keep as one ever-growing line). The ETA is tqdm's: what is left at the average rate since the bar
+  started (a resumed sweep's bar starts from the trials already done).
 - `SweepProgress` is a Ray Tune callback (the driver); `TrainProgress` draws the bar of ``bcrit train`` from the
   small progress file that `ProgressFileCallback` (a Ray Train callback, run by Train's controller on the driver's
   node) rewrites after every report.
@@ -20,11 +23,14 @@ import time
 from collections.abc import Callable
 from typing import TextIO
 
+from tqdm import tqdm
+
 from analysis import metrics as M
 
-BAR_WIDTH = 24
 PLAIN_EVERY_S = 60.0  # a non-terminal output gets the status line at most this often
-REDRAW_EVERY_S = 0.5
+REDRAW_EVERY_S = 0.5  # a terminal's bar is redrawn at most this often
+SWEEP_BAR = "[{bar:24}] {n}/{total} done{postfix}  {elapsed} elapsed, ETA {remaining}"
+TRAIN_BAR = "[{bar:24}] step {n}/{total}{postfix}  {elapsed} since the first report, ETA <= {remaining} (budget)"
 
 
 # --- formatting --------------------------------------------------------------------------------------------------
@@ -73,9 +79,56 @@ def outcome_text(cfg: dict, result: dict) -> str:
     return f"{status} at step {step}"
 
 
-def bar(fraction: float, width: int = BAR_WIDTH) -> str:
-    n = int(round(max(0.0, min(1.0, fraction)) * width))
-    return "#" * n + "." * (width - n)
+# --- the bar (tqdm) ------------------------------------------------------------------------------------------------
+class _Bar(tqdm):
+    monitor_interval = 0  # no monitor thread: the callers refresh the bar as their state changes
+
+
+class LogLines:
+    """tqdm's output for a file or a pipe: each refresh as its own ``[bcrit] ...`` line; the carriage returns and
+    blank clears of in-place redrawing dropped."""
+
+    def __init__(self, stream: TextIO, prefix: str = "[bcrit] "):
+        self.stream, self.prefix = stream, prefix
+
+    def write(self, s: str) -> None:
+        text = s.strip()  # tqdm writes CR + text + padding; CR + blanks + CR to clear
+        if text:
+            self.stream.write(f"{self.prefix}{text}\n")
+
+    def flush(self) -> None:
+        self.stream.flush()
+
+
+def is_tty(stream: TextIO) -> bool:
+    try:
+        return stream.isatty()
+    except (AttributeError, ValueError):
+        return False
+
+
+def make_bar(
+    total: int, fmt: str, *, stream: TextIO, tty: bool, initial: int = 0, postfix: str = "", clock=None
+) -> tqdm:
+    """A tqdm bar on ``stream``: redrawn in place on a terminal, a line per `PLAIN_EVERY_S` otherwise; its rate
+    (so its ETA) the average since it started (``smoothing=0``). ``clock``: tqdm's time source (tests)."""
+    bar = _Bar(
+        total=total,
+        initial=initial,
+        file=stream if tty else LogLines(stream),
+        bar_format=fmt,
+        ascii=".#",
+        postfix=postfix or None,
+        mininterval=REDRAW_EVERY_S if tty else PLAIN_EVERY_S,
+        miniters=0,  # redraw on time alone: the counts change rarely, elapsed and ETA all the time
+        smoothing=0,
+        leave=False,
+        dynamic_ncols=False,
+    )
+    if clock is not None:
+        bar._time = clock  # tqdm's own tests swap its clock this way
+        bar.start_t = bar.last_print_t = clock()
+    return bar
 
 
 # --- the sweep ---------------------------------------------------------------------------------------------------
@@ -104,15 +157,12 @@ class SweepProgress(_callback_base()):
         self._clock = clock
         self._tty = tty
         self._start: float | None = None
-        self._done_here = 0  # trials finished by this driver (the ETA's rate; a resumed sweep starts at 0)
         self._finished: dict[str, str] = {}  # trial_id -> final status seen
-        self._counts = (0, 0)  # (done, running) at the last event
-        self._last_draw = -math.inf
-        self._bar_shown = False
+        self._bar: tqdm | None = None  # made at the first count of the trials (a resumed sweep's start from there)
 
     # pickling (Tune saves the run config with its callbacks): the stream is the process's stdout again
     def __getstate__(self):
-        return {**self.__dict__, "_stream": None, "_start": None, "_bar_shown": False, "_last_draw": -math.inf}
+        return {**self.__dict__, "_stream": None, "_start": None, "_bar": None}
 
     @property
     def stream(self) -> TextIO:
@@ -120,12 +170,7 @@ class SweepProgress(_callback_base()):
 
     @property
     def tty(self) -> bool:
-        if self._tty is not None:
-            return self._tty
-        try:
-            return self.stream.isatty()
-        except (AttributeError, ValueError):
-            return False
+        return self._tty if self._tty is not None else is_tty(self.stream)
 
     # --- state ---
     def _count(self, trials) -> tuple[int, int]:
@@ -137,49 +182,34 @@ class SweepProgress(_callback_base()):
                 running += 1
         return min(done, self.total), running
 
-    def status_text(self, done: int, running: int, now: float) -> str:
-        pending = max(0, self.total - done - running)
-        elapsed = now - (self._start if self._start is not None else now)
-        eta = None
-        if self._done_here and elapsed > 0 and done < self.total:
-            eta = (self.total - done) * elapsed / self._done_here
-        elif done >= self.total:
-            eta = 0.0
-        return (
-            f"[{bar(done / max(self.total, 1))}] {done}/{self.total} done, {running} running, {pending} pending"
-            f"  {fmt_seconds(elapsed)} elapsed, ETA {fmt_seconds(eta)}"
-        )
-
-    # --- output ---
-    def _clear(self) -> None:
-        if self._bar_shown:
-            self.stream.write("\r\x1b[K")
-            self._bar_shown = False
-
-    def _draw(self, trials, force: bool = False) -> None:
+    def _sync(self, trials, draw: bool = True) -> None:
+        """The bar's counts from Tune's trials; ``draw``: redrawn if its interval has passed (tqdm decides)."""
         if not self.live:
             return
-        now = self._clock()
-        every = REDRAW_EVERY_S if self.tty else PLAIN_EVERY_S
-        if not force and now - self._last_draw < every:
-            return
-        self._last_draw = now
         done, running = self._count(trials)
-        text = self.status_text(done, running, now)
-        if self.tty:
-            self.stream.write("\r\x1b[K" + text)
-            self._bar_shown = True
+        postfix = f"{running} running, {max(0, self.total - done - running)} pending"
+        if self._bar is None:
+            self._bar = make_bar(
+                self.total,
+                SWEEP_BAR,
+                stream=self.stream,
+                tty=self.tty,
+                initial=done,
+                postfix=postfix,
+                clock=self._clock,
+            )
+            return
+        self._bar.set_postfix_str(postfix, refresh=False)
+        if draw:
+            self._bar.update(done - self._bar.n)
         else:
-            self.stream.write(f"[bcrit] {text}\n")
-        self.stream.flush()
+            self._bar.n = done
 
     def line(self, text: str, trials=()) -> None:
-        """An event line above the bar."""
-        self._clear()
-        self.stream.write(text + "\n")
+        """An event line above the bar (tqdm clears a terminal's bar, prints the line, draws the bar again)."""
+        self._sync(trials, draw=False)
+        tqdm.write(text, file=self.stream)
         self.stream.flush()
-        if self.tty:
-            self._draw(trials, force=True)
 
     # --- Tune hooks ---
     def setup(self, **info) -> None:
@@ -188,14 +218,13 @@ class SweepProgress(_callback_base()):
     def on_step_end(self, iteration, trials, **info) -> None:
         if self._start is None:
             self._start = self._clock()
-        self._draw(trials)
+        self._sync(trials)
 
     def on_trial_result(self, iteration, trials, trial, result, **info) -> None:
         status = result.get("status", M.STATUS_RUNNING)
         if status == M.STATUS_RUNNING or trial.trial_id in self._finished:
             return
         self._finished[trial.trial_id] = status
-        self._done_here += 1
         done, _ = self._count(trials)
         took = result.get("time_total_s")
         cfg = trial.config["trial"]
@@ -204,7 +233,6 @@ class SweepProgress(_callback_base()):
     def on_trial_error(self, iteration, trials, trial, **info) -> None:
         if trial.trial_id not in self._finished:
             self._finished[trial.trial_id] = M.STATUS_FAILED
-            self._done_here += 1
         done, _ = self._count(trials)
         where = trial.error_file or trial.path or "see the Tune log"
         self.line(f"[{done}/{self.total}] {trial_label(trial.config['trial'])}: FAILED, error in {where}", trials)
@@ -214,7 +242,9 @@ class SweepProgress(_callback_base()):
         self.line(f"[{done}/{self.total}] {trial_label(trial.config['trial'])}: error, retrying", trials)
 
     def on_experiment_end(self, trials, **info) -> None:
-        self._clear()
+        if self._bar is not None:
+            self._bar.close()  # leave=False: a terminal's bar line is cleared
+            self._bar = None
         counts: dict[str, int] = {}
         for t in trials:
             s = self._finished.get(t.trial_id) or (t.last_result or {}).get("status") or t.status.lower()
@@ -264,38 +294,32 @@ def write_progress(path: str, metrics: dict) -> None:
     os.replace(tmp, path)
 
 
-def train_status_text(p: dict, max_steps: int, target: float | None, elapsed: float) -> str:
-    step = int(p.get(M.STEP) or 0)
+def train_postfix(p: dict, target: float | None) -> str:
+    """``eval/loss 0.25 (target 0.22)`` after the step count of the bar of ``bcrit train``."""
     loss = p.get(M.EVAL_LOSS)
     goal = f" (target {target})" if target is not None else ""
-    loss_s = f"eval/loss {loss:.4g}{goal}" if loss is not None else f"eval/loss --{goal}"
-    train_s = p.get("train_seconds")
-    eta = None
-    if step and train_s:
-        eta = (max_steps - step) * float(train_s) / step
-    return (
-        f"[{bar(step / max(max_steps, 1))}] step {step}/{max_steps}  {loss_s}  {fmt_seconds(elapsed)} elapsed, "
-        f"ETA <= {fmt_seconds(eta)} (budget)"
-    )
+    return f"eval/loss {loss:.4g}{goal}" if loss is not None else f"eval/loss --{goal}"
 
 
 class TrainProgress:
-    """Draws the bar of one trial from the progress file while ``fit`` runs (a daemon thread)::
+    """Draws the bar of one trial from the progress file while ``fit`` runs (a daemon thread polls it)::
 
     with TrainProgress(path, cfg.max_steps, cfg.target_loss):
         trainer.fit()
-    """
 
-    def __init__(self, path: str, max_steps: int, target: float | None, stream: TextIO | None = None):
+    The bar starts at the first report, so Ray's and the trainer's start-up are not in its rate: its ETA is to
+    ``max_steps`` (the budget; a trial that reaches its target stops sooner)."""
+
+    def __init__(
+        self, path: str, max_steps: int, target: float | None, stream: TextIO | None = None, tty=None, clock=None
+    ):
         self.path, self.max_steps, self.target = path, max_steps, target
         self.stream = stream or sys.stdout
+        self.tty = is_tty(self.stream) if tty is None else tty
+        self._clock = clock
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
-        self._start = time.monotonic()
-        try:
-            self.tty = self.stream.isatty()
-        except (AttributeError, ValueError):
-            self.tty = False
+        self._bar: tqdm | None = None
 
     def read(self) -> dict | None:
         try:
@@ -304,20 +328,24 @@ class TrainProgress:
         except (OSError, ValueError):
             return None
 
+    def show(self, p: dict) -> None:
+        """One progress report on the bar (made at the first; tqdm redraws it when its interval has passed)."""
+        step = int(p.get(M.STEP) or 0)
+        postfix = train_postfix(p, self.target)
+        if self._bar is None:
+            self._bar = make_bar(
+                self.max_steps, TRAIN_BAR, stream=self.stream, tty=self.tty, initial=step, postfix=postfix,
+                clock=self._clock,
+            )  # fmt: skip
+            return
+        self._bar.set_postfix_str(postfix, refresh=False)
+        self._bar.update(step - self._bar.n)
+
     def _run(self) -> None:
-        last_plain = -math.inf
         while not self._stop.wait(REDRAW_EVERY_S):
             p = self.read()
-            if p is None:
-                continue
-            text = train_status_text(p, self.max_steps, self.target, time.monotonic() - self._start)
-            if self.tty:
-                self.stream.write("\r\x1b[K" + text)
-                self.stream.flush()
-            elif time.monotonic() - last_plain >= PLAIN_EVERY_S:
-                last_plain = time.monotonic()
-                self.stream.write(text + "\n")
-                self.stream.flush()
+            if p is not None:
+                self.show(p)
 
     def __enter__(self):
         self._thread = threading.Thread(target=self._run, name="bcrit-train-progress", daemon=True)
@@ -328,6 +356,5 @@ class TrainProgress:
         self._stop.set()
         if self._thread is not None:
             self._thread.join(timeout=2)
-        if self.tty:
-            self.stream.write("\r\x1b[K")
-            self.stream.flush()
+        if self._bar is not None:
+            self._bar.close()  # leave=False: a terminal's bar line is cleared

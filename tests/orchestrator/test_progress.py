@@ -9,11 +9,12 @@ from types import SimpleNamespace
 
 from analysis import metrics as M
 from orchestrator.progress import (
+    LogLines,
     StripRows,
     SweepProgress,
+    TrainProgress,
     fmt_lr,
     fmt_seconds,
-    train_status_text,
     trial_label,
     write_progress,
 )
@@ -81,21 +82,45 @@ def test_status_line_counts_and_eta():
     ts = [trial(str(i), 8, 8, 1, 0, 1e-3) for i in range(4)]
     p.setup()
     ts[0].status = ts[1].status = "RUNNING"
-    clock.t += 10
-    p.on_trial_result(0, ts, ts[0], {"status": M.STATUS_REACHED_TARGET, M.STEP: 5, "time_total_s": 10})
+    p.on_step_end(0, ts)  # the bar starts: its first line at once
+    assert out.getvalue().splitlines() == [
+        "[bcrit] [........................] 0/4 done, 2 running, 2 pending  00:00 elapsed, ETA ?"
+    ]
+    clock.t += 30
+    p.on_trial_result(0, ts, ts[0], {"status": M.STATUS_REACHED_TARGET, M.STEP: 5, "time_total_s": 30})
     ts[0].status, ts[2].status = "TERMINATED", "RUNNING"
+    p.on_step_end(0, ts)  # a file or a pipe gets the status line at most once a minute
+    assert out.getvalue().splitlines()[1:] == ["[1/4] B=8 (8x1x1) lr=1e-3: reached 0.22 in 5 steps, 30 s"]
+    clock.t += 30
     p.on_step_end(0, ts)
-    # 1 of 4 done after 10 s: 3 left at that rate -> 30 s
+    # 1 of 4 done in 60 s: 3 left at that rate -> 180 s
     assert out.getvalue().splitlines()[-1] == (
-        "[bcrit] [######..................] 1/4 done, 2 running, 1 pending  10 s elapsed, ETA 30 s"
+        "[bcrit] [######..................] 1/4 done, 2 running, 1 pending  01:00 elapsed, ETA 03:00"
     )
     n = len(out.getvalue().splitlines())
-    clock.t += 30
-    p.on_step_end(0, ts)  # a file or a pipe gets the status line at most once a minute
+    clock.t += 59
+    p.on_step_end(0, ts)
     assert len(out.getvalue().splitlines()) == n
-    clock.t += 31
+    clock.t += 2
     p.on_step_end(0, ts)
     assert len(out.getvalue().splitlines()) == n + 1
+    for t in ts:
+        t.status = "TERMINATED"
+    p.on_experiment_end(ts)  # the bar closes without a line of its own; the summary follows
+    assert out.getvalue().splitlines()[n + 1].startswith("[bcrit] 4/4 trials finished in 2m")
+    assert "\r" not in out.getvalue()
+
+
+def test_resumed_sweep_eta_counts_only_what_this_driver_finishes():
+    out, clock = io.StringIO(), Clock()
+    p = SweepProgress(4, stream=out, clock=clock, tty=False)
+    ts = [trial(str(i), 8, 8, 1, 0, 1e-3, status="TERMINATED" if i < 2 else "RUNNING") for i in range(4)]
+    p.on_step_end(0, ts)
+    clock.t += 60
+    ts[2].status = "TERMINATED"
+    p.on_step_end(0, ts)
+    # 3 of 4 done, but 1 of them in this driver's 60 s: 1 left at 1 a minute
+    assert out.getvalue().splitlines()[-1].endswith("3/4 done, 1 running, 0 pending  01:00 elapsed, ETA 01:00")
 
 
 def test_terminal_bar_is_redrawn_in_place_under_event_lines():
@@ -104,14 +129,28 @@ def test_terminal_bar_is_redrawn_in_place_under_event_lines():
     ts = [trial("a", 8, 8, 1, 0, 1e-3), trial("b", 16, 16, 1, 0, 1e-3)]
     p.setup()
     p.on_step_end(0, ts)
+    clock.t += 0.1
+    p.on_step_end(0, ts)  # within the redraw interval: nothing
     clock.t += 1
     p.on_step_end(0, ts)
     text = out.getvalue()
-    assert text.count("\r\x1b[K") == 2 and "\n" not in text  # one line, redrawn
+    assert text.count("\r[") == 2 and "\n" not in text  # one line, redrawn
     p.on_trial_result(0, ts, ts[0], {"status": M.STATUS_DIVERGED, M.STEP: 12, M.EVAL_LOSS: 9.5, "time_total_s": 3})
     after = out.getvalue()[len(text) :]
-    # the bar is cleared, the event printed on its own line, the bar drawn again below it
-    assert after.startswith("\r\x1b[K[1/2] B=8 (8x1x1) lr=1e-3: diverged at step 12 (eval/loss 9.5), 3 s\n\r\x1b[K[")
+    # the bar is cleared, the event printed on its own line, the bar (now 1/2) drawn again below it
+    cleared, event, redrawn = after.partition("[1/2] B=8 (8x1x1) lr=1e-3: diverged at step 12 (eval/loss 9.5), 3 s\n")
+    assert event and cleared.startswith("\r") and not cleared.strip()
+    assert redrawn.startswith("\r[############............] 1/2 done")
+    p.on_experiment_end(ts)
+    assert out.getvalue().splitlines()[-1].startswith("[bcrit] 2/2 trials finished")
+
+
+def test_log_lines_keeps_one_line_per_refresh():
+    out = io.StringIO()
+    lines = LogLines(out)
+    for s in ("\r[..] 0/2", "\r[#.] 1/2   ", "\r" + " " * 9 + "\r", "\n"):
+        lines.write(s)
+    assert out.getvalue() == "[bcrit] [..] 0/2\n[bcrit] [#.] 1/2\n"
 
 
 def test_progress_pickles_without_its_stream():
@@ -128,14 +167,23 @@ def test_strip_rows_leaves_the_scalars():
     assert result == {"status": "running", M.STEP: 3}
 
 
-def test_train_progress_file_and_text(tmp_path):
+def test_train_progress_file_and_bar(tmp_path):
     path = str(tmp_path / "progress.json")
     write_progress(path, {M.STEP: 30, M.EVAL_LOSS: 0.25, "train_seconds": 6.0, "rows": [[1] * 6], "status": "running"})
     p = json.load(open(path))
     assert "rows" not in p and p[M.STEP] == 30
-    text = train_status_text(p, max_steps=150, target=0.22, elapsed=9.0)
-    want = "[#####...................] step 30/150  eval/loss 0.25 (target 0.22)  9 s elapsed, ETA <= 24 s (budget)"
-    assert text == want
+    out, clock = io.StringIO(), Clock()
+    bar = TrainProgress(path, max_steps=150, target=0.22, stream=out, tty=False, clock=clock)
+    bar.show({M.STEP: 10})  # the first report starts the bar
+    clock.t += 60
+    bar.show(p)  # 20 steps a minute since: 120 steps left -> 6 minutes
+    bar.__exit__(None, None, None)
+    assert out.getvalue().splitlines() == [
+        "[bcrit] [#.......................] step 10/150, eval/loss --"
+        " (target 0.22)  00:00 since the first report, ETA <= ? (budget)",
+        "[bcrit] [####....................] step 30/150, eval/loss 0.25"
+        " (target 0.22)  01:00 since the first report, ETA <= 06:00 (budget)",
+    ]
 
 
 def test_verbose_switches_tunes_own_output_and_logs(monkeypatch):
