@@ -151,7 +151,7 @@ def _seed_steps(runs: Runs, ids: list[str], target: float) -> np.ndarray:
     return steps[rows]
 
 
-def measured(runs: Runs, target: float, bootstrap: int = 200) -> dict:
+def measured(runs: Runs, target: float, bootstrap: int = 200, seed: int = 0) -> dict:
     """Step 3: per sampler, B_crit (interval) and the best steps per batch size with the seeds' log-steps SE."""
     from analysis.report import analyze_metric
 
@@ -159,7 +159,7 @@ def measured(runs: Runs, target: float, bootstrap: int = 200) -> dict:
     for name in sorted(set(samplers_of(runs)), key=lambda s: (s != UNIFORM, s)):
         sub = subset(runs, samplers_of(runs) == name)
         try:
-            res = analyze_metric(sub, M.EVAL_LOSS, [target], bootstrap=bootstrap, strict=False, notes=[])
+            res = analyze_metric(sub, M.EVAL_LOSS, [target], bootstrap=bootstrap, seed=seed, strict=False, notes=[])
         except ValueError as e:
             out[name] = {"error": str(e)}
             continue
@@ -177,7 +177,7 @@ def measured(runs: Runs, target: float, bootstrap: int = 200) -> dict:
     return out
 
 
-def compare(runs: Runs, target: float, floor: float = 0.1, bootstrap: int = 200) -> dict:
+def compare(runs: Runs, target: float, floor: float = 0.1, bootstrap: int = 200, seed: int = 0) -> dict:
     """The whole comparison (prediction, measurement, ratios) as a JSON-able dict."""
     batch_sizes = sorted({int(b) for b in runs.batch_size})
     result: dict = {"target": target, "batch_sizes": batch_sizes, "floor": floor, "notes": []}
@@ -185,7 +185,7 @@ def compare(runs: Runs, target: float, floor: float = 0.1, bootstrap: int = 200)
         result["predicted"] = predictions(runs, target, batch_sizes, floor)
     except ValueError as e:
         result["predicted"], result["notes"] = None, [f"no prediction: {e}"]
-    result["measured"] = measured(runs, target, bootstrap)
+    result["measured"] = measured(runs, target, bootstrap, seed)
     for name, m in result["measured"].items():
         m["b_simple"], m["b_simple_se"] = measured_b_simple(runs, target, name)
     result["ratios"] = _ratio_rows(result)

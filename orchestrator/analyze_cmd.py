@@ -17,14 +17,15 @@ import shutil
 import sys
 import tempfile
 
-from analysis import metrics as m
+from orchestrator import options
+from orchestrator.overrides import UserError
 
 PROG = "bcrit analyze"
 DEFAULT_OUT = "analysis"  # SWEEP_DIR/analysis when --out is not given
 
 
-class UsageError(ValueError):
-    """A mistake in the command line."""
+class UsageError(UserError):
+    """A mistake in the command line (a UserError: ``bcrit`` prints it in one line, exit status 2)."""
 
 
 def parse_targets(text: str) -> list[float]:
@@ -39,17 +40,17 @@ def parse_targets(text: str) -> list[float]:
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
-    p.add_argument("sweep_dir", nargs="?", help="directory holding trials.parquet and metrics.parquet")
+    options.sweep_dir(p, optional=True)
     p.add_argument("--mlflow-experiment", help="read the sweep from this MLflow experiment instead")
     p.add_argument("--tracking-uri", help="MLflow tracking URI (default: MLflow's own default)")
     p.add_argument("--parent-run-id", help="the sweep's parent run (default: newest run with child runs)")
-    p.add_argument("--metric", default=m.EVAL_LOSS, help="low-noise metric the targets refer to")
+    options.metric(p)
     p.add_argument("--targets", help="comma-separated target values (default: automatic)")
-    p.add_argument("--bootstrap", type=int, default=1000, help="bootstrap replicates for the interval")
-    p.add_argument("--seed", type=int, default=0, help="seed of the bootstrap resampling")
+    options.bootstrap(p)
+    options.seed(p)
     p.add_argument("--no-plots", action="store_true", help="write bcrit.json and report.md only")
-    p.add_argument("--no-mlflow", action="store_true", help="do not log the results to the sweep's MLflow run")
-    p.add_argument("--out", help="output directory, files replaced atomically (default: SWEEP_DIR/analysis)")
+    options.no_mlflow(p)
+    options.out(p)
 
 
 def register(subparsers) -> argparse.ArgumentParser:

@@ -119,7 +119,9 @@ def _save_study(spec: BranchSpec, ref_id: str | None = None) -> None:
 REF_TUNE, BRANCH_TUNE = "reference", "branches"  # Tune experiments of the two phases, under the study dir
 
 
-def _tuner(spec: BranchSpec, name: str, configs: list[dict], worker_failures: int = 3, trial_retries: int = 2):
+def _tuner(
+    spec: BranchSpec, name: str, configs: list[dict], verbose: bool, worker_failures: int = 3, trial_retries: int = 2
+):
     """A grid Tuner over ``configs`` with the sweep's trainable, resources and callbacks (MLflow, tables)."""
     import ray
     from ray import tune
@@ -129,10 +131,10 @@ def _tuner(spec: BranchSpec, name: str, configs: list[dict], worker_failures: in
     from orchestrator.resources import max_concurrent
     from orchestrator.tuner import callbacks, sweep_trainable
 
-    quiet_driver_logs(False)
+    quiet_driver_logs(verbose)
 
     return tune.Tuner(
-        sweep_trainable(spec, worker_failures),
+        sweep_trainable(spec, worker_failures, verbose),
         param_space={"trial": tune.grid_search(configs)},
         tune_config=tune.TuneConfig(
             max_concurrent_trials=max_concurrent(configs, ray.cluster_resources()),
@@ -142,14 +144,14 @@ def _tuner(spec: BranchSpec, name: str, configs: list[dict], worker_failures: in
         run_config=tune.RunConfig(
             name=name,
             storage_path=spec.sweep_dir,
-            callbacks=[*callbacks(spec, total=len(configs)), StripRows()],
+            callbacks=[*callbacks(spec, verbose, total=len(configs)), StripRows()],
             failure_config=tune.FailureConfig(max_failures=trial_retries),
-            verbose=0,  # bcrit's event lines and bar (orchestrator.progress), not Tune's boxes
+            verbose=1 if verbose else 0,  # 0: bcrit's event lines and bar (orchestrator.progress), not Tune's boxes
         ),
     )
 
 
-def _phase(spec: BranchSpec, name: str, configs: list[dict], resume: bool):
+def _phase(spec: BranchSpec, name: str, configs: list[dict], resume: bool, verbose: bool = False):
     """Fit (or, when resuming and Tune can, restore and continue) one phase; returns the ResultGrid."""
     from ray.tune import Tuner
 
@@ -157,9 +159,9 @@ def _phase(spec: BranchSpec, name: str, configs: list[dict], resume: bool):
 
     path = os.path.join(spec.sweep_dir, name)
     if resume and Tuner.can_restore(path):
-        tuner = Tuner.restore(path, trainable=sweep_trainable(spec, 3), resume_unfinished=True)
+        tuner = Tuner.restore(path, trainable=sweep_trainable(spec, 3, verbose), resume_unfinished=True)
     else:
-        tuner = _tuner(spec, name, configs)
+        tuner = _tuner(spec, name, configs, verbose)
     return run(tuner, spec)
 
 
@@ -171,15 +173,20 @@ def reference_id(sweep_dir: str) -> str | None:
         return f.read().strip() or None
 
 
-def run_study(spec: BranchSpec, resume: bool = False) -> tuple[str, list]:
-    """Both phases through Ray Tune. Returns (reference trial id, the branches' ResultGrid)."""
+def run_study(spec: BranchSpec, resume: bool = False, verbose: bool = False) -> tuple[str, list]:
+    """Both phases through Ray Tune. Returns (reference trial id, the branches' ResultGrid). ``verbose``: Ray's own
+    INFO logs and Tune's tables (as ``bcrit sweep --verbose``)."""
     from analysis import metrics as M
     from orchestrator.resources import ray_cpus
     from orchestrator.tables import RunsTables
     from trainables.trial import ensure_ray
 
     ref_cfg, branch_cfgs = check_branch_spec(spec)
-    ensure_ray(num_cpus=ray_cpus([ref_cfg, *branch_cfgs]))
+    ensure_ray(num_cpus=ray_cpus([ref_cfg, *branch_cfgs]), quiet=not verbose)
+    if not verbose:
+        from orchestrator.ray_logs import filter_driver_logs
+
+        filter_driver_logs()
     if os.environ.get("RAY_ADDRESS"):
         import ray
 
@@ -192,7 +199,7 @@ def run_study(spec: BranchSpec, resume: bool = False) -> tuple[str, list]:
         print(
             f"[bcrit] branched study {spec.name!r}: reference B0={spec.b0} lr={spec.lr0:g} to step {max(spec.points)}"
         )
-        results = _phase(spec, REF_TUNE, [ref_cfg], resume)
+        results = _phase(spec, REF_TUNE, [ref_cfg], resume, verbose)
         ref_id = results[0].metrics.get("trial_id") if len(results) else None
         status = RunsTables(spec.sweep_dir).trial_status(ref_id) if ref_id else None
         missing = [p for p in spec.points if not os.path.isdir(branch_checkpoint(spec.keep_dir, p))]
@@ -207,6 +214,6 @@ def run_study(spec: BranchSpec, resume: bool = False) -> tuple[str, list]:
         f"[bcrit] {len(configs)} branches: points {list(spec.points)} x k {[f'{k:g}' for k in spec.multipliers]} x "
         f"seeds {list(spec.seeds)}, {spec.delta} examples each ({spec.lr_rule} lr rule)"
     )
-    results = _phase(spec, BRANCH_TUNE, configs, resume)
+    results = _phase(spec, BRANCH_TUNE, configs, resume, verbose)
     RunsTables(spec.sweep_dir).compact()
     return ref_id, results

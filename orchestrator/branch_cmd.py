@@ -5,6 +5,8 @@ from __future__ import annotations
 
 import os
 
+from orchestrator import options
+
 
 def register(sub) -> None:
     p = sub.add_parser(
@@ -13,28 +15,25 @@ def register(sub) -> None:
         description="Run a branched study (see examples/branched-quadratic.yaml), or continue an interrupted one.",
     )
     p.add_argument("spec", help="branched-study spec YAML (kind: branched), or with --resume the study directory")
-    p.add_argument("--set", action="append", default=[], metavar="KEY=VALUE", help="override a spec key (dotted)")
-    p.add_argument("--resume", action="store_true", help="continue an interrupted study")
+    options.overrides(p)
+    options.resume(p)
+    options.verbose(p)
     p.set_defaults(func=run)
 
 
 def run(args) -> int:
     import time
 
-    import yaml
-
     from orchestrator.branch import run_study
-    from orchestrator.branch_spec import STUDY_FILE, load_branch_spec, parse_branch_spec
+    from orchestrator.branch_spec import STUDY_FILE, load_branch_spec
     from orchestrator.overrides import UserError
 
     if os.path.isdir(args.spec):
         if not args.resume:
             raise UserError(f"{args.spec} is a directory; pass a spec YAML, or --resume to continue that study")
-        path = os.path.join(args.spec, STUDY_FILE)
-        if not os.path.exists(path):
-            raise UserError(f"{args.spec}: not a branched study directory (no {STUDY_FILE})")
-        with open(path) as f:
-            spec = parse_branch_spec(yaml.safe_load(f), sweep_dir=args.spec, source=path)
+        if args.set:
+            raise UserError("--set cannot change a study being resumed; start a new study instead")
+        spec = _saved_spec(args.spec)
     else:
         spec = load_branch_spec(args.spec, args.set)
         saved = os.path.join(spec.sweep_dir, STUDY_FILE)
@@ -43,11 +42,33 @@ def run(args) -> int:
                 f"{spec.sweep_dir} already holds a branched study; add --resume to continue it, or set storage to a "
                 "new directory"
             )
+        if args.resume and os.path.exists(saved):
+            started = _saved_spec(spec.sweep_dir)
+            if started.to_yaml() != spec.to_yaml():
+                raise UserError(
+                    f"{args.spec} differs from the spec {spec.sweep_dir} was started with; resume it with "
+                    f"`bcrit branch {spec.sweep_dir} --resume`, or start the new spec in another storage directory"
+                )
+            spec = started
     t0 = time.perf_counter()
     print(f"[bcrit] study dir {spec.sweep_dir}\n[bcrit] MLflow {spec.mlflow_uri} (experiment {spec.experiment!r})")
-    ref_id, results = run_study(spec, resume=args.resume)
+    ref_id, results = run_study(spec, resume=args.resume, verbose=args.verbose)
     errors = sum(1 for r in results if r.error is not None)
     wall = time.perf_counter() - t0
     print(f"[bcrit] done: reference {ref_id}, {len(results)} branches ({errors} failed) in {wall:.0f}s")
     print(f"[bcrit] answer: bcrit analyze {spec.sweep_dir} --out {spec.sweep_dir}/analysis")
     return 0
+
+
+def _saved_spec(study_dir: str):
+    """The spec a study directory was started with (what ``--resume`` continues)."""
+    import yaml
+
+    from orchestrator.branch_spec import STUDY_FILE, parse_branch_spec
+    from orchestrator.overrides import UserError
+
+    path = os.path.join(study_dir, STUDY_FILE)
+    if not os.path.exists(path):
+        raise UserError(f"{study_dir}: not a branched study directory (no {STUDY_FILE})")
+    with open(path) as f:
+        return parse_branch_spec(yaml.safe_load(f), sweep_dir=study_dir, source=path)

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import json
 
+from orchestrator import options
 from orchestrator.overrides import UserError
 
 
@@ -22,7 +23,7 @@ def register(sub) -> None:
         "--reps", type=int, default=16, help="independent repetitions, >= 2 (default 16: an honest SE)"
     )
     p.add_argument("--ema", action="store_true", help="probe the EMA weights instead of the training weights")
-    p.add_argument("--seed", type=int, default=0, help="seed of every draw (default 0)")
+    options.seed(p)
     p.add_argument("--json", default=None, metavar="FILE", help="also write the results as JSON")
     p.set_defaults(func=probe_command)
 

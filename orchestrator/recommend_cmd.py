@@ -16,26 +16,26 @@ import math
 import os
 import sys
 
-from analysis import metrics as m
+from orchestrator import options
 from orchestrator.overrides import UserError
 
 PROG = "bcrit recommend"
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
-    p.add_argument("sweep_dir", help="directory holding trials.parquet and metrics.parquet")
-    p.add_argument("--target", type=float, help="target loss (default: the analysis's headline target)")
-    p.add_argument("--metric", default=m.EVAL_LOSS, help="low-noise metric the target refers to")
+    options.sweep_dir(p)
+    options.target(p)
+    options.metric(p)
     p.add_argument(
         "--device-mem-gb", type=float, help="memory of one device (GiB): splits predicted above it are excluded"
     )
     p.add_argument("--max-workers", type=int, help="largest number of workers to consider (default: largest measured)")
     p.add_argument("--max-accum", type=int, help="largest accumulation to consider (default: largest measured)")
     p.add_argument("--max-batch", type=int, help="largest batch size (default: largest fitted; above is extrapolated)")
-    p.add_argument("--bootstrap", type=int, default=1000, help="bootstrap replicates for the intervals")
-    p.add_argument("--seed", type=int, default=0, help="seed of the bootstrap")
-    p.add_argument("--no-mlflow", action="store_true", help="do not log to the sweep's MLflow parent run")
-    p.add_argument("--out", help="output directory (default: SWEEP_DIR/analysis)")
+    options.bootstrap(p)
+    options.seed(p)
+    options.no_mlflow(p)
+    options.out(p)
 
 
 def register(subparsers) -> argparse.ArgumentParser:
@@ -91,30 +91,6 @@ def cost_unit(sweep_dir: str) -> str:
     return "device-hours" if use_gpu is None else ("GPU-hours" if use_gpu else "CPU-worker-hours")
 
 
-def default_target(runs, metric: str, out: str) -> tuple[float, str]:
-    """The analysis's headline target: ``bcrit.json``'s answer when it analysed this metric, else the lowest
-    trustworthy automatic target; UserError when no target is trustworthy."""
-    from analysis.report import JSON_FILE, analyze_metric
-    from analysis.trust import headline
-
-    path = os.path.join(out, JSON_FILE)
-    if os.path.isfile(path):
-        try:
-            res = json.loads(open(path, encoding="utf-8").read())
-        except (OSError, ValueError):
-            res = {}
-        at = (res.get("answer") or {}).get("at_target")
-        if res.get("metric") == metric and at is not None:
-            return float(at), f"the headline target of {path}"
-    head = headline(analyze_metric(runs, metric, None, bootstrap=0))
-    if not head:
-        raise UserError(
-            f"no trustworthy target on {metric} (every automatic target is flagged; see bcrit analyze): "
-            "pass --target LOSS"
-        )
-    return min(t["target"] for t in head), "the lowest trustworthy target (no bcrit.json: run bcrit analyze)"
-
-
 def _run(args: argparse.Namespace) -> int:
     from pathlib import Path
 
@@ -141,7 +117,9 @@ def _run(args: argparse.Namespace) -> int:
             .replace("omit --target for automatic ones", "omit --target for the headline one")
         ) from None
     throughput.measured_splits(runs)  # a sweep without sys/ metrics: say so before the fit
-    target, how = (args.target, "--target") if args.target is not None else default_target(runs, args.metric, out)
+    target, how = (
+        (args.target, "--target") if args.target is not None else options.default_target(runs, args.metric, out)
+    )
     if args.max_batch is not None and args.max_batch < int(runs.batch_size.min()):
         raise UserError(
             f"--max-batch {args.max_batch}: no candidate split has a batch size <= {args.max_batch}; raise it"

@@ -1,4 +1,5 @@
-"""``bcrit schedule SWEEP_DIR``: propose a batch-size schedule from a sweep's analysis (analysis.schedule).
+"""``bcrit schedule SWEEP_DIR [--reference B] [--batch-sizes 8,16,..] [--out DIR]``: propose a batch-size schedule
+from a sweep's analysis (analysis.schedule); writes it to ``schedule.json`` in ``--out`` (default SWEEP_DIR/analysis).
 
 Reads the analysis ``bcrit analyze`` wrote (``SWEEP_DIR/analysis/bcrit.json``, or a ``bcrit.json`` given directly):
 per target the fit ``S = S_min + E_min/B`` and the tuned lr per batch size, per band the local fit. Prints the
@@ -13,7 +14,10 @@ import json
 import math
 import os
 
+from orchestrator import options
 from orchestrator.overrides import UserError
+
+SCHEDULE_FILE = "schedule.json"
 
 
 def register(sub) -> None:
@@ -22,12 +26,13 @@ def register(sub) -> None:
         "schedule",
         help="propose a batch-size schedule that follows the measured B_crit along training",
         description="Step-minimising batch size per target segment within the examples of a constant batch size "
-        "(docs/schedule.md).",
+        f"(docs/schedule.md). SWEEP_DIR must have been analysed (bcrit analyze); a bcrit.json may be given instead. "
+        f"Writes {SCHEDULE_FILE} to --out.",
     )
-    p.add_argument("sweep", help="a sweep directory analysed by bcrit analyze, or its bcrit.json")
+    options.sweep_dir(p)
     p.add_argument("--reference", type=int, help="the constant batch size to beat (default: nearest B_crit)")
     p.add_argument("--batch-sizes", help="allowed batch sizes, comma-separated (default: the sweep's)")
-    p.add_argument("--json", help="also write the proposal as JSON to this file")
+    options.out(p)
     p.set_defaults(func=schedule_command)
 
 
@@ -73,8 +78,11 @@ def throughput_per_batch(sweep: str | None) -> dict[int, float]:
 
 def schedule_command(args) -> int:
     from analysis.schedule import propose, segments_of
+    from orchestrator.analyze_cmd import check_out_dir
 
-    path, sweep = analysis_file(args.sweep)
+    path, sweep = analysis_file(args.sweep_dir)
+    out_dir = args.out or os.path.dirname(os.path.abspath(path))
+    check_out_dir(out_dir)
     try:
         with open(path) as f:
             result = json.load(f)
@@ -90,10 +98,12 @@ def schedule_command(args) -> int:
         raise UserError(f"{path}: no target has a usable fit (S_min, E_min > 0); analyse more targets")
     proposal = propose(segments, sizes, args.reference)
     out = summary(proposal, tuned_lrs(result, segments), throughput_per_batch(sweep), notes)
+    os.makedirs(out_dir, exist_ok=True)
+    written = os.path.join(out_dir, SCHEDULE_FILE)
+    with open(written, "w") as f:
+        json.dump(out, f, indent=1)
     print(render(out, result.get("metric", "?"), path))
-    if args.json:
-        with open(args.json, "w") as f:
-            json.dump(out, f, indent=1)
+    print(f"wrote {written}")
     return 0
 
 
@@ -109,7 +119,7 @@ def tuned_lrs(result: dict, segments) -> list[dict[int, float]]:
 
 
 def summary(proposal, seg_lrs: list[dict], throughput: dict[int, float], notes: list[str]) -> dict:
-    """The proposal as plain data (what --json writes)."""
+    """The proposal as plain data (what schedule.json holds)."""
     stages, stage_lrs = proposal.schedule.stages(seg_lrs)
     entries = [
         [s, b] if lr is None else [s, b, lr] for s, b, lr in zip(stages.starts, stages.sizes, stage_lrs, strict=True)

@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import os
 
+from orchestrator import options
+
 
 def register(sub) -> None:
     p = sub.add_parser(
@@ -12,11 +14,9 @@ def register(sub) -> None:
         description="Run the sweep of a spec YAML (see examples/tiny.yaml), or continue an interrupted one.",
     )
     p.add_argument("spec", help="sweep spec YAML, or with --resume the sweep directory")
-    p.add_argument("--set", action="append", default=[], metavar="KEY=VALUE", help="override a spec key (dotted)")
-    p.add_argument("--resume", action="store_true", help="continue an interrupted sweep (Tuner.restore)")
-    p.add_argument(
-        "--verbose", action="store_true", help="Ray Tune's own trial tables and Ray's INFO logs (no progress bar)"
-    )
+    options.overrides(p)
+    options.resume(p)
+    options.verbose(p)
     p.set_defaults(func=run)
 
 

@@ -5,16 +5,17 @@ from __future__ import annotations
 import time
 
 from analysis import metrics as M
+from orchestrator import options
 from orchestrator.overrides import UserError, apply_overrides, load_yaml
 
 
 def register(sub) -> None:
     p = sub.add_parser("train", help="run one DiT trial outside any sweep and print its summary")
     p.add_argument("config", help="trial config YAML (keys of trainables.config.TrialConfig)")
-    p.add_argument("--set", action="append", default=[], metavar="KEY=VALUE", help="override a config key")
+    options.overrides(p)
     p.add_argument("--name", default=None, help="run name (a run of the same name in --storage resumes)")
     p.add_argument("--storage", default="runs", help="Ray Train storage path for checkpoints (default: ./runs)")
-    p.add_argument("--verbose", action="store_true", help="Ray Train's INFO logs (worker group, checkpoints)")
+    options.verbose(p)
     p.set_defaults(func=train_command)
 
 

@@ -148,3 +148,9 @@ def test_measured_ratios_are_each_samplers_own_analysis(tmp_path, capsys):
     assert main(["allocate", str(tmp_path / "nothing"), "--target", "0.3"]) == 2
     assert main(["allocate", str(tmp_path / "s"), "--target", "0.3", "--floor", "0"]) == 2
     assert "error" in capsys.readouterr().err
+    # without --target: the target bcrit analyze quotes (bcrit.json's answer in SWEEP_DIR/analysis)
+    quoted = {"metric": M.EVAL_LOSS, "answer": {"at_target": 0.3}}
+    (tmp_path / "s" / "analysis" / "bcrit.json").write_text(json.dumps(quoted))
+    assert main(["allocate", str(tmp_path / "s"), "--bootstrap", "20"]) == 0
+    assert "target 0.3: the headline target of" in capsys.readouterr().out
+    assert json.loads((tmp_path / "s" / "analysis" / "allocation.json").read_text())["target"] == 0.3

@@ -26,8 +26,8 @@ def analysis(tmp_path, s_min=(3.0, 7.0, 9.0), e_min=(30.0, 430.0, 2430.0)) -> st
 
 
 def test_schedule_prints_and_writes_a_proposal_a_trial_accepts(tmp_path, capsys):
-    out = tmp_path / "proposal.json"
-    assert main(["schedule", analysis(tmp_path), "--json", str(out)]) == 0
+    out = tmp_path / "schedule.json"  # beside the bcrit.json given
+    assert main(["schedule", analysis(tmp_path)]) == 0
     text = capsys.readouterr().out
     assert "proposal: batch_size" in text and "fewer steps" in text
     got = json.loads(out.read_text())
@@ -81,8 +81,8 @@ def test_seconds_come_from_the_median_throughput_per_batch_size(tmp_path, capsys
     assert throughput_per_batch(str(tmp_path)) == {b: 250.0 * b for b in SIZES}  # the median, not the mean
     (tmp_path / "analysis").mkdir()
     (tmp_path / "analysis" / "bcrit.json").write_text(open(analysis(tmp_path)).read())
-    out = tmp_path / "p.json"
-    assert main(["schedule", str(tmp_path), "--json", str(out)]) == 0
+    out = tmp_path / "analysis" / "schedule.json"
+    assert main(["schedule", str(tmp_path)]) == 0
     got = json.loads(out.read_text())
     # examples / (250 B) = steps / 250 at every batch size
     for row in (got["schedule"], got["reference"], *got["constants"]):
@@ -97,8 +97,8 @@ def test_recommend_states_the_schedule_in_one_line(tmp_path):
     sweep = tmp_path / "sweep"
     (sweep / "analysis").mkdir(parents=True)
     analysis(sweep / "analysis")
-    assert main(["schedule", str(sweep), "--json", str(tmp_path / "p.json")]) == 0
-    got = json.loads((tmp_path / "p.json").read_text())
+    assert main(["schedule", str(sweep), "--out", str(tmp_path)]) == 0
+    got = json.loads((tmp_path / "schedule.json").read_text())
     line = schedule_line(str(sweep))
     saved = 100 * (1 - got["schedule"]["steps"] / got["reference"]["steps"])
     assert f"batch_schedule {got['trial']['batch_schedule']}" in line and f"{saved:.0f}% fewer steps" in line

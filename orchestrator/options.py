@@ -1,0 +1,123 @@
+"""The options that several ``bcrit`` sub-commands share, each defined once: one name has one meaning, type,
+default and help line in every sub-command (tests/orchestrator/test_cli_options.py walks every parser to check).
+
+A sub-command adds the ones it takes (``options.out(p)``); options only one sub-command has stay in its module.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+
+from analysis import metrics as m
+from orchestrator.overrides import UserError
+
+DEFAULT_BOOTSTRAP = 1000
+
+
+def sweep_dir(p: argparse.ArgumentParser, *, optional: bool = False) -> None:
+    """The positional ``SWEEP_DIR`` of the commands that read a finished sweep."""
+    p.add_argument(
+        "sweep_dir",
+        metavar="SWEEP_DIR",
+        nargs="?" if optional else None,
+        help="a sweep directory: the spec's storage, holding trials.parquet and metrics.parquet",
+    )
+
+
+def target(p: argparse.ArgumentParser) -> None:
+    p.add_argument(
+        "--target",
+        type=float,
+        metavar="LOSS",
+        help="the target loss (default: the one bcrit analyze quotes in SWEEP_DIR/analysis/bcrit.json, else the "
+        "lowest trustworthy automatic target)",
+    )
+
+
+def default_target(runs, metric: str, out: str) -> tuple[float, str]:
+    """What ``--target`` means when it is not given: ``bcrit.json``'s answer (in ``out``) when it analysed this
+    metric, else the lowest trustworthy automatic target; UserError when no target is trustworthy. Returns the
+    target and where it came from (for the printout)."""
+    from analysis.report import JSON_FILE, analyze_metric
+    from analysis.trust import headline
+
+    path = os.path.join(out, JSON_FILE)
+    if os.path.isfile(path):
+        try:
+            res = json.loads(open(path, encoding="utf-8").read())
+        except (OSError, ValueError):
+            res = {}
+        at = (res.get("answer") or {}).get("at_target")
+        if res.get("metric") == metric and at is not None:
+            return float(at), f"the headline target of {path}"
+    head = headline(analyze_metric(runs, metric, None, bootstrap=0))
+    if not head:
+        raise UserError(
+            f"no trustworthy target on {metric} (every automatic target is flagged; see bcrit analyze): "
+            "pass --target LOSS"
+        )
+    return min(t["target"] for t in head), "the lowest trustworthy target (no bcrit.json: run bcrit analyze)"
+
+
+def metric(p: argparse.ArgumentParser) -> None:
+    p.add_argument(
+        "--metric", default=m.EVAL_LOSS, help=f"the low-noise metric the targets refer to (default {m.EVAL_LOSS})"
+    )
+
+
+def bootstrap(p: argparse.ArgumentParser) -> None:
+    p.add_argument(
+        "--bootstrap",
+        type=int,
+        default=DEFAULT_BOOTSTRAP,
+        metavar="N",
+        help=f"bootstrap replicates of the 90%% intervals (default {DEFAULT_BOOTSTRAP})",
+    )
+
+
+def seed(p: argparse.ArgumentParser) -> None:
+    p.add_argument(
+        "--seed", type=int, default=0, metavar="S", help="seed of every random draw: the same seed, the same numbers "
+        "(default 0)"
+    )  # fmt: skip
+
+
+def out(p: argparse.ArgumentParser) -> None:
+    p.add_argument(
+        "--out",
+        metavar="DIR",
+        help="output directory, created if missing (default: SWEEP_DIR/analysis)",
+    )
+
+
+def no_mlflow(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--no-mlflow", action="store_true", help="do not log the results to the sweep's MLflow parent run")
+
+
+def overrides(p: argparse.ArgumentParser) -> None:
+    """``--set KEY=VALUE`` of the commands that read a YAML (a spec or a trial config)."""
+    p.add_argument(
+        "--set",
+        action="append",
+        default=[],
+        metavar="KEY=VALUE",
+        help="override a key of the YAML, dotted, e.g. --set fixed.seeds=[3,4,5] (repeatable; not with --resume)",
+    )
+
+
+def resume(p: argparse.ArgumentParser) -> None:
+    p.add_argument(
+        "--resume",
+        action="store_true",
+        help="continue an interrupted run: give its directory, or the YAML it was started with",
+    )
+
+
+def verbose(p: argparse.ArgumentParser) -> None:
+    p.add_argument(
+        "--verbose",
+        action="store_true",
+        help="show Ray's own INFO logs and tables, which bcrit hides by default",
+    )

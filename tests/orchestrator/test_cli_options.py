@@ -1,0 +1,122 @@
+"""One option name, one meaning: every option that several ``bcrit`` sub-commands take has the same type, default,
+metavar and help everywhere (they are defined once, in orchestrator/options.py), the commands that read a sweep
+take it as the same positional ``SWEEP_DIR`` and write to ``SWEEP_DIR/analysis`` unless ``--out`` says otherwise,
+and ``bcrit branch`` follows ``bcrit sweep``'s resume rules."""
+
+from __future__ import annotations
+
+import argparse
+import json
+from collections import defaultdict
+
+import pytest
+import yaml
+
+from orchestrator.cli import build_parser, main
+
+SWEEP_READERS = ("analyze", "recommend", "allocate", "schedule")
+RUNNERS = ("sweep", "branch")
+
+
+def subparsers() -> dict[str, argparse.ArgumentParser]:
+    (sub,) = [a for a in build_parser()._actions if isinstance(a, argparse._SubParsersAction)]
+    return dict(sub.choices)
+
+
+def signature(action: argparse.Action) -> tuple:
+    return (type(action).__name__, action.dest, action.type, action.default, action.const, action.nargs,
+            action.metavar, action.choices, action.help)  # fmt: skip
+
+
+def options_by_name() -> dict[str, dict[str, argparse.Action]]:
+    found: dict[str, dict[str, argparse.Action]] = defaultdict(dict)
+    for name, parser in subparsers().items():
+        for action in parser._actions:
+            for flag in action.option_strings:
+                if flag not in ("-h", "--help"):
+                    found[flag][name] = action
+    return found
+
+
+def test_a_shared_option_means_the_same_in_every_sub_command():
+    shared = {flag: by_cmd for flag, by_cmd in options_by_name().items() if len(by_cmd) > 1}
+    assert {"--set", "--resume", "--verbose", "--out", "--seed", "--bootstrap", "--target", "--metric"} <= set(shared)
+    for flag, by_cmd in shared.items():
+        signatures = {name: signature(a) for name, a in by_cmd.items()}
+        assert len(set(map(repr, signatures.values()))) == 1, f"{flag} differs between sub-commands: {signatures}"
+
+
+def test_the_commands_that_read_a_sweep_share_its_positional_and_out():
+    parsers = subparsers()
+    for name in SWEEP_READERS:
+        (pos,) = [a for a in parsers[name]._actions if not a.option_strings]
+        assert (pos.dest, pos.metavar) == ("sweep_dir", "SWEEP_DIR"), name
+        assert "--out" in parsers[name]._option_string_actions, name
+    helps = {a.help for n in SWEEP_READERS for a in parsers[n]._actions if a.dest == "sweep_dir"}
+    assert len(helps) == 1
+    for name in RUNNERS:
+        assert {"--set", "--resume", "--verbose"} <= set(parsers[name]._option_string_actions), name
+
+
+def test_every_sub_command_and_option_is_documented():
+    for name, parser in subparsers().items():
+        assert parser.description or parser.format_help(), name
+        for action in parser._actions:
+            assert action.help, f"bcrit {name}: {action.option_strings or action.dest} has no help"
+
+
+def _analysis(sweep_dir) -> None:
+    """A bcrit.json of three targets (bcrit schedule's input) in SWEEP_DIR/analysis."""
+    targets = []
+    for y, s, e in zip((1.0, 0.5, 0.2), (3.0, 7.0, 9.0), (30.0, 430.0, 2430.0), strict=True):
+        points = [{"batch_size": b, "steps": s + e / b, "lr": 0.001 * b} for b in (8, 16, 32, 64, 128, 256, 512)]
+        targets.append({"target": y, "s_min": s, "e_min": e, "points": points})
+    (sweep_dir / "analysis").mkdir(parents=True)
+    (sweep_dir / "analysis" / "bcrit.json").write_text(json.dumps({"metric": "eval/loss", "targets": targets}))
+
+
+def test_schedule_writes_to_sweep_dir_analysis_or_out(tmp_path, capsys):
+    sweep = tmp_path / "sweep"
+    _analysis(sweep)
+    assert main(["schedule", str(sweep)]) == 0
+    assert f"wrote {sweep / 'analysis' / 'schedule.json'}" in capsys.readouterr().out
+    default = json.loads((sweep / "analysis" / "schedule.json").read_text())
+    assert main(["schedule", str(sweep), "--out", str(tmp_path / "elsewhere")]) == 0
+    assert json.loads((tmp_path / "elsewhere" / "schedule.json").read_text()) == default
+    (tmp_path / "file").write_text("")
+    assert main(["schedule", str(sweep), "--out", str(tmp_path / "file")]) == 2
+    err = capsys.readouterr().err
+    assert "not a directory" in err and err.count("\n") == 1
+
+
+def _branch_spec(tmp_path) -> str:
+    from tests.orchestrator.test_branch_quadratic import quadratic_branch_spec
+
+    spec = quadratic_branch_spec(tmp_path)  # storage: tmp_path/study
+    path = tmp_path / "study.yaml"
+    path.write_text(yaml.safe_dump(spec))
+    return str(path)
+
+
+@pytest.mark.parametrize("how", ["directory", "yaml"])
+def test_branch_resume_refuses_a_changed_spec_like_sweep(tmp_path, capsys, how):
+    """Before any compute: ``--set`` on a study directory, and a YAML that differs from the one the study started
+    with, are refused in one line (``bcrit sweep`` does the same); nothing in the study directory changes."""
+    from orchestrator.branch_cmd import _saved_spec
+    from orchestrator.branch_spec import STUDY_FILE, load_branch_spec
+
+    study = tmp_path / "study"
+    path = _branch_spec(tmp_path)
+    spec = load_branch_spec(path)
+    study.mkdir()
+    (study / STUDY_FILE).write_text(spec.to_yaml())
+    before = (study / STUDY_FILE).read_text()
+    if how == "directory":
+        argv, words = ["branch", str(study), "--resume", "--set", "name=x"], "--set cannot change a study being resumed"
+    else:
+        argv, words = ["branch", path, "--resume", "--set", "branches.seeds=[7]"], "differs from the spec"
+    assert main(argv) == 2
+    err = capsys.readouterr().err
+    assert words in err and err.count("\n") == 1
+    assert (study / STUDY_FILE).read_text() == before
+    assert _saved_spec(str(study)).to_yaml() == spec.to_yaml()
