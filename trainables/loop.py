@@ -69,8 +69,8 @@ class DiTLearner(Learner):
                 hook = LocalGradNormHook()
                 hook.register(ddp)
         betas = (cfg.beta1, cfg.beta2)
-        self.opt = torch.optim.AdamW(
-            model.parameters(), lr=cfg.lr, betas=betas, eps=cfg.adam_eps, weight_decay=cfg.weight_decay
+        self.opt = torch.optim.AdamW(  # foreach: the multi-tensor update, bit for bit the per-tensor one on a CPU
+            model.parameters(), lr=cfg.lr, betas=betas, eps=cfg.adam_eps, weight_decay=cfg.weight_decay, foreach=True
         )
         self.lr_sched = lr_schedule(self.opt, cfg)  # warm-up, times the batch-size stage's factor
         self.ema = EMAModel(model.parameters(), decay=cfg.ema_decay) if cfg.ema_decay else None

@@ -202,6 +202,8 @@ def ensure_ray(num_cpus: int | None = None, quiet: bool = False) -> None:
     if ray.is_initialized():
         return
     os.environ.setdefault("RAY_TRAIN_HEALTH_CHECK_INTERVAL_S", "0.1")
+    if not os.environ.get("RAY_ADDRESS"):  # one machine: no node is drained, so no watcher actor per Train run
+        os.environ.setdefault("RAY_TRAIN_ENABLE_PREEMPTION_WATCHER", "0")
     level = logging.ERROR if quiet else logging.INFO
     if os.environ.get("RAY_ADDRESS"):
         ray.init(address=os.environ["RAY_ADDRESS"], log_to_driver=True, logging_level=level)
