@@ -91,6 +91,25 @@ def check_out_dir(out: str) -> None:
         raise UsageError(f"--out {out}: not writable{what} ({e.strerror}); choose another output directory") from None
 
 
+def check_own_store(sweep_dir: str, tracking_uri: str | None) -> None:
+    """A sweep directory copied (or moved) elsewhere keeps its ``mlflow_parent.json``, which names the original
+    sweep's SQLite store (and that store's artifact location is absolute): logging the copy's results would write
+    them into the original sweep's run. Refused in one line, naming both, before any compute."""
+    from analysis.loaders import SWEEP_PARENT_FILE
+
+    prefix = "sqlite:///"
+    if not tracking_uri or not tracking_uri.startswith(prefix):
+        return
+    named = os.path.realpath(tracking_uri[len(prefix) :])
+    own = os.path.join(sweep_dir, "mlflow.db")
+    if os.path.exists(own) and os.path.realpath(own) != named:
+        raise UsageError(
+            f"{sweep_dir} holds a copy of the sweep in {os.path.dirname(named)}: its {SWEEP_PARENT_FILE} names that "
+            f"sweep's MLflow store ({tracking_uri}), so the results would be logged to the original's run; pass "
+            "--no-mlflow to analyse the copy without logging, or analyse the original directory"
+        )
+
+
 def check_parent_run(tracking_uri: str | None, parent_run_id: str, source: str) -> str:
     """The MLflow run the results are logged to must exist (a reachable store, checked within seconds). Returns
     the resolved tracking URI. ``source`` says where the run id came from (for the message)."""
@@ -184,6 +203,8 @@ def _run(args: argparse.Namespace) -> int:
     uri = None
     if parent is not None:
         source = "--parent-run-id" if args.parent_run_id else f"{args.sweep_dir}/{loaders.SWEEP_PARENT_FILE}"
+        if args.sweep_dir and not (args.parent_run_id or args.tracking_uri):
+            check_own_store(args.sweep_dir, runs.tracking_uri)
         uri = check_parent_run(args.tracking_uri or runs.tracking_uri, parent, source)
     if _is_branched(runs):
         return _run_branched(runs, args, parent, uri)

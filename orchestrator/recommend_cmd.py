@@ -96,13 +96,15 @@ def _run(args: argparse.Namespace) -> int:
 
     from analysis import loaders, recommend, throughput
     from analysis import recommend_report as rr
-    from orchestrator.analyze_cmd import UsageError, check_metric, check_out_dir, check_parent_run
+    from orchestrator.analyze_cmd import UsageError, check_metric, check_out_dir, check_own_store, check_parent_run
 
     check_args(args)
     out = args.out or os.path.join(args.sweep_dir, "analysis")
     check_out_dir(out)
     runs = loaders.load_sweep_dir(args.sweep_dir)
     parent = None if args.no_mlflow else runs.parent_run_id
+    if parent:
+        check_own_store(args.sweep_dir, runs.tracking_uri)
     uri = (
         check_parent_run(runs.tracking_uri, parent, f"{args.sweep_dir}/{loaders.SWEEP_PARENT_FILE}") if parent else None
     )

@@ -107,6 +107,31 @@ def test_deleted_mlflow_db_of_the_sweep(tracked, tmp_path, capsys, monkeypatch):
     assert (out / "bcrit.json").is_file() and not (gone / "mlflow.db").exists()
 
 
+def test_a_copied_sweep_dir_does_not_log_into_the_original(tracked, tmp_path, capsys):
+    """A copy of a sweep directory names the original's MLflow store in its mlflow_parent.json: analyze and
+    recommend refuse to log there (one line, before any compute), the original's run gets nothing, and --no-mlflow
+    analyses the copy."""
+    import shutil
+
+    from mlflow.tracking import MlflowClient
+
+    d, uri, run = tracked
+    copy = tmp_path / "copy"
+    shutil.copytree(d, copy)
+    out = tmp_path / "o"
+    err = error_line(capsys, [str(copy), "--out", str(out), *FAST])
+    assert f"{copy} holds a copy of the sweep in {d}" in err and "--no-mlflow" in err
+    assert not (out / "bcrit.json").exists()
+    assert MlflowClient(uri).get_run(run).data.metrics == {}  # nothing logged to the original
+    assert cli.main([str(copy), "--no-mlflow", "--out", str(out), *FAST]) == 0
+    from orchestrator.cli import main as bcrit
+
+    assert bcrit(["recommend", str(copy), "--target", "0.5", "--bootstrap", "5"]) == 2
+    assert f"{copy} holds a copy of the sweep in {d}" in capsys.readouterr().err
+    # the original itself is still analysed and logged as before
+    assert cli.main([str(d), "--out", str(tmp_path / "orig"), *FAST]) == 0
+
+
 @pytest.mark.timeout(60)  # a hang guard, not a timing assertion: the unguarded client retried for 120 s
 def test_unreachable_server_fails_fast(sweep, tmp_path, capsys, no_compute):
     d = tmp_path / "s"

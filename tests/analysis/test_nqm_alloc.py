@@ -67,3 +67,25 @@ def test_simulated_gain_in_steps_matches_the_closed_form():
     assert exact[1] / exact[0] < 0.9  # a real gain at this small batch (0.83)
     assert got[1] / got[0] == pytest.approx(exact[1] / exact[0], abs=0.03)
     assert got == pytest.approx(exact, rel=0.03)
+
+
+def test_best_steps_under_an_allocation_equal_every_step_evaluated():
+    """The fewest steps to target under a skewed allocation (mult > 0) from the grid-and-refine search, against the
+    closed-form loss evaluated at every integer step with the crossing interpolated as analysis.steps does: the
+    refinement must keep the allocation's extra noise term (without it the crossing moves)."""
+    from analysis.loaders import Series
+    from analysis.steps import steps_to_target
+
+    p, B, target, max_steps = np.array([0.55, 0.3, 0.1, 0.05]), 2, 0.2, 3000
+    mult, _ = na.terms(S, Q, p)
+    assert mult > 0.5
+    lrs = np.geomspace(0.05, 1.5, 9)
+    brute = []
+    for lr in lrs:
+        curve = na.expected_loss(H, H, np.ones(DIM), lr, B, max_steps, S, Q, p)
+        t = np.arange(max_steps + 1)
+        brute.append(steps_to_target(Series(np.zeros(len(t), np.int64), t, curve), 1, [target])[0, 0])
+    k = int(np.argmin(brute))
+    steps, lr = na.best_steps(H, H, np.ones(DIM), B, target, S, Q, p, lrs=lrs, max_steps=max_steps)
+    assert np.isfinite(brute[k]) and lr == lrs[k]
+    assert steps == pytest.approx(brute[k], rel=1e-12)
