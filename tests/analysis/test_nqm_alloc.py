@@ -89,3 +89,27 @@ def test_best_steps_under_an_allocation_equal_every_step_evaluated():
     steps, lr = na.best_steps(H, H, np.ones(DIM), B, target, S, Q, p, lrs=lrs, max_steps=max_steps)
     assert np.isfinite(brute[k]) and lr == lrs[k]
     assert steps == pytest.approx(brute[k], rel=1e-12)
+
+
+def test_closed_form_equals_the_exact_moment_recursion_of_the_draw():
+    """The binned NQM's expected loss against the second-moment recursion of `weighted_noise`'s own draw, its
+    moments found by enumerating every multinomial outcome of B = 3 examples in 4 bins (float64, no closed form):
+    theta' = theta - lr (a h theta + xi) with a = sum_k w_k n_k / B and E[xi^2 | n] = sum_k w_k^2 n_k s_k c / B^2, so
+    E theta'^2 = E theta^2 (1 - 2 lr h E a + lr^2 h^2 E a^2) + lr^2 E xi^2. Every power of h and every term counts."""
+    from itertools import product
+
+    from scipy.stats import multinomial
+
+    p, B, lr, steps = np.array([0.55, 0.3, 0.1, 0.05]), 3, 0.6, 60
+    w = Q / p
+    n = np.array([o for o in product(range(B + 1), repeat=len(p)) if sum(o) == B], dtype=np.float64)
+    pmf = multinomial.pmf(n, B, p)
+    assert pmf.sum() == pytest.approx(1.0, abs=1e-14)
+    a = (n * w).sum(1) / B
+    ea, ea2, exi2 = pmf @ a, pmf @ a**2, pmf @ (n * w**2 * S).sum(1) / B**2  # E xi^2 per unit of c
+    m, curve = np.ones(DIM), []
+    for _ in range(steps + 1):
+        curve.append(0.5 * (H * m).sum())
+        m = m * (1 - 2 * lr * H * ea + lr**2 * H**2 * ea2) + lr**2 * H * exi2  # c = H
+    exact = na.expected_loss(H, H, np.ones(DIM), lr, B, steps, S, Q, p)
+    np.testing.assert_allclose(exact, curve, rtol=1e-11)
