@@ -112,6 +112,7 @@ def test_counters_rows_and_schedule():
     assert [rep[M.STEP] for rep in s.reports] == [0, 2, 4, 5]  # every report_interval steps, and at the end
     last = s.reports[-1]
     assert (last[M.STEP], last[M.MICRO_STEP], last[M.EXAMPLES]) == (5, 10, 40)
+    assert all(type(last[k]) is int for k in (M.STEP, M.MICRO_STEP, M.EXAMPLES))  # printed "10", not "10.0"
     assert last[M.EPOCH] == 40 / 32
     assert last["status"] == M.STATUS_BUDGET_SPENT and trial.status == M.STATUS_BUDGET_SPENT
     assert last["worker_pid"] == os.getpid() and last["startup_seconds"] >= 0
