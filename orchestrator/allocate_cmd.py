@@ -42,8 +42,7 @@ def run(args: argparse.Namespace) -> int:
         raise UserError(f"{args.sweep_dir} is not a directory; give a sweep directory (storage of a bcrit sweep)")
     if not (0.0 < args.floor <= 1.0) or not (args.target is None or args.target > 0) or args.bootstrap < 0:
         raise UserError("--target must be > 0, --floor in (0, 1] and --bootstrap >= 0")
-    if not 0 <= args.seed < 2**63:
-        raise UserError(f"--seed must be an integer >= 0, got {args.seed}")
+    options.check_seed(args.seed)
     try:
         runs = load_sweep_dir(args.sweep_dir)
     except (RunsTableError, OSError) as e:

@@ -69,7 +69,7 @@ def run(args: argparse.Namespace) -> int:
 
     try:
         return _run(args)
-    except (UsageError, RunsTableError, TooFewBatchSizesError, TrackingUriError) as e:
+    except (UserError, RunsTableError, TooFewBatchSizesError, TrackingUriError) as e:
         print(f"{PROG}: error: {e}", file=sys.stderr)
         return 2
 
@@ -186,8 +186,7 @@ def _run(args: argparse.Namespace) -> int:
     targets = None if args.targets is None else parse_targets(args.targets)
     if args.bootstrap < 0:
         raise UsageError(f"--bootstrap must be >= 0, got {args.bootstrap}")
-    if not 0 <= args.seed < 2**63:
-        raise UsageError(f"--seed must be an integer >= 0, got {args.seed}")
+    options.check_seed(args.seed)
     check_out_dir(args.out)
     if args.tracking_uri is not None:
         check_tracking_uri(args.tracking_uri, create=False, what="--tracking-uri")

@@ -177,16 +177,11 @@ def run_study(spec: BranchSpec, resume: bool = False, verbose: bool = False) -> 
     """Both phases through Ray Tune. Returns (reference trial id, the branches' ResultGrid). ``verbose``: Ray's own
     INFO logs and Tune's tables (as ``bcrit sweep --verbose``)."""
     from analysis import metrics as M
-    from orchestrator.resources import ray_cpus
+    from orchestrator.resources import ray_cpus, start_quiet_ray
     from orchestrator.tables import RunsTables
-    from trainables.trial import ensure_ray
 
     ref_cfg, branch_cfgs = check_branch_spec(spec)
-    ensure_ray(num_cpus=ray_cpus([ref_cfg, *branch_cfgs]), quiet=not verbose)
-    if not verbose:
-        from orchestrator.ray_logs import filter_driver_logs
-
-        filter_driver_logs()
+    start_quiet_ray(ray_cpus([ref_cfg, *branch_cfgs]), verbose)
     if os.environ.get("RAY_ADDRESS"):
         import ray
 

@@ -28,28 +28,15 @@ def run(args) -> int:
     from orchestrator.branch_spec import STUDY_FILE, load_branch_spec
     from orchestrator.overrides import UserError
 
-    if os.path.isdir(args.spec):
-        if not args.resume:
-            raise UserError(f"{args.spec} is a directory; pass a spec YAML, or --resume to continue that study")
-        if args.set:
-            raise UserError("--set cannot change a study being resumed; start a new study instead")
-        spec = _saved_spec(args.spec)
-    else:
-        spec = load_branch_spec(args.spec, args.set)
-        saved = os.path.join(spec.sweep_dir, STUDY_FILE)
-        if os.path.exists(saved) and not args.resume:
-            raise UserError(
-                f"{spec.sweep_dir} already holds a branched study; add --resume to continue it, or set storage to a "
-                "new directory"
-            )
-        if args.resume and os.path.exists(saved):
-            started = _saved_spec(spec.sweep_dir)
-            if started.to_yaml() != spec.to_yaml():
-                raise UserError(
-                    f"{args.spec} differs from the spec {spec.sweep_dir} was started with; resume it with "
-                    f"`bcrit branch {spec.sweep_dir} --resume`, or start the new spec in another storage directory"
-                )
-            spec = started
+    def started(study_dir: str) -> bool:  # a study killed before it saved its spec starts again from the YAML
+        return os.path.exists(os.path.join(study_dir, STUDY_FILE))
+
+    spec = options.spec_to_run(args, load_branch_spec, _saved_spec, what="study", command="branch", started=started)
+    if not args.resume and started(spec.sweep_dir):
+        raise UserError(
+            f"{spec.sweep_dir} already holds a branched study; add --resume to continue it, or set storage to a "
+            "new directory"
+        )
     t0 = time.perf_counter()
     print(f"[bcrit] study dir {spec.sweep_dir}\n[bcrit] MLflow {spec.mlflow_uri} (experiment {spec.experiment!r})")
     ref_id, results = run_study(spec, resume=args.resume, verbose=args.verbose)

@@ -84,6 +84,12 @@ def seed(p: argparse.ArgumentParser) -> None:
     )  # fmt: skip
 
 
+def check_seed(seed: int) -> None:
+    """``--seed``'s value, before any compute (numpy's generators take 0 <= seed < 2**63 here)."""
+    if not 0 <= seed < 2**63:
+        raise UserError(f"--seed must be an integer >= 0, got {seed}")
+
+
 def out(p: argparse.ArgumentParser) -> None:
     p.add_argument(
         "--out",
@@ -113,6 +119,30 @@ def resume(p: argparse.ArgumentParser) -> None:
         action="store_true",
         help="continue an interrupted run: give its directory, or the YAML it was started with",
     )
+
+
+def spec_to_run(args: argparse.Namespace, load, restore, *, what: str, command: str, started=None):
+    """The spec ``bcrit <command> SPEC|DIR [--set ...] [--resume]`` runs, by ``--set``/``--resume``'s rules: a
+    directory only with ``--resume`` and without ``--set`` (``restore(dir)``: the spec it was started with); a YAML
+    (``load(path, overrides)``), which with ``--resume`` must equal the spec its storage directory was started with.
+    ``started(dir)``: whether that directory holds a started run to compare against (default: always -- ``restore``
+    then says why not). ``what``: "sweep" or "study", for the messages."""
+    if os.path.isdir(args.spec):
+        if not args.resume:
+            raise UserError(f"{args.spec} is a directory; pass a spec YAML, or --resume to continue that {what}")
+        if args.set:
+            raise UserError(f"--set cannot change a {what} being resumed; start a new {what} instead")
+        return restore(args.spec)
+    spec = load(args.spec, args.set)
+    if not args.resume or (started is not None and not started(spec.sweep_dir)):
+        return spec
+    saved = restore(spec.sweep_dir)
+    if saved.to_yaml() != spec.to_yaml():
+        raise UserError(
+            f"{args.spec} differs from the spec {spec.sweep_dir} was started with; resume it with "
+            f"`bcrit {command} {spec.sweep_dir} --resume`, or start the new spec in another storage directory"
+        )
+    return saved
 
 
 def verbose(p: argparse.ArgumentParser) -> None:

@@ -51,11 +51,10 @@ def run(args: argparse.Namespace) -> int:
     from analysis.recommend import RecommendError
     from analysis.schema import RunsTableError
     from analysis.throughput import NoThroughputError
-    from orchestrator.analyze_cmd import UsageError
 
     try:
         return _run(args)
-    except (UserError, UsageError, RunsTableError, TooFewBatchSizesError, TrackingUriError, NoThroughputError,
+    except (UserError, RunsTableError, TooFewBatchSizesError, TrackingUriError, NoThroughputError,
             RecommendError) as e:  # fmt: skip
         print(f"{PROG}: error: {e}", file=sys.stderr)
         return 2
@@ -73,8 +72,7 @@ def check_args(args: argparse.Namespace) -> None:
             raise UserError(f"--{flag.replace('_', '-')} must be an integer >= 1, got {v}")
     if args.bootstrap < 1:
         raise UserError(f"--bootstrap must be >= 1 (the intervals need replicates), got {args.bootstrap}")
-    if not 0 <= args.seed < 2**63:
-        raise UserError(f"--seed must be an integer >= 0, got {args.seed}")
+    options.check_seed(args.seed)
 
 
 def cost_unit(sweep_dir: str) -> str:

@@ -66,11 +66,16 @@ def local_resources(spec: SweepSpec) -> dict[str, float]:
 
 
 def start_ray(spec: SweepSpec, verbose: bool = False) -> None:
-    """``RAY_ADDRESS`` if set, else a local Ray sized for the spec (trainables.trial.ensure_ray); without
+    """``RAY_ADDRESS`` if set, else a local Ray sized for the spec's trials (:func:`start_quiet_ray`)."""
+    start_quiet_ray(max(local_cpus(spec), ray_cpus(spec.trial_configs())), verbose)
+
+
+def start_quiet_ray(num_cpus: int, verbose: bool = False) -> None:
+    """``RAY_ADDRESS`` if set, else a local Ray of ``num_cpus`` logical CPUs (trainables.trial.ensure_ray); without
     ``verbose``, Ray's known-harmless log lines are kept out of the terminal (orchestrator.ray_logs)."""
     from orchestrator.ray_logs import filter_driver_logs
     from trainables.trial import ensure_ray
 
-    ensure_ray(num_cpus=max(local_cpus(spec), ray_cpus(spec.trial_configs())), quiet=not verbose)
+    ensure_ray(num_cpus=num_cpus, quiet=not verbose)
     if not verbose:
         filter_driver_logs()

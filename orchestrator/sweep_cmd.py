@@ -21,26 +21,10 @@ def register(sub) -> None:
 
 
 def run(args) -> int:
-    from orchestrator.overrides import UserError
     from orchestrator.spec import load_spec
     from orchestrator.sweep_state import restore_spec
 
-    if os.path.isdir(args.spec):
-        if not args.resume:
-            raise UserError(f"{args.spec} is a directory; pass a spec YAML, or --resume to continue that sweep")
-        if args.set:
-            raise UserError("--set cannot change a sweep being resumed; start a new sweep instead")
-        spec = restore_spec(args.spec)
-    else:
-        spec = load_spec(args.spec, args.set)
-        if args.resume:
-            saved = restore_spec(spec.sweep_dir)
-            if saved.to_yaml() != spec.to_yaml():
-                raise UserError(
-                    f"{args.spec} differs from the spec {spec.sweep_dir} was started with; resume it with "
-                    f"`bcrit sweep {spec.sweep_dir} --resume`, or start the new spec in another storage directory"
-                )
-            spec = saved
+    spec = options.spec_to_run(args, load_spec, restore_spec, what="sweep", command="sweep")
     return _run(spec, args.resume, getattr(args, "verbose", False))
 
 

@@ -59,25 +59,19 @@ def test_the_commands_that_read_a_sweep_share_its_positional_and_out():
 
 
 def test_every_sub_command_and_option_is_documented():
+    (sub,) = [a for a in build_parser()._actions if isinstance(a, argparse._SubParsersAction)]
+    assert {c.dest: bool(c.help) for c in sub._choices_actions} == dict.fromkeys(sub.choices, True)  # bcrit --help
     for name, parser in subparsers().items():
-        assert parser.description or parser.format_help(), name
         for action in parser._actions:
             assert action.help, f"bcrit {name}: {action.option_strings or action.dest} has no help"
 
 
-def _analysis(sweep_dir) -> None:
-    """A bcrit.json of three targets (bcrit schedule's input) in SWEEP_DIR/analysis."""
-    targets = []
-    for y, s, e in zip((1.0, 0.5, 0.2), (3.0, 7.0, 9.0), (30.0, 430.0, 2430.0), strict=True):
-        points = [{"batch_size": b, "steps": s + e / b, "lr": 0.001 * b} for b in (8, 16, 32, 64, 128, 256, 512)]
-        targets.append({"target": y, "s_min": s, "e_min": e, "points": points})
-    (sweep_dir / "analysis").mkdir(parents=True)
-    (sweep_dir / "analysis" / "bcrit.json").write_text(json.dumps({"metric": "eval/loss", "targets": targets}))
-
-
 def test_schedule_writes_to_sweep_dir_analysis_or_out(tmp_path, capsys):
+    from tests.orchestrator.test_schedule_cmd import analysis
+
     sweep = tmp_path / "sweep"
-    _analysis(sweep)
+    (sweep / "analysis").mkdir(parents=True)
+    analysis(sweep / "analysis")  # bcrit schedule's input: a bcrit.json of three targets in SWEEP_DIR/analysis
     assert main(["schedule", str(sweep)]) == 0
     assert f"wrote {sweep / 'analysis' / 'schedule.json'}" in capsys.readouterr().out
     default = json.loads((sweep / "analysis" / "schedule.json").read_text())

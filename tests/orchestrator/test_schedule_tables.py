@@ -3,7 +3,6 @@ carries its ``batch_schedule`` (absent for a constant trial's row)."""
 
 from __future__ import annotations
 
-import contextlib
 import json
 
 import pyarrow.compute as pc
@@ -11,22 +10,8 @@ import pyarrow.parquet as pq
 
 from analysis import metrics as M
 from orchestrator.tables import RunsTables, trial_row
+from tests.orchestrator.test_quadratic_pipeline import TablesSession
 from trainables.nqm_trial import QuadraticConfig, train_loop
-
-
-class TablesSession:
-    rank, world_size, device = 0, 1, None
-
-    def __init__(self, tables: RunsTables, trial_id: str):
-        self.tables, self.trial_id, self.last = tables, trial_id, {}
-
-    def report(self, metrics: dict, checkpoint_dir: str | None) -> None:
-        self.tables.add_rows(self.trial_id, metrics["rows"])
-        self.last = metrics
-
-    @contextlib.contextmanager
-    def restore(self):
-        yield None
 
 
 def test_scheduled_trial_rows_count_true_examples(tmp_path):
