@@ -25,7 +25,15 @@ import numpy as np
 from analysis import flags as fl
 from analysis import pareto
 from analysis.loaders import Runs
-from analysis.steps import aggregate_seeds, best_per_batch, settings_of, steps_to_target, trial_extent, usable
+from analysis.steps import (
+    aggregate_seeds,
+    best_per_batch,
+    pool_splits,
+    settings_of,
+    steps_to_target,
+    trial_extent,
+    usable,
+)
 
 
 def band_b_crit(
@@ -43,6 +51,7 @@ def band_b_crit(
     steps = steps_to_target(series, n, [hi, lo])  # (2, n)
     steps[:, ~ok] = np.nan
     last, _spacing = trial_extent(series, n)
+    runs, steps, last, ok = pool_splits(runs, steps, last, ok)  # the splits of one seed are one repeat
     st = settings_of(runs, ok)
     best = [best_per_batch(*aggregate_seeds(steps[t], last, st), st) for t in (0, 1)]
     bs = best[0].batch_sizes

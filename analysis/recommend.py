@@ -34,6 +34,7 @@ from analysis.loaders import Runs
 from analysis.steps import (
     aggregate_seeds,
     best_per_batch,
+    pool_splits,
     settings_of,
     steps_to_target,
     trial_extent,
@@ -67,48 +68,9 @@ class StepsFit:
         return self.rep_s_min[:, None] + self.rep_e_min[:, None] / np.asarray(b, dtype=np.float64)[None, :]
 
 
-def pool_splits(runs: Runs, steps: np.ndarray, last: np.ndarray, ok: np.ndarray):
-    """One pseudo-trial per (batch size, nuisance setting, seed) over its splits: ``(runs', steps', last', ok')``.
-
-    Splits of one batch size run with the same seed take the same steps up to numerics (the demo's three splits of
-    B = 64 cross its targets at the same step), so they are not independent repeats. Left as separate settings, the
-    bootstrap would resample each split's seeds independently and take the minimum over the splits: replicates
-    biased low and too narrow (the S(B) interval covered 0.58-0.63 instead of 0.9 on tests/analysis/synth_splits.py
-    with several splits per batch size; 0.91-0.93 with one). Pooled, a group's steps are the geometric mean of its
-    splits' (``inf`` unless every split reached; ``last'`` the same mean with the last evaluated step of those that
-    did not), kept on its first usable trial; the trials table's split columns are set to ``(B, 1, 1)`` so that the
-    settings group by batch size and nuisance hyper-parameters alone."""
-    import pyarrow as pa
-
-    from analysis.schema import NUISANCE_COLUMNS
-
-    cols = [c for c in NUISANCE_COLUMNS if c in runs.trials.column_names] + ["seed"]
-    vals = [runs.batch_size.astype(str)] + [np.asarray(runs.trials.column(c).to_pylist(), dtype=str) for c in cols]
-    key = np.unique(np.stack(vals, axis=1), axis=0, return_inverse=True)[1].ravel()
-    steps, last, ok = steps.copy(), last.copy(), ok.copy()
-    for g in np.unique(key[ok]):
-        members = np.flatnonzero(ok & (key == g))
-        if len(members) < 2:
-            continue
-        s = steps[0, members]
-        reached = np.isfinite(s)
-        with np.errstate(divide="ignore"):
-            low = np.exp(np.mean(np.log(np.where(reached, s, np.maximum(last[members], 0.0)))))
-        steps[0, members[0]] = low if reached.all() else np.inf
-        last[members[0]] = low if not reached.all() else last[members].max()
-        ok[members[1:]] = False
-        steps[0, members[1:]] = np.nan
-    b = runs.trials.column("batch_size")
-    trials = runs.trials
-    for name, col in (("micro_batch_size", b), ("grad_accum", pa.array(np.ones(len(b), np.int64))),
-                      ("num_workers", pa.array(np.ones(len(b), np.int64)))):  # fmt: skip
-        trials = trials.set_column(trials.schema.get_field_index(name), name, col)
-    return Runs(trials, runs.metrics, source=runs.source), steps, last, ok
-
-
 def fit_steps(runs: Runs, metric: str, target: float, n_boot: int = 1000, seed: int = 0) -> StepsFit:
     """The steps fit of ``bcrit analyze`` (analysis.report.analyze_metric) at one target, keeping the replicates,
-    with the splits of one batch size pooled (:func:`pool_splits`)."""
+    with the splits of one batch size pooled (:func:`analysis.steps.pool_splits`)."""
     series = runs.series(metric)
     n = len(runs.trial_ids)
     steps = steps_to_target(series, n, [target])

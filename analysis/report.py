@@ -3,7 +3,8 @@ and the sweep's MLflow parent run (analysis.publish).
 
 Pipeline per metric (McCandlish et al. 2018; Shallue et al. 2018):
 1. steps-to-target of every trial for every target (interpolated, censored = never reached);
-2. best trial per batch size (nuisance hyper-parameters tuned), diverged/failed trials excluded;
+2. best trial per batch size (nuisance hyper-parameters tuned), diverged/failed trials excluded, the splits of one
+   (batch size, setting, seed) pooled into one repeat (analysis.steps.pool_splits);
 3. log-space Pareto fit ``S = S_min + E_min/B`` → ``B_crit = E_min/S_min``;
 4. percentile bootstrap over seeds (or trials, with one seed per setting), the points' scatter about the fit beyond
    what the replicates show added (analysis.pareto.lack_of_fit_var) → ``b_crit_ci``;
@@ -28,6 +29,7 @@ from analysis.steps import (
     best_per_batch,
     excluded_counts,
     final_losses,
+    pool_splits,
     refine_lr,
     settings_of,
     steps_to_target,
@@ -69,6 +71,7 @@ def analyze_metric(
     steps = steps_to_target(series, n, targets)  # (T, n)
     steps[:, ~ok] = np.nan
     last, spacing = trial_extent(series, n)
+    runs, steps, last, ok = pool_splits(runs, steps, last, ok)  # the splits of one seed are one repeat
     st = settings_of(runs, ok)
     resample = pareto.ci_resamples(st)
     rng = np.random.default_rng(seed)

@@ -142,6 +142,50 @@ def trial_extent(series: Series, n_trials: int) -> tuple[np.ndarray, np.ndarray]
     return last, spacing
 
 
+def pool_splits(runs: Runs, steps: np.ndarray, last: np.ndarray, ok: np.ndarray):
+    """One pseudo-trial per (batch size, nuisance setting, seed) over its splits: ``(runs', steps', last', ok')``.
+
+    ``steps`` is ``(T, n)`` (one row per target), ``last`` and ``ok`` per trial, as in ``bcrit analyze``. Splits of
+    one batch size run with the same seed take the same steps up to numerics (same examples, same draws: the demo's
+    splits of B = 64 cross its targets at the same step), so they are one repeat, not several. Left as separate
+    settings, the bootstrap resampled each split's seeds independently and took the minimum over the splits:
+    replicates biased low and intervals too narrow (the S(B) interval covered 0.58-0.63 instead of 0.9 on
+    tests/analysis/synth_splits.py with several splits per batch size; 0.91-0.93 with one). Pooled, a group's steps
+    at each target are the geometric mean of its splits' (``inf`` unless every split reached; ``last'`` the same
+    mean with the last evaluated step of those that did not, else the largest last step), kept on its first usable
+    trial; the others leave ``ok'``. The trials table's split columns are set to ``(B, 1, 1)`` so that the settings
+    group by batch size and nuisance hyper-parameters alone. A split that ran fewer seeds than the others joins
+    the groups of the seeds it ran. Without two splits of one (batch size, setting, seed) nothing changes."""
+    import pyarrow as pa
+
+    from analysis.schema import NUISANCE_COLUMNS
+
+    steps, last, ok = steps.copy(), last.copy(), ok.copy()
+    cols = [c for c in NUISANCE_COLUMNS if c in runs.trials.column_names] + ["seed"]
+    vals = [runs.batch_size.astype(str)] + [np.asarray(runs.trials.column(c).to_pylist(), dtype=str) for c in cols]
+    key = np.unique(np.stack(vals, axis=1), axis=0, return_inverse=True)[1].ravel()
+    for g in np.unique(key[ok]):
+        members = np.flatnonzero(ok & (key == g))
+        if len(members) < 2:
+            continue
+        s = steps[:, members]  # (T, k)
+        reached = np.isfinite(s)
+        with np.errstate(divide="ignore"):
+            low = np.exp(np.mean(np.log(np.where(reached, s, np.maximum(last[members], 0.0)[None, :])), axis=1))
+        all_reached = reached.all(axis=1)
+        steps[:, members[0]] = np.where(all_reached, low, np.inf)
+        # the lower bound of a censored group is its mean of (steps or last step): what aggregate_seeds reads
+        last[members[0]] = last[members].max() if all_reached.all() else low[~all_reached].min()
+        ok[members[1:]] = False
+        steps[:, members[1:]] = np.nan
+    b = runs.trials.column("batch_size")
+    trials = runs.trials
+    for name, col in (("micro_batch_size", b), ("grad_accum", pa.array(np.ones(len(b), np.int64))),
+                      ("num_workers", pa.array(np.ones(len(b), np.int64)))):  # fmt: skip
+        trials = trials.set_column(trials.schema.get_field_index(name), name, col.cast(trials.schema.field(name).type))
+    return Runs(trials, runs.metrics, source=runs.source), steps, last, ok
+
+
 @dataclass(frozen=True)
 class Settings:
     """Usable trials grouped into nuisance settings; the trials of one setting are its seeds (repeats)."""

@@ -9,6 +9,8 @@ scientific:                       # the variable under study: effective batch si
   per_batch_size:                 # replaces `splits` for one B (add accumulation / multi-worker variants)
     64: [{grad_accum: 1, num_workers: 0}, {grad_accum: 2, num_workers: 0}, {grad_accum: 1, num_workers: 2, lr: 2.0e-3}]
                                   # lr (grid search): run that split at these grid values only (a cheaper check)
+                                  # num_seeds: run that split at the first N of fixed.seeds only (a cheaper check;
+                                  # bcrit analyze pools the splits of one seed into one repeat)
   use_gpu: false
   cpus_per_worker: 1
 nuisance:                         # re-tuned per batch size
@@ -71,6 +73,10 @@ class Split:
     # split variant checks that B, not its split, sets the result: one lr of the grid shows it at a fraction of
     # the cost (a 2-worker trial costs ~10x an in-process one on a small machine: Ray Train's worker group)
     lr: tuple[float, ...] | None = None
+    # run this split at the first ``num_seeds`` of the sweep's seeds only (None: every seed). The splits of one seed
+    # are one repeat to `bcrit analyze` (analysis.steps.pool_splits), so a variant run at fewer seeds joins the
+    # repeats of the seeds it ran and shows the split invariance there, without a 2-worker trial per seed
+    num_seeds: int | None = None
 
     def label(self) -> str:
         return f"{self.micro_batch_size}x{self.grad_accum}x{max(1, self.num_workers)}"
@@ -134,7 +140,7 @@ class SweepSpec:
 
     def groups(self) -> list[tuple[int, Split, int]]:
         """Every (batch size, split, seed) combination, in spec order."""
-        return [(b, s, seed) for b in self.batch_sizes for s in self.splits[b] for seed in self.seeds]
+        return [(b, s, seed) for b in self.batch_sizes for s in self.splits[b] for seed in self.seeds[: s.num_seeds]]
 
     def grid_points(self) -> list[dict[str, Any]]:
         """Nuisance values of a grid search (the cartesian product); [] for optuna."""
@@ -227,6 +233,7 @@ def parse_spec(data: dict, *, sweep_dir: str | None = None, source: str = "spec"
 
     search, nuisance, trials_per_b = _nuisance(nui)
     _check_split_lrs(splits, search, nuisance)
+    _check_split_seeds(splits, len(seeds))
     name = name.strip()
     storage = data.get("storage")
     storage = os.path.join("runs", name) if storage is None else storage
@@ -330,7 +337,7 @@ def _splits(v: Any, where: str) -> list[tuple[dict, str]]:
         raise UserError(f"{where} must be a non-empty list like [{{grad_accum: 1, num_workers: 0}}]")
     out = []
     for i, s in enumerate(v):
-        _keys(s, (*SPLIT_KEYS, "lr"), f"{where}[{i}]")
+        _keys(s, (*SPLIT_KEYS, "lr", "num_seeds"), f"{where}[{i}]")
         out.append((s, f"{where}[{i}]"))
     return out
 
@@ -359,7 +366,10 @@ def _resolve_split(b: int, s: dict, where: str) -> Split:
         if not isinstance(lr, list) or not lr or not all(isinstance(x, (int, float)) and x > 0 for x in lr):
             raise UserError(f"{where}.lr must be a learning rate of nuisance.lr or a list of them, got {s['lr']!r}")
         lr = tuple(float(x) for x in lr)
-    return Split(micro, a, w, lr)
+    num_seeds = s.get("num_seeds")
+    if num_seeds is not None:
+        num_seeds = _pos_int(num_seeds, f"{where}.num_seeds")
+    return Split(micro, a, w, lr, num_seeds)
 
 
 def _per_batch_size(v: dict, batch_sizes: list[int], where: str) -> dict[int, Any]:
@@ -390,6 +400,17 @@ def _check_split_lrs(splits: dict[int, tuple[Split, ...]], search: str, nuisance
             missing = [x for x in s.lr if not any(_same(g, x) for g in grid)]
             if missing:
                 raise UserError(f"{where}: {missing[0]:g} is not in nuisance.lr {grid}; use values of the grid")
+
+
+def _check_split_seeds(splits: dict[int, tuple[Split, ...]], n_seeds: int) -> None:
+    """A split's ``num_seeds``: at most the number of ``fixed.seeds``."""
+    for b, ss in splits.items():
+        for s in ss:
+            if s.num_seeds is not None and s.num_seeds > n_seeds:
+                raise UserError(
+                    f"num_seeds {s.num_seeds} of split {s.label()} at batch size {b} exceeds the {n_seeds} seed(s) of "
+                    "fixed.seeds; use at most that many, or drop num_seeds to run every seed"
+                )
 
 
 def _nuisance(nui: dict) -> tuple[str, dict[str, Any], int]:

@@ -3,8 +3,8 @@
 ``nn.Module.compile`` compiles the module's ``forward`` in place rather than wrapping it in an
 ``OptimizedModule``, so ``state_dict`` keys stay the model's own (no ``_orig_mod.`` prefix): checkpoints of compiled
 and uncompiled trials are interchangeable, and the optimizer, EMA, evaluation, per-bin GNS and DDP all see the same
-module (tested). Compilation happens at the first forward of each kind (training, evaluation under ``no_grad``), and
-its time falls in the first interval's training time.
+module (tested). Compilation happens at the first forward of each kind (training, evaluation under
+``inference_mode``), and its time falls in the first interval's training time.
 
 Inductor needs a C++ compiler on CPU and Triton on a GPU; `compile_problem` says, in one line, when the machine has
 neither, so the trial stops before any compute (`trainables.trial.check_trial`). A toolchain that is there but

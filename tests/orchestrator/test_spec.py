@@ -26,8 +26,8 @@ def dit_spec(tmp_path, **sections) -> dict:
 def test_tiny_example_expands_to_its_trials(tmp_path, no_ray_address):
     spec = load_spec(os.path.join(ROOT, "examples", "tiny.yaml"), [f"storage={tmp_path / 's'}"])
     configs = check_spec(spec, {"CPU": 6.0, "GPU": 0.0})
-    # 5 batch sizes x 4 lrs x 3 seeds, plus B=64 as 32x2 accumulation and 32x2 workers at lr 1e-2 x 3 seeds
-    assert spec.num_trials() == len(configs) == 5 * 4 * 3 + 2 * 3
+    # 5 batch sizes x 4 lrs x 3 seeds, plus B=64 as 32x2 accumulation and 32x2 workers at lr 1e-2 and the first seed
+    assert spec.num_trials() == len(configs) == 5 * 4 * 3 + 2
     b64 = {(c["micro_batch_size"], c["grad_accum"], c["num_workers"]) for c in configs if c["batch_size"] == 64}
     assert b64 == {(64, 1, 0), (32, 2, 0), (32, 1, 2)}
     assert {c["batch_size"] for c in configs} == {8, 16, 32, 64, 128}
@@ -177,6 +177,41 @@ def test_split_lr_subset_bad_input(tmp_path, split_lr, nuisance, message):
     sci = {"batch_sizes": [64], "per_batch_size": {64: [{"grad_accum": 1}, {"grad_accum": 2, "lr": split_lr}]}}
     with pytest.raises(UserError, match=message):
         parse_spec(dit_spec(tmp_path, scientific=sci, nuisance=nuisance))
+
+
+def test_split_num_seeds_runs_that_split_at_the_first_seeds_only(tmp_path):
+    sci = {
+        "batch_sizes": [32, 64],
+        "per_batch_size": {
+            64: [{"grad_accum": 1}, {"grad_accum": 2, "num_seeds": 1}, {"num_workers": 2, "num_seeds": 2}]
+        },
+    }
+    raw = dit_spec(tmp_path, scientific=sci)
+    raw["fixed"] = {**raw["fixed"], "seeds": [7, 3, 5]}
+    spec = parse_spec(raw)
+    got = sorted((c["batch_size"], c["grad_accum"], c["num_workers"], c["seed"]) for c in spec.trial_configs())
+    assert got == sorted(
+        [(32, 1, 0, s) for s in (7, 3, 5)] + [(64, 1, 0, s) for s in (7, 3, 5)]
+        + [(64, 2, 0, 7), (64, 1, 2, 7), (64, 1, 2, 3)]
+    )  # fmt: skip
+    assert spec.num_trials() == len(got) == 9
+    assert all("num_seeds" not in s.config() for ss in spec.splits.values() for s in ss)
+
+
+@pytest.mark.parametrize(
+    ("num_seeds", "message"),
+    [
+        (4, "num_seeds 4 of split 32x2x1 at batch size 64 exceeds the 3 seed\\(s\\) of fixed.seeds"),
+        (0, "scientific.per_batch_size.64\\[1\\].num_seeds must be an integer >= 1, got 0"),
+        ("one", "num_seeds must be an integer >= 1, got 'one'"),
+    ],
+)
+def test_split_num_seeds_bad_input(tmp_path, num_seeds, message):
+    sci = {"batch_sizes": [64], "per_batch_size": {64: [{"grad_accum": 1}, {"grad_accum": 2, "num_seeds": num_seeds}]}}
+    raw = dit_spec(tmp_path, scientific=sci)
+    raw["fixed"] = {**raw["fixed"], "seeds": [0, 1, 2]}
+    with pytest.raises(UserError, match=message):
+        parse_spec(raw)
 
 
 def test_per_batch_size_eval_every_and_max_steps(tmp_path):
