@@ -185,6 +185,49 @@ def window_estimate(g2: ArrayLike, trace: ArrayLike) -> WindowEstimate:
     return WindowEstimate(value, se, n, "ok")
 
 
+def stratified_b_simple(g2_groups: list[ArrayLike], trace_groups: list[ArrayLike]) -> WindowEstimate:
+    """B_simple over groups weighted equally: ``mean_p(mean tr_p) / mean_p(mean |G|^2_p)`` with a delta-method SE.
+
+    Group ``p`` holds the unbiased per-measurement estimates of one stratum (at a target: one batch size's fitted
+    trials in their windows at the crossing). Each group's means weigh the same however many measurements it has (a
+    small batch size's trial measures over more steps). The SE is the sampling noise of the group means: the
+    within-group (co)variance pooled over groups (``ddof`` = number of groups), divided by each group's size,
+
+        Var(R) ~= (s_T^2 - 2 R s_TG + R^2 s_G^2) * sum_p(1 / n_p) / (P^2 G^2),
+
+    so one group is exactly ``window_estimate``. It does not include the spread between the groups' own ratios (a
+    real difference between batch sizes is not noise). States as ``window_estimate``: ``"warming"`` without two
+    measurements in some group's worth of spread (total measurements <= number of groups), ``"undefined"`` for a
+    mean ``|G|^2 <= 0``, a negative mean ``tr`` or anything non-finite.
+    """
+    gs = [np.asarray(g, dtype=np.float64).ravel() for g in g2_groups]
+    ts = [np.asarray(t, dtype=np.float64).ravel() for t in trace_groups]
+    if len(gs) != len(ts) or any(g.size != t.size for g, t in zip(gs, ts, strict=True)):
+        raise ValueError("g2_groups and trace_groups must pair up group by group and sample by sample")
+    keep = [i for i, g in enumerate(gs) if g.size > 0]
+    gs, ts = [gs[i] for i in keep], [ts[i] for i in keep]
+    n = int(sum(g.size for g in gs))
+    if n <= len(gs):
+        return WindowEstimate(math.nan, math.nan, n, "warming")
+    with np.errstate(over="ignore", invalid="ignore"):
+        g_means = np.array([g.mean() for g in gs])
+        t_means = np.array([t.mean() for t in ts])
+        g_mean, t_mean = float(g_means.mean()), float(t_means.mean())
+        if not (math.isfinite(g_mean) and math.isfinite(t_mean) and g_mean > 0.0 and t_mean >= 0.0):
+            return WindowEstimate(math.nan, math.nan, n, "undefined")
+        rt = np.concatenate([t - m for t, m in zip(ts, t_means, strict=True)])
+        rg = np.concatenate([g - m for g, m in zip(gs, g_means, strict=True)])
+        dof = n - len(gs)
+        s_tt, s_gg, s_tg = float(rt @ rt) / dof, float(rg @ rg) / dof, float(rt @ rg) / dof
+        r = t_mean / g_mean
+        scale = sum(1.0 / g.size for g in gs) / len(gs) ** 2
+        var_r = (s_tt - 2.0 * r * s_tg + r * r * s_gg) * scale / (g_mean * g_mean)
+    se = math.sqrt(max(var_r, 0.0))
+    if not (math.isfinite(r) and math.isfinite(se) and r >= 0.0):
+        return WindowEstimate(math.nan, math.nan, n, "undefined")
+    return WindowEstimate(r, se, n, "ok")
+
+
 class GNSWindow:
     """Live B_simple ± SE: means of ``tr(Sigma)`` and ``|G|^2`` over the last ``window`` optimizer steps, divided.
 

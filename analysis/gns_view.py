@@ -109,20 +109,67 @@ def b_simple_at(trace: GNSTrace | None, step: float) -> float:
     return float(np.interp(step, trace.step[ok], trace.b_simple[ok]))
 
 
+def window_samples(
+    runs: Runs, row: int, k: int | None, end: float, window: int | None = None
+) -> tuple[np.ndarray, np.ndarray]:
+    """Per-measurement unbiased ``(|G|^2, tr Sigma)`` of trial ``row`` (global, or bin ``k``) in the window that ends
+    at step ``end``: steps in ``(end - span, end]`` with ``span`` the trial's live rule (``window_span``; the half
+    rule for the global window only). Incomplete or non-finite measurements are left out, as in ``b_simple_trace``."""
+    parts = [_rows(runs, name, row) for name in gns_names(k)]
+    steps = parts[0][0]
+    for s, _ in parts[1:]:
+        steps = np.intersect1d(steps, s)
+    vals = [v[np.isin(s, steps)] for s, v in parts]
+    finite = np.isfinite(vals[0]) & np.isfinite(vals[1])
+    span = int(gns.window_span(int(end), window or window_of(runs, row), half=k is None and half_of(runs, row)))
+    sel = finite & (steps > end - span) & (steps <= end)
+    if not sel.any():
+        return np.zeros(0), np.zeros(0)
+    small, big, b, B = (v[sel] for v in vals)
+    try:
+        return np.atleast_1d(gns.g2_unbiased(small, big, b, B)), np.atleast_1d(gns.trace_unbiased(small, big, b, B))
+    except ValueError:  # b == B: no second batch size
+        return np.zeros(0), np.zeros(0)
+
+
+def pooled_b_simple(
+    runs: Runs, points: list[dict], k: int | None = None, window: int | None = None
+) -> gns.WindowEstimate:
+    """B_simple ± SE at a target: per point (batch size), the raw statistics of every trial of its best setting (all
+    seeds, ``trial_ids``) in the window ending at the point's crossing step pooled; then the points weighted equally
+    (``gns.stratified_b_simple``: means of numerator and denominator, divided).
+
+    One trial's window holds few measurements per bin (every ``gns_every`` steps, on ``gns_bin_examples``), so the
+    median of per-trial ratios that this replaces swung with the one trial's noise (the demo's t=0-249 bin: 5.8, 17
+    and 131 over three sets of seeds); averaging numerators and denominators before dividing is McCandlish et al.'s
+    rule and carries a standard error. Equal weights keep what the median over points had: every batch size of the
+    fit counts once, not by how many steps its trials took."""
+    row_of = {t: i for i, t in enumerate(runs.trial_ids)}
+    g2, tr = [], []
+    for p in points:
+        if not np.isfinite(p["steps"]):
+            continue
+        got = [window_samples(runs, row_of[t], k, float(p["steps"]), window)
+               for t in p.get("trial_ids") or [p["trial_id"]] if t in row_of]  # fmt: skip
+        g2.append(np.concatenate([g for g, _ in got]) if got else np.zeros(0))
+        tr.append(np.concatenate([t for _, t in got]) if got else np.zeros(0))
+    return gns.stratified_b_simple(g2, tr)
+
+
 def attach_b_simple(runs: Runs, targets: list[dict], k: int | None = None, window: int | None = None) -> None:
-    """Add ``b_simple`` to every point (at its crossing step) and the median over points to every target.
+    """Add ``b_simple`` to every point (its representative trial's value at its crossing step) and to every target
+    ``b_simple`` ± ``b_simple_se`` of :func:`pooled_b_simple` (``None`` where not defined).
 
     ``window``: the B_simple window in optimizer steps (``None``: each trial's own ``gns_window``)."""
     row_of = {t: i for i, t in enumerate(runs.trial_ids)}
     cache: dict[int, GNSTrace | None] = {}
     for tgt in targets:
-        vals = []
         for p in tgt["points"]:
             row = row_of[p["trial_id"]]
             if row not in cache:
                 cache[row] = b_simple_trace(runs, row, k, window)
             v = b_simple_at(cache[row], p["steps"])
             p["b_simple"] = None if np.isnan(v) else v
-            if not np.isnan(v):
-                vals.append(v)
-        tgt["b_simple"] = float(np.median(vals)) if vals else None
+        est = pooled_b_simple(runs, tgt["points"], k, window)
+        tgt["b_simple"] = est.value if est.ok else None
+        tgt["b_simple_se"] = est.se if est.ok else None

@@ -133,7 +133,7 @@ def bcrit_vs_target(result: dict, path: Path) -> Path:
     level = int(round(100 * result.get("bootstrap", {}).get("level", 0.9)))
     _band(ax, result["targets"], "C0", f"B_crit ({level}% bootstrap band)")
     if any(t.get("b_simple") is not None for t in result["targets"]):
-        _band(ax, result["targets"], "C3", "B_simple at the crossing (median)", key="b_simple")
+        _band(ax, result["targets"], "C3", "B_simple at the crossings (pooled)", key="b_simple")
     ax.set(yscale="log", xlabel=f"target {_metric_label(result['metric'])}")
     ax.set(ylabel="batch size (examples per step)")
     ax.set_title("B_crit vs target loss (hollow: flagged target)", fontsize=10)
@@ -235,9 +235,12 @@ def answer(result: dict, path: Path) -> Path | None:
         if flagged.any():
             a1.errorbar(x[flagged], bc[flagged], yerr=err[:, flagged], fmt="o", mfc="none", color="C0", capsize=4,
                         label="B_crit (flagged)")  # fmt: skip
-        bs = np.array([np.nan if b["entry"].get("b_simple") is None else b["entry"]["b_simple"] for b in bins])
+        bs, bse = (np.array([np.nan if b["entry"].get(key) is None else b["entry"][key] for b in bins])
+                   for key in ("b_simple", "b_simple_se"))  # fmt: skip
         if np.isfinite(bs).any():
-            a1.scatter(x, bs, marker="s", color="C3", zorder=3, label="B_simple at the crossing (median)")
+            se = np.where(np.isfinite(bse), bse, 0.0)  # the lower bar stops short of 0 on the log axis
+            a1.errorbar(x, bs, yerr=np.stack([np.minimum(se, 0.9 * bs), se]), fmt="s", color="C3", capsize=3, zorder=3,
+                        label="B_simple ± SE at the crossings (pooled)")  # fmt: skip
         glob = next((t for t in head if t["target"] == ans.get("at_target")), None)
         if glob is not None:
             a1.axhline(glob["b_crit"], color="0.4", ls="--", lw=1, label=f"global B_crit {glob['b_crit']:.3g}")

@@ -76,9 +76,9 @@ def headline_metrics(result: dict) -> dict[str, float]:
 
 def headline_table(result: dict) -> dict[str, list]:
     """Columns of the headline table: every target, global and per bin, with its flags (empty = trustworthy)."""
-    cols: dict[str, list] = {
-        k: [] for k in ("scope", "timesteps", "target", *HEADLINE_KEYS, "flags", "batch_sizes", "censored", "b_simple")
-    }
+    gns_keys = ("b_simple", "b_simple_se")
+    keys = ("scope", "timesteps", "target", *HEADLINE_KEYS, "flags", "batch_sizes", "censored", *gns_keys)
+    cols: dict[str, list] = {k: [] for k in keys}
     for scope, _prefix, ts, t in _entries(result):
         cols["scope"].append(scope)
         cols["timesteps"].append("" if ts is None else f"{ts[0]}-{ts[1]}")
@@ -89,6 +89,7 @@ def headline_table(result: dict) -> dict[str, list]:
         cols["batch_sizes"].append(len(t.get("points", [])))
         cols["censored"].append(len(t.get("censored", [])))
         cols["b_simple"].append(_finite(t.get("b_simple")))
+        cols["b_simple_se"].append(_finite(t.get("b_simple_se")))
     return cols
 
 

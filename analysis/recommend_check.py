@@ -74,7 +74,8 @@ def without_split(runs: Runs, split: tuple[int, int, int]) -> Runs:
 
 
 def b_simple_at_target(runs: Runs, metric: str, target: float) -> float | None:
-    """Median ``B_simple`` at the target's crossings of the fitted points (analysis.gns_view), None if not logged."""
+    """``B_simple`` at the target, pooled over the fitted trials' windows at their crossings (analysis.gns_view), None
+    if not logged."""
     from analysis.report import analyze_metric
 
     entry = analyze_metric(runs, metric, [target], bootstrap=0)

@@ -8,7 +8,8 @@ Pipeline per metric (McCandlish et al. 2018; Shallue et al. 2018):
 3. log-space Pareto fit ``S = S_min + E_min/B`` → ``B_crit = E_min/S_min``;
 4. percentile bootstrap over seeds (or trials, with one seed per setting), the points' scatter about the fit beyond
    what the replicates show added (analysis.pareto.lack_of_fit_var) → ``b_crit_ci``;
-5. the same on ``eval/loss/bin{k}`` per timestep bin, with ``B_simple`` at each crossing beside it.
+5. the same on ``eval/loss/bin{k}`` per timestep bin, with ``B_simple`` ± SE at the crossings beside it (the
+   fitted trials' windows pooled, analysis.gns_view.pooled_b_simple).
 """
 
 from __future__ import annotations
@@ -213,12 +214,17 @@ def cell_num(x: float | None) -> str:
     return "–" if x is None else f"{x:.4g}"
 
 
+def pm_cell(x: float | None, se: float | None) -> str:
+    """``x ± se`` for report tables (``x`` alone without an SE, a dash when missing)."""
+    return cell_num(x) if se is None or x is None else f"{x:.4g} ± {se:.2g}"
+
+
 def _target_row(t: dict) -> str:
     lo, hi = t["b_crit_ci"]
     return (
         f"| {t['target']:.4g} | {t['b_crit']:.4g} | [{cell_num(lo)}, {cell_num(hi)}] {t.get('ci_resamples', '')} | "
         f"{cell_num(t.get('b_crit_refined'))} | {t['s_min']:.4g} | {t['e_min']:.4g} | {len(t['points'])} | "
-        f"{len(t['censored'])} | {cell_num(t.get('b_simple'))} |"
+        f"{len(t['censored'])} | {pm_cell(t.get('b_simple'), t.get('b_simple_se'))} |"
     )
 
 
@@ -244,7 +250,7 @@ def render_markdown(result: dict, pngs: list[str]) -> str:
     ]
     table = [
         f"| target | B_crit | {level} interval, resamples | refined | S_min (steps) | E_min (examples) | batch sizes "
-        "| censored trials | B_simple |",
+        "| censored trials | B_simple ± SE |",
         "|---:|---:|:---:|---:|---:|---:|---:|---:|---:|",
     ]
     lines += table + [_target_row(t) for t in head] if head else ["**No trustworthy target**: see the flags below."]
@@ -351,8 +357,8 @@ def answer_lines(result: dict) -> list[str]:
                 continue
             ci = f"[{short_num(e['b_crit_ci'][0])}, {short_num(e['b_crit_ci'][1])}]"
             flag = f" FLAGGED: {', '.join(e['flags'])}" if e["flags"] else ""
-            cells.append(f"t={lo}-{hi}: B_crit {short_num(e['b_crit'])} {ci}, B_simple {short_num(e.get('b_simple'))}"
-                         f"{flag}")  # fmt: skip
+            bs = pm_num(e.get("b_simple"), e.get("b_simple_se"))
+            cells.append(f"t={lo}-{hi}: B_crit {short_num(e['b_crit'])} {ci}, B_simple {bs}{flag}")
         out.append(f"per timestep bin, where {result['metric']} reaches {ans['at_target']:.4g}: " + "; ".join(cells))
         out.append(ans["sentence"])
     return out
@@ -361,3 +367,8 @@ def answer_lines(result: dict) -> list[str]:
 def short_num(x: float | None) -> str:
     """A B_crit-like number in 3 significant digits for terminal lines (``n/a`` when missing)."""
     return "n/a" if x is None else f"{x:.3g}"
+
+
+def pm_num(x: float | None, se: float | None) -> str:
+    """``x ± se`` in 3 significant digits (``x`` alone without an SE, ``n/a`` when missing)."""
+    return short_num(x) if se is None or x is None else f"{x:.3g} ± {se:.2g}"

@@ -15,6 +15,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from analysis import gns
 from analysis.gns import (
     GNSWindow,
     b_simple,
@@ -768,3 +769,54 @@ def test_half_window_forgets_the_transient() -> None:
     assert abs(half - truth) < 4 * se
     np.testing.assert_array_equal(window_span([1, 2, 3, 4, 60, 250], 100, True), [1, 1, 2, 2, 30, 100])
     np.testing.assert_array_equal(window_span([1, 250], 100, False), [100, 100])
+
+
+def test_stratified_b_simple_one_group_is_the_window_rule_and_groups_weigh_equally() -> None:
+    rng = np.random.default_rng(11)
+    g, t = 1.0 + 0.3 * rng.standard_normal(9), 8.0 + 2.0 * rng.standard_normal(9)
+    one, ref = gns.stratified_b_simple([g], [t]), gns.window_estimate(g, t)
+    assert one.state == ref.state == "ok" and one.n == ref.n == 9
+    assert (one.value, one.se) == pytest.approx((ref.value, ref.se), rel=1e-12)
+    # noise-free: a group of 50 measurements at |G|^2 = 1 and one of 2 at 4, tr = 10: equal weights give 10 / 2.5
+    est = gns.stratified_b_simple([np.ones(50), np.full(2, 4.0)], [np.full(50, 10.0), np.full(2, 10.0)])
+    assert est.ok and est.value == pytest.approx(4.0, rel=1e-12) and est.se == 0.0
+    assert gns.stratified_b_simple([np.ones(1), np.ones(1)], [np.ones(1), np.ones(1)]).state == "warming"
+    assert gns.stratified_b_simple([np.array([-1.0, 0.5])], [np.ones(2)]).state == "undefined"
+    assert gns.stratified_b_simple([np.zeros(0), g], [np.zeros(0), t]).value == pytest.approx(ref.value, rel=1e-12)
+    with pytest.raises(ValueError, match="pair up"):
+        gns.stratified_b_simple([g], [t[:3]])
+
+
+def test_stratified_b_simple_against_float64_brute_force_and_coverage() -> None:
+    """Unequal groups (sizes 2, 5, 20; |G|^2 0.3, 0.5, 1.0; tr 4): the value and SE against the formula written out
+    element by element in float64, then the ±1.645 SE interval's coverage of the known mean(tr) / mean(|G|^2) =
+    4 / 0.6 over 400 draws."""
+    rng = np.random.default_rng(5)
+    sizes, g2s = (2, 5, 20), (0.3, 0.5, 1.0)
+
+    def draw():
+        gs = [g2 + 0.15 * rng.standard_normal(n) for n, g2 in zip(sizes, g2s, strict=True)]
+        ts = [4.0 + 1.5 * rng.standard_normal(n) for n in sizes]
+        return gs, ts
+
+    gs, ts = draw()
+    est = gns.stratified_b_simple(gs, ts)
+    P, N = len(gs), sum(sizes)
+    G = sum(sum(g) / len(g) for g in gs) / P
+    T = sum(sum(t) / len(t) for t in ts) / P
+    R = T / G
+    stt = sgg = stg = 0.0
+    for g, t in zip(gs, ts, strict=True):
+        mg, mt = sum(g) / len(g), sum(t) / len(t)
+        for a, b in zip(g, t, strict=True):
+            stt, sgg, stg = stt + (b - mt) ** 2, sgg + (a - mg) ** 2, stg + (a - mg) * (b - mt)
+    stt, sgg, stg = stt / (N - P), sgg / (N - P), stg / (N - P)
+    var = (stt - 2 * R * stg + R * R * sgg) * sum(1 / n for n in sizes) / P**2 / G**2
+    assert est.ok and est.n == N
+    assert (est.value, est.se) == pytest.approx((R, math.sqrt(var)), rel=1e-12)
+    truth = 4.0 / np.mean(g2s)
+    hits = 0
+    for _ in range(400):
+        e = gns.stratified_b_simple(*draw())
+        hits += e.ok and abs(e.value - truth) <= 1.645 * e.se
+    assert 0.85 <= hits / 400 <= 0.95

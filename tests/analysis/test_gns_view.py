@@ -24,6 +24,7 @@ from analysis.gns_view import (
     bins_in,
     gns_names,
     half_of,
+    pooled_b_simple,
     window_of,
 )
 from analysis.loaders import runs_from_tables
@@ -108,7 +109,12 @@ def test_the_trials_own_window_is_used() -> None:
     targets = [{"points": [{"trial_id": t, "steps": 120.0, "batch_size": 64} for t in ("a", "b")]}]
     attach_b_simple(runs, targets)
     assert [p["b_simple"] for p in targets[0]["points"]] == pytest.approx([40.0, 16.0])
-    assert targets[0]["b_simple"] == pytest.approx(28.0)  # the median of the two points
+    # the target weighs the two points equally: a's (100, 120] (20 steps at |G|^2 = 1: mean 1), b's (80, 120] (20 at
+    # 4, 20 at 1: mean 2.5); tr = 40 throughout, so only b's |G|^2 spreads (±1.5 about its mean, 40 of 58 dof)
+    r = TRACE / 1.75
+    se = r * math.sqrt(40 * 1.5**2 / 58 * (1 / 20 + 1 / 40) / 4) / 1.75
+    assert targets[0]["b_simple"] == pytest.approx(r, rel=1e-12)
+    assert targets[0]["b_simple_se"] == pytest.approx(se, rel=1e-12)
 
 
 @pytest.mark.parametrize("half", [[1.0, 0.0], ["True", "False"], ["1.0", "0.0"]])
@@ -216,4 +222,69 @@ def test_attach_b_simple_recovers_the_synthetic_noise_scale(runs):
     targets = [{"points": [{"trial_id": runs.trial_ids[row], "steps": step, "batch_size": 1}]}]
     attach_b_simple(runs, targets, None, window=2 * gap)  # two measurements per window: little smoothing
     assert targets[0]["b_simple"] == pytest.approx(10 / (0.3 - 0.1), rel=0.3)
-    assert targets[0]["points"][0]["b_simple"] == targets[0]["b_simple"]
+    assert targets[0]["points"][0]["b_simple"] == pytest.approx(10 / (0.3 - 0.1), rel=0.3)
+
+
+def test_pooled_b_simple_pools_every_seed_of_a_point_and_the_bins_plain_window() -> None:
+    """A point's ``trial_ids`` (its seeds) are one stratum: a and b as two seeds of one point are the plain pooled
+    window rule over both windows (60 measurements, 20 at |G|^2 = 4); bin 0 (every 5 steps, the plain window even
+    where the global one is halved) at step 120 with 40-step windows: (80, 120] holds 4 measurements at 4 and 4 at 1
+    in each trial."""
+    runs = _step_runs(window_column=[20, 40], half_column=[1.0, 1.0])
+    one = pooled_b_simple(runs, [{"trial_id": "a", "trial_ids": ["a", "b"], "steps": 120.0}])
+    assert one.n == 60 and one.value == pytest.approx(_hand(20, 40)[0], rel=1e-12)
+    assert one.se == pytest.approx(_hand(20, 40)[1], rel=1e-12)
+    b0 = pooled_b_simple(runs, [{"trial_id": "a", "trial_ids": ["a", "b"], "steps": 120.0}], k=0, window=40)
+    assert b0.n == 16 and b0.value == pytest.approx(_hand(8, 8)[0], rel=1e-12)
+    assert b0.se == pytest.approx(_hand(8, 8)[1], rel=1e-12)
+    none = pooled_b_simple(runs, [{"trial_id": "a", "steps": float("inf")}])
+    assert not none.ok and none.n == 0
+
+
+def _noisy_runs(rng, trials: int, per_trial: int, g2: float, trace: float, sd: float):
+    """``trials`` trials, each with ``per_trial`` bin-0 measurements (steps 10, 20, ...) of |G|^2 = g2, tr = trace,
+    every raw |G_b|^2 and |G_B|^2 with independent Gaussian noise of standard deviation ``sd``."""
+    ids = [f"t{i}" for i in range(trials)]
+    n = len(ids)
+    trial_cols = {"trial_id": ids, "batch_size": [64] * n, "micro_batch_size": [16] * n, "grad_accum": [4] * n,
+                  "num_workers": [1] * n, "lr": [1e-3] * n, "seed": list(range(n)), "gns_window": [1000] * n,
+                  "status": [m.STATUS_BUDGET_SPENT] * n}  # fmt: skip
+    cols: dict[str, list] = {k: [] for k in ("trial_id", "step", "examples", "metric", "value")}
+    steps = 10 * np.arange(1, per_trial + 1)
+    for tid in ids:
+        small = g2 + trace / B_SMALL + sd * rng.standard_normal(steps.size)
+        big = g2 + trace / B_BIG + sd * rng.standard_normal(steps.size)
+        for name, v in zip(gns_names(0), [small, big, np.full(steps.size, B_SMALL), np.full(steps.size, B_BIG)],
+                           strict=True):  # fmt: skip
+            cols["trial_id"] += [tid] * steps.size
+            cols["step"] += steps.tolist()
+            cols["examples"] += (64 * steps).tolist()
+            cols["metric"] += [name] * steps.size
+            cols["value"] += np.asarray(v, dtype=float).tolist()
+    return runs_from_tables(trials_table(trial_cols), metrics_table(cols), source="noisy"), ids, float(steps[-1])
+
+
+def test_pooled_b_simple_is_the_float64_ratio_of_means_and_its_se_covers() -> None:
+    """Against the brute force (the unbiased estimates of every measurement of every trial, by hand in float64, then
+    b_simple_with_se: one point is one stratum), and against the known B_simple = tr / |G|^2 = 8: over 300 noisy
+    sweeps of 15 trials x 3 measurements (each measurement's tr(Sigma) estimate ~60% noise) its ±1.645 SE interval
+    covers 8 about 90% of the time."""
+    rng = np.random.default_rng(7)
+    runs, ids, end = _noisy_runs(rng, 15, 3, g2=0.5, trace=4.0, sd=0.08)
+    est = pooled_b_simple(runs, [{"trial_id": ids[0], "trial_ids": ids, "steps": end}], k=0)
+    g, t = [], []
+    small, big = runs.series(gns_names(0)[0]), runs.series(gns_names(0)[1])
+    for row in range(len(ids)):
+        sm, bg = small.value[small.trial == row], big.value[big.trial == row]
+        g += list((B_BIG * bg - B_SMALL * sm) / (B_BIG - B_SMALL))
+        t += list(B_SMALL * B_BIG * (sm - bg) / (B_BIG - B_SMALL))
+    want = gns.b_simple_with_se(np.array(g), np.array(t))
+    assert est.ok and est.n == 45
+    assert (est.value, est.se) == pytest.approx(want, rel=1e-12)
+    hits, n = 0, 300
+    for _ in range(n):
+        runs, ids, end = _noisy_runs(rng, 15, 3, g2=0.5, trace=4.0, sd=0.08)
+        points = [{"trial_id": ids[i], "trial_ids": ids[i : i + 3], "steps": end} for i in range(0, 15, 3)]
+        e = pooled_b_simple(runs, points, k=0)  # 5 points of 3 seeds: the stratified form
+        hits += e.ok and abs(e.value - 8.0) <= 1.645 * e.se
+    assert 0.85 <= hits / n <= 0.95
