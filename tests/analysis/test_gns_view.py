@@ -184,12 +184,41 @@ def test_attach_b_simple_uses_the_bin_and_window_it_is_given() -> None:
     def attach(k, window):
         targets = [{"points": [{"trial_id": t, "steps": 120.0, "batch_size": 64} for t in ("a", "b")]}]
         attach_b_simple(runs, targets, k, window)
-        return [p["b_simple"] for p in targets[0]["points"]]
+        return [p["b_simple"] for p in targets[0]["points"]] + [targets[0]["b_simple"]]
 
-    assert attach(None, None) == pytest.approx([40.0, 16.0])  # each trial's own window
-    assert attach(0, None) == pytest.approx([80.0, 32.0])
-    assert attach(None, 40) == pytest.approx([16.0, 16.0])
-    assert attach(0, 20) == pytest.approx([80.0, 80.0])
+    # the target: mean tr over the points' mean |G|^2 (1 in a 20-step window at 120, 2.5 in a 40-step one)
+    assert attach(None, None) == pytest.approx([40.0, 16.0, 40 / 1.75])  # each trial's own window
+    assert attach(0, None) == pytest.approx([80.0, 32.0, 80 / 1.75])
+    assert attach(None, 40) == pytest.approx([16.0, 16.0, 16.0])
+    assert attach(0, 20) == pytest.approx([80.0, 80.0, 80.0])
+
+
+@pytest.mark.parametrize("edit", [_drop, _overflow])
+def test_pooled_b_simple_leaves_incomplete_measurements_out(edit) -> None:
+    """As ``b_simple_trace``: trial a's window (90, 110] without steps 103 (|G_b|^2 missing or non-finite) and 107
+    (|G_B|^2) holds 10 steps at |G|^2 = 4 and 8 at 1."""
+    runs = _step_runs(edit=edit({m.GNS_G2_SMALL: 103, m.GNS_G2_BIG: 107}))
+    est = pooled_b_simple(runs, [{"trial_id": "a", "steps": 110.0}], window=20)
+    assert est.n == 18
+    assert (est.value, est.se) == pytest.approx(_hand(10, 8), rel=1e-12)
+
+
+def test_pooled_b_simple_halves_the_global_window_only_and_needs_two_batch_sizes() -> None:
+    """With gns_window_half the global window at step 120 (100 steps) is (60, 120]: 40 steps at |G|^2 = 4 and 20 at 1;
+    without, (20, 120]: 80 and 20; bin 0 keeps the plain window, (20, 120] every 5 steps: 16 and 4. A trial whose two
+    batch sizes are equal (b == B) gives no measurement."""
+    runs = _step_runs(window_column=[100, 100], half_column=[1.0, 0.0])
+    for tid, (n4, n1) in (("a", (40, 20)), ("b", (80, 20))):
+        est = pooled_b_simple(runs, [{"trial_id": tid, "steps": 120.0}])
+        assert est.n == n4 + n1 and (est.value, est.se) == pytest.approx(_hand(n4, n1), rel=1e-12)
+    est = pooled_b_simple(runs, [{"trial_id": "a", "steps": 120.0}], k=0)
+    assert est.n == 20 and (est.value, est.se) == pytest.approx(_hand(16, 4), rel=1e-12)
+
+    def same_sizes(tid, k, name, steps, v):
+        return steps, (np.full(steps.size, float(B_SMALL)) if name == m.GNS_B_BIG else v)
+
+    est = pooled_b_simple(_step_runs(edit=same_sizes), [{"trial_id": "a", "steps": 120.0}])
+    assert not est.ok and est.n == 0
 
 
 @pytest.fixture(scope="module")
@@ -239,6 +268,9 @@ def test_pooled_b_simple_pools_every_seed_of_a_point_and_the_bins_plain_window()
     assert b0.se == pytest.approx(_hand(8, 8)[1], rel=1e-12)
     none = pooled_b_simple(runs, [{"trial_id": "a", "steps": float("inf")}])
     assert not none.ok and none.n == 0
+    after = pooled_b_simple(runs, [{"trial_id": "b", "steps": float("inf")}, {"trial_id": "a", "steps": 120.0}])
+    alone = pooled_b_simple(runs, [{"trial_id": "a", "steps": 120.0}])
+    assert after.n == alone.n == 20 and after.value == alone.value  # a point without a crossing is skipped, not the end
 
 
 def _noisy_runs(rng, trials: int, per_trial: int, g2: float, trace: float, sd: float):
