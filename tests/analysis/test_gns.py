@@ -780,11 +780,17 @@ def test_stratified_b_simple_one_group_is_the_window_rule_and_groups_weigh_equal
     # noise-free: a group of 50 measurements at |G|^2 = 1 and one of 2 at 4, tr = 10: equal weights give 10 / 2.5
     est = gns.stratified_b_simple([np.ones(50), np.full(2, 4.0)], [np.full(50, 10.0), np.full(2, 10.0)])
     assert est.ok and est.value == pytest.approx(4.0, rel=1e-12) and est.se == 0.0
-    assert gns.stratified_b_simple([np.ones(1), np.ones(1)], [np.ones(1), np.ones(1)]).state == "warming"
+    # a group of one measurement counts like any other: 4 at |G|^2 = 4 (one) and 1 (three), tr = 10
+    one_alone = gns.stratified_b_simple([np.full(1, 4.0), np.ones(3)], [np.full(1, 10.0), np.full(3, 10.0)])
+    assert one_alone.ok and one_alone.value == pytest.approx(4.0, rel=1e-12)
+    warming = gns.stratified_b_simple([np.ones(1), np.ones(1)], [np.ones(1), np.ones(1)])
+    assert warming.state == "warming" and math.isnan(warming.value) and math.isnan(warming.se)
     assert gns.stratified_b_simple([np.array([-1.0, 0.5])], [np.ones(2)]).state == "undefined"
     assert gns.stratified_b_simple([np.zeros(0), g], [np.zeros(0), t]).value == pytest.approx(ref.value, rel=1e-12)
-    with pytest.raises(ValueError, match="pair up"):
-        gns.stratified_b_simple([g], [t[:3]])
+    msg = r"^g2_groups and trace_groups must pair up group by group and sample by sample$"
+    for bad_g, bad_t in (([g], [t[:3]]), ([g], [t, t])):
+        with pytest.raises(ValueError, match=msg):
+            gns.stratified_b_simple(bad_g, bad_t)
 
 
 def test_stratified_b_simple_against_float64_brute_force_and_coverage() -> None:
@@ -820,3 +826,27 @@ def test_stratified_b_simple_against_float64_brute_force_and_coverage() -> None:
         e = gns.stratified_b_simple(*draw())
         hits += e.ok and abs(e.value - truth) <= 1.645 * e.se
     assert 0.85 <= hits / 400 <= 0.95
+
+
+def test_stratified_b_simple_computes_in_float64() -> None:
+    """float32 groups (as a GPU logs them) give exactly the float64 result of the same numbers."""
+    rng = np.random.default_rng(2)
+    gs = [(1.0 + 0.3 * rng.standard_normal(n)).astype(np.float32) for n in (3, 7)]
+    ts = [(8.0 + 2.0 * rng.standard_normal(n)).astype(np.float32) for n in (3, 7)]
+    want = gns.stratified_b_simple([g.astype(np.float64) for g in gs], [t.astype(np.float64) for t in ts])
+    for g_in, t_in in ((gs, [t.astype(np.float64) for t in ts]), ([g.astype(np.float64) for g in gs], ts)):
+        got = gns.stratified_b_simple(g_in, t_in)
+        assert (got.value, got.se) == (want.value, want.se)
+
+
+def test_stratified_b_simple_overflow_is_undefined_without_warnings() -> None:
+    """Overflowing sums (a diverging trial's statistics) give "undefined", silently, as window_estimate does."""
+    import warnings
+
+    big = np.full(3, 1e308)
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        assert gns.stratified_b_simple([big, big], [big, big]).state == "undefined"
+        assert gns.stratified_b_simple([np.array([1.0, np.nan])], [np.ones(2)]).state == "undefined"
+        # inf and -inf in one group: its mean is nan ("invalid" in numpy), not a warning
+        assert gns.stratified_b_simple([np.array([np.inf, -np.inf, 1.0])], [np.ones(3)]).state == "undefined"
