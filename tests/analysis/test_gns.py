@@ -786,6 +786,7 @@ def test_stratified_b_simple_one_group_is_the_window_rule_and_groups_weigh_equal
     warming = gns.stratified_b_simple([np.ones(1), np.ones(1)], [np.ones(1), np.ones(1)])
     assert warming.state == "warming" and math.isnan(warming.value) and math.isnan(warming.se)
     assert gns.stratified_b_simple([np.array([-1.0, 0.5])], [np.ones(2)]).state == "undefined"
+    assert gns.stratified_b_simple([np.array([-1.0, 1.0])], [np.zeros(2)]).state == "undefined"  # mean |G|^2 = 0
     assert gns.stratified_b_simple([np.zeros(0), g], [np.zeros(0), t]).value == pytest.approx(ref.value, rel=1e-12)
     msg = r"^g2_groups and trace_groups must pair up group by group and sample by sample$"
     for bad_g, bad_t in (([g], [t[:3]]), ([g], [t, t])):
