@@ -787,6 +787,11 @@ def test_stratified_b_simple_one_group_is_the_window_rule_and_groups_weigh_equal
     assert warming.state == "warming" and math.isnan(warming.value) and math.isnan(warming.se)
     assert gns.stratified_b_simple([np.array([-1.0, 0.5])], [np.ones(2)]).state == "undefined"
     assert gns.stratified_b_simple([np.array([-1.0, 1.0])], [np.zeros(2)]).state == "undefined"  # mean |G|^2 = 0
+    und = gns.stratified_b_simple([np.array([-1.0, 0.5, 0.2])], [np.ones(3)])
+    assert (und.state, und.n) == ("undefined", 3) and math.isnan(und.value) and math.isnan(und.se)
+    for tr, want in ((np.array([1.0, -1.0]), 0.0), (np.array([0.5, 0.5]), 0.5)):  # tr(Sigma) 0 and below 1 are fine
+        est = gns.stratified_b_simple([np.ones(2)], [tr])
+        assert est.ok and est.value == want
     assert gns.stratified_b_simple([np.zeros(0), g], [np.zeros(0), t]).value == pytest.approx(ref.value, rel=1e-12)
     msg = r"^g2_groups and trace_groups must pair up group by group and sample by sample$"
     for bad_g, bad_t in (([g], [t[:3]]), ([g], [t, t])):
