@@ -273,6 +273,9 @@ def test_pooled_b_simple_pools_every_seed_of_a_point_and_the_bins_plain_window()
     assert after.n == alone.n == 20 and after.value == alone.value  # a point without a crossing is skipped, not the end
     unknown = pooled_b_simple(runs, [{"trial_id": "zz", "steps": 120.0}, {"trial_id": "a", "steps": 120.0}])
     assert unknown.n == 20 and unknown.value == alone.value  # a point whose trials the runs do not hold adds nothing
+    early = pooled_b_simple(runs, [{"trial_id": "b", "steps": 0.5}, {"trial_id": "a", "steps": 120.0}])
+    assert early.n == 20 and early.value == alone.value  # a window before the first measurement adds nothing
+    assert pooled_b_simple(runs, [{"trial_id": "b", "steps": 0.5}]).n == 0
 
 
 def _noisy_runs(rng, trials: int, per_trial: int, g2: float, trace: float, sd: float):
