@@ -50,6 +50,18 @@ def _rows(runs: Runs, name: str, row: int) -> tuple[np.ndarray, np.ndarray]:
     return s.step[lo:hi], s.value[lo:hi]
 
 
+def _aligned(runs: Runs, row: int, k: int | None) -> tuple[np.ndarray, list[np.ndarray], np.ndarray]:
+    """Trial ``row``'s GNS measurements (global, or bin ``k``): the steps where all four series were logged, the four
+    series' values ``(|G_b|^2, |G_B|^2, b, B)`` at them, and where both ``|G|^2`` are finite (overflowed measurements
+    stay out, as live)."""
+    parts = [_rows(runs, name, row) for name in gns_names(k)]
+    steps = parts[0][0]
+    for s, _ in parts[1:]:
+        steps = np.intersect1d(steps, s)
+    vals = [v[np.isin(s, steps)] for s, v in parts]
+    return steps, vals, np.isfinite(vals[0]) & np.isfinite(vals[1])
+
+
 def window_of(runs: Runs, row: int, default: int | None = None) -> int:
     """The B_simple window (optimizer steps) of trial ``row``: its ``gns_window`` column when the runs table has a
     positive one, else ``default``, else ``analysis.gns.DEFAULT_WINDOW``."""
@@ -81,14 +93,9 @@ def b_simple_trace(runs: Runs, row: int, k: int | None = None, window: int | Non
     ``window`` is in optimizer steps (``None``: the trial's own, see ``window_of``): per-bin measurements every
     ``gns_every`` steps and global ones every step forget at the same age, as in the live values.
     """
-    parts = [_rows(runs, name, row) for name in gns_names(k)]
-    steps = parts[0][0]
-    for s, _ in parts[1:]:
-        steps = np.intersect1d(steps, s)
+    steps, vals, finite = _aligned(runs, row, k)
     if len(steps) == 0:
         return None
-    vals = [v[np.isin(s, steps)] for s, v in parts]
-    finite = np.isfinite(vals[0]) & np.isfinite(vals[1])  # overflowed measurements stay out, as live
     window = window or window_of(runs, row)
     try:
         value, se = gns.window_b_simple(
@@ -115,12 +122,7 @@ def window_samples(
     """Per-measurement unbiased ``(|G|^2, tr Sigma)`` of trial ``row`` (global, or bin ``k``) in the window that ends
     at step ``end``: steps in ``(end - span, end]`` with ``span`` the trial's live rule (``window_span``; the half
     rule for the global window only). Incomplete or non-finite measurements are left out, as in ``b_simple_trace``."""
-    parts = [_rows(runs, name, row) for name in gns_names(k)]
-    steps = parts[0][0]
-    for s, _ in parts[1:]:
-        steps = np.intersect1d(steps, s)
-    vals = [v[np.isin(s, steps)] for s, v in parts]
-    finite = np.isfinite(vals[0]) & np.isfinite(vals[1])
+    steps, vals, finite = _aligned(runs, row, k)
     span = int(gns.window_span(int(end), window or window_of(runs, row), half=k is None and half_of(runs, row)))
     sel = finite & (steps > end - span) & (steps <= end)
     if not sel.any():

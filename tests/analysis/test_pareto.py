@@ -501,12 +501,8 @@ def test_fit_pareto_converges_tightly_where_e_min_dominates():
 
 
 def _grad_longdouble(b, s, p):
-    """``_grad`` in extended precision."""
-    b, s, p = (np.asarray(v, dtype=np.longdouble) for v in (b, s, p))
-    s_min, e_min = np.exp(p)
-    model = s_min + e_min / b
-    r = np.log(model) - np.log(s)
-    return np.array([2 * np.sum(r * s_min / model), 2 * np.sum(r * (e_min / b) / model)])
+    """``_grad`` in extended precision (its numpy operations keep the longdouble inputs' precision)."""
+    return _grad(*(np.asarray(v, dtype=np.longdouble) for v in (b, s, p)))
 
 
 def _newton_longdouble(b, s, p, iters: int = 8):
