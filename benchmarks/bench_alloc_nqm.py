@@ -3,11 +3,13 @@
 For a sweep of ``examples/alloc-quadratic.yaml`` (``bcrit sweep``), per batch size, side by side in one run:
 
 - ``measured``: best-lr steps-to-target of the ``noise`` trials over the ``uniform`` trials' (seeds averaged, the
-  sweep's own lr subsets; ``analysis.allocation_report.measured``), with the seeds' SE;
-- ``exact``: the same ratio from the closed-form expected loss (``analysis.nqm_alloc``) over the same lr subset;
+  sweep's own lr subsets; ``analysis.decisions.allocation_report.measured``), with the seeds' SE;
+- ``exact``: the same ratio from the closed-form expected loss (``analysis.quadratic.nqm_alloc``) over the same lr
+subset;
 - ``predicted``: McCandlish's ``(B + B_simple(p)) / (B + B_simple(u))`` with ``B_simple`` of the exact per-bin
   statistics (``m_k = |G|^2 + s_k tr C``, ``E|G|^2 = sum h^2 E theta^2``) at the uniform best lr's crossing
-  (``analysis.allocation.second_moment``): the prediction ``bcrit allocate`` makes from measurements, fed exact ones.
+  (``analysis.core.allocation.second_moment``): the prediction ``bcrit allocate`` makes from measurements, fed exact
+  ones.
 
 Run: PYTHONPATH=. .venv/bin/python benchmarks/bench_alloc_nqm.py runs/alloc-quadratic [--target 0.3]
 """
@@ -18,11 +20,12 @@ import argparse
 
 import numpy as np
 
-from analysis import nqm_alloc as na
-from analysis.allocation import second_moment, steps_ratio
-from analysis.allocation_report import measured
-from analysis.loaders import load_sweep_dir
-from analysis.nqm import _arrays
+from analysis.core import nqm_noise as nn
+from analysis.core.allocation import second_moment, steps_ratio
+from analysis.decisions.allocation_report import measured
+from analysis.quadratic import nqm_alloc as na
+from analysis.quadratic.nqm import _arrays
+from analysis.sources.loaders import load_sweep_dir
 from orchestrator.spec import load_spec
 
 
@@ -36,8 +39,8 @@ def main() -> None:
     dim, K = int(f["dim"]), int(f["timestep_bins"])
     h = np.arange(1, dim + 1, dtype=np.float64) ** -float(f["h_decay"])
     c, m0 = float(f["noise_scale"]) * h, np.full(dim, float(f["theta0"]) ** 2)
-    s, q = na.bin_noise(K, float(f["bin_noise_ratio"])), np.full(K, 1.0 / K)
-    p = na.noise_allocation(s, q, float(f["alloc_floor"]))
+    s, q = nn.bin_noise(K, float(f["bin_noise_ratio"])), np.full(K, 1.0 / K)
+    p = nn.noise_allocation(s, q, float(f["alloc_floor"]))
     meas = measured(load_sweep_dir(args.sweep_dir), args.target)
     print(f"allocation p = {np.round(p, 4).tolist()}  (s = {np.round(s, 3).tolist()})")
     print("| B | uniform steps (meas / exact) | noise steps (meas / exact) | measured ratio | exact | predicted |")

@@ -16,10 +16,10 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.parquet as pq
 
-from analysis import metrics as m
-from analysis.loaders import load_sweep_dir
-from analysis.report import analyze
-from analysis.schema import METRICS_FILE, METRICS_SCHEMA, TRIALS_FILE, trials_table
+from analysis.core import metrics as m
+from analysis.reporting.report import analyze
+from analysis.sources.loaders import load_sweep_dir
+from analysis.sources.schema import METRICS_FILE, METRICS_SCHEMA, TRIALS_FILE, trials_table
 
 TARGET_S = 5.0
 

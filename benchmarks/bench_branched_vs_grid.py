@@ -9,7 +9,7 @@ point's loss, so the grid is read exactly where the branches started). Besides t
 the branched answer at ``ε* = L_1(Δ/2) / L_1(Δ) - 1`` (from the k = 1 branches): the loss excess of training with
 half the examples, i.e. McCandlish's definition of B_crit (twice the examples of the small-batch limit) put in
 the branched rule's terms, and the grid's own *local* answer over the stretch the branches train through: the band
-``B_crit`` between the point's loss and the ``k = 1`` branches' loss after ``Δ`` (analysis.band; the grid's trials
+``B_crit`` between the point's loss and the ``k = 1`` branches' loss after ``Δ`` (analysis.fits.band; the grid's trials
 must run that far down: set its ``stopping.target_loss`` below it). Both sets of runs must share the held-out set
 (same dataset, eval_size, eval_repeats, timestep_bins)."""
 
@@ -20,13 +20,13 @@ import dataclasses
 
 import numpy as np
 
-from analysis import branch as br
-from analysis import metrics as m
-from analysis.band import band_b_crit
-from analysis.branch_report import settings
-from analysis.loaders import load_sweep_dir
-from analysis.pareto import TooFewBatchSizesError
-from analysis.report import analyze_metric
+from analysis.core import metrics as m
+from analysis.fits import branched as br
+from analysis.fits.band import band_b_crit
+from analysis.fits.pareto import TooFewBatchSizesError
+from analysis.fits.sweep_fit import analyze_metric
+from analysis.reporting.branch_report import settings
+from analysis.sources.loaders import load_sweep_dir
 
 
 def _f(x) -> str:
@@ -85,7 +85,7 @@ def main() -> None:
     b_star = star["k"] * study.b0
     print(f"branched  eps*={eps_star:.4f} (half the examples) B_crit = {b_star:.3g}  CI [{_f(lo)}, {_f(hi)}]")
     band_hi, band_lo = float(pick["loss_at_point"]), float(np.nanmean(at_delta))
-    try:  # the grid's own local answer over the stretch the branches train through (analysis.band)
+    try:  # the grid's own local answer over the stretch the branches train through (analysis.fits.band)
         bd = band_b_crit(runs_g, m.EVAL_LOSS, band_hi, band_lo, bootstrap=args.bootstrap)
         lo, hi = bd["b_crit_ci"]
         ends = analyze_metric(runs_g, m.EVAL_LOSS, [band_hi, band_lo], bootstrap=0)  # the trust checks of both ends

@@ -23,7 +23,7 @@ import time
 
 def one_trial(args) -> None:
     """The child: one trial, a report after step 1 and at the end; prints a JSON line."""
-    from analysis import metrics as M
+    from analysis.core import metrics as M
     from trainables import timing
     from trainables.config import TrialConfig
     from trainables.trial import run_local

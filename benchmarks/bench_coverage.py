@@ -10,13 +10,14 @@ Run: ``PYTHONPATH=. .venv/bin/python benchmarks/bench_coverage.py [--draws 200] 
 2. Before/after for each of the five fixes, "before" being the analysis of ``main`` before issue 12 (the minimum
    steps over all usable trials of a batch size, no censoring, interval from resampling trials), re-implemented
    here in a few lines (:func:`old_b_crit`, :func:`old_interval`).
-3. The noisy quadratic model (``examples/quadratic.yaml`` simulated in-process, ``analysis.nqm.simulate_sweep``)
+3. The noisy quadratic model (``examples/quadratic.yaml`` simulated in-process,
+``analysis.quadratic.nqm.simulate_sweep``)
    against its closed form on the sweep's own lr grid: error at trustworthy and at flagged targets.
 
 ``--sim old|new|both`` runs only the issue-17 comparison instead: coverage of the 90% interval at the *trusted*
 (unflagged) targets, globally and per timestep bin, on ``synth_runs`` ("old") and on the independent simulator
 ``tests/analysis/synth_sweeps.py`` ("new"), before (the interval without the lack-of-fit term: seeds resampled only,
-``analysis.pareto.lack_of_fit_var`` patched to 0, which is exactly the earlier code) and after, with the median
+``analysis.fits.pareto.lack_of_fit_var`` patched to 0, which is exactly the earlier code) and after, with the median
 relative width ``hi/lo - 1``: ``bench_coverage.py --sim both [--draws 40] [--bootstrap 400] [--ablations]``.
 """
 
@@ -30,11 +31,11 @@ from pathlib import Path
 
 import numpy as np
 
-from analysis import flags as fl
-from analysis import metrics as m
-from analysis import pareto
-from analysis.report import analyze_metric
-from analysis.steps import steps_to_target, usable
+from analysis.core import metrics as m
+from analysis.fits import flags as fl
+from analysis.fits import pareto
+from analysis.fits.steps import steps_to_target, usable
+from analysis.fits.sweep_fit import analyze_metric
 from tests.analysis.synth_runs import COVERAGE_SWEEP, COVERAGE_TARGETS, coverage_draws, synth_runs
 
 TRUTH = 256.0
@@ -133,8 +134,8 @@ def fixes(draws: int) -> None:
 
 
 def quadratic(sweeps: int, n_boot: int) -> None:
-    from analysis.nqm import closed_form_b_crit, simulate_sweep
-    from analysis.report import analyze
+    from analysis.quadratic.nqm import closed_form_b_crit, simulate_sweep
+    from analysis.reporting.report import analyze
     from orchestrator.spec import load_spec
     from trainables.nqm_trial import QuadraticConfig
 

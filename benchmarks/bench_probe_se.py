@@ -31,7 +31,7 @@ import time
 
 import numpy as np
 
-from analysis.gns import b_simple_with_se
+from analysis.core.gns import b_simple_with_se
 
 
 def make_checkpoint(root: str, steps: int) -> str:

@@ -30,8 +30,8 @@ import time
 import numpy as np
 import torch
 
-from analysis.bins import timestep_bins
-from analysis.gns import b_simple_with_se, g2_unbiased, trace_unbiased
+from analysis.core.bins import timestep_bins
+from analysis.core.gns import b_simple_with_se, g2_unbiased, trace_unbiased
 from trainables.config import TrialConfig
 from trainables.diffusion import make_scheduler, per_example_loss
 from trainables.gns_bins import draw_examples, sub_batch_sq_norms

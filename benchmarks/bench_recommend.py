@@ -15,8 +15,10 @@ import math
 
 import numpy as np
 
-from analysis import loaders, recommend, throughput
-from analysis import recommend_check as ck
+from analysis.decisions import recommend
+from analysis.decisions import recommend_check as ck
+from analysis.fits import throughput
+from analysis.sources import loaders
 
 
 def name(s) -> str:

@@ -1,6 +1,7 @@
 """A proposed batch-size schedule against constant batch sizes on the noisy quadratic model: predicted (from the
-sweep's fits, analysis.schedule), measured (the trials' own steps and ``examples`` column at the target) and exact
-(the NQM closed form of analysis.nqm / analysis.nqm_schedule), side by side.
+sweep's fits, analysis.decisions.schedule), measured (the trials' own steps and ``examples`` column at the target) and
+exact
+(the NQM closed form of analysis.quadratic.nqm / analysis.quadratic.nqm_schedule), side by side.
 
     bcrit sweep examples/schedule-quadratic.yaml
     bcrit analyze runs/schedule-quadratic --targets 9.27,3.09,0.927,0.309
@@ -11,9 +12,11 @@ sweep's fits, analysis.schedule), measured (the trials' own steps and ``examples
     python benchmarks/bench_schedule_nqm.py runs/schedule-quadratic runs/schedule-quadratic-proposed
 
 On another workload (the DiT) the exact columns are ``nan``; ``--plan 16,16,...,64`` predicts a plan other than
-the proposal (a point of ``analysis.schedule.pareto_front``). Measured: per setting (batch size or schedule, lr)
+the proposal (a point of ``analysis.decisions.schedule.pareto_front``). Measured: per setting (batch size or schedule,
+lr)
 the mean over seeds of the steps and examples to the last segment's target (interpolated in the rows,
-analysis.schedule.measured_to_target), then the setting with the fewest mean steps. The schedule is read from the
+analysis.decisions.schedule.measured_to_target), then the setting with the fewest mean steps. The schedule is read from
+the
 second sweep's spec (``fixed.batch_schedule``), its stage-0 lr is its best one.
 """
 
@@ -27,11 +30,11 @@ import numpy as np
 import pyarrow.compute as pc
 import yaml
 
-from analysis import metrics as M
-from analysis.loaders import load_sweep_dir
-from analysis.nqm_schedule import expected_to_target_staged
-from analysis.schedule import measured_to_target, plan, propose, segments_of
-from analysis.stages import BatchStages
+from analysis.core import metrics as M
+from analysis.core.stages import BatchStages
+from analysis.decisions.schedule import measured_to_target, plan, propose, segments_of
+from analysis.quadratic.nqm_schedule import expected_to_target_staged
+from analysis.sources.loaders import load_sweep_dir
 from orchestrator.schedule_cmd import tuned_lrs
 from trainables.nqm_trial import QuadraticConfig
 

@@ -43,7 +43,7 @@ import time
 import numpy as np
 import torch
 
-from analysis import metrics as M
+from analysis.core import metrics as M
 from trainables import timing
 from trainables.compiling import compile_model
 from trainables.config import TrialConfig

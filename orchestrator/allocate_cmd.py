@@ -31,11 +31,11 @@ def register(subparsers) -> argparse.ArgumentParser:
 
 
 def run(args: argparse.Namespace) -> int:
-    from analysis import metrics as M
-    from analysis.allocation_report import UNIFORM, compare, samplers_of, subset
-    from analysis.allocation_view import plot, render_markdown
-    from analysis.loaders import load_sweep_dir
-    from analysis.schema import RunsTableError
+    from analysis.core import metrics as M
+    from analysis.decisions.allocation_report import UNIFORM, compare, samplers_of, subset
+    from analysis.reporting.allocation_view import plot, render_markdown
+    from analysis.sources.loaders import load_sweep_dir
+    from analysis.sources.schema import RunsTableError
     from orchestrator.analyze_cmd import check_out_dir
 
     if not os.path.isdir(args.sweep_dir):

@@ -63,9 +63,9 @@ def register(subparsers) -> argparse.ArgumentParser:
 
 def run(args: argparse.Namespace) -> int:
     """Execute ``bcrit analyze``; return the exit status (0 ok, 2 user error)."""
-    from analysis.mlflow_uri import TrackingUriError
-    from analysis.pareto import TooFewBatchSizesError
-    from analysis.schema import RunsTableError
+    from analysis.fits.pareto import TooFewBatchSizesError
+    from analysis.sources.mlflow_uri import TrackingUriError
+    from analysis.sources.schema import RunsTableError
 
     try:
         return _run(args)
@@ -95,7 +95,7 @@ def check_own_store(sweep_dir: str, tracking_uri: str | None) -> None:
     """A sweep directory copied (or moved) elsewhere keeps its ``mlflow_parent.json``, which names the original
     sweep's SQLite store (and that store's artifact location is absolute): logging the copy's results would write
     them into the original sweep's run. Refused in one line, naming both, before any compute."""
-    from analysis.loaders import SWEEP_PARENT_FILE
+    from analysis.sources.loaders import SWEEP_PARENT_FILE
 
     prefix = "sqlite:///"
     if not tracking_uri or not tracking_uri.startswith(prefix):
@@ -116,7 +116,7 @@ def check_parent_run(tracking_uri: str | None, parent_run_id: str, source: str) 
     import mlflow
     from mlflow.exceptions import MlflowException
 
-    from analysis.mlflow_uri import TrackingUriError, check_tracking_uri
+    from analysis.sources.mlflow_uri import TrackingUriError, check_tracking_uri
 
     uri = tracking_uri or mlflow.get_tracking_uri()
     fix = "; pass --no-mlflow to analyse without logging to MLflow"
@@ -136,12 +136,12 @@ def check_metric(runs, metric: str, targets: list[float] | None) -> None:
     value, or a target at or above every trial's starting value (every trial meets it before training)."""
     import numpy as np
 
-    from analysis.pareto import MIN_BATCH_SIZES
-    from analysis.steps import usable
+    from analysis.fits.pareto import MIN_BATCH_SIZES
+    from analysis.fits.steps import usable
 
     s = runs.series(metric)
     if len(s.value) == 0:
-        return  # analysis.report names the metrics that exist
+        return  # analysis.reporting.report names the metrics that exist
     finite = np.isfinite(s.value)
     if not finite.any():
         raise UsageError(
@@ -172,10 +172,11 @@ def check_metric(runs, metric: str, targets: list[float] | None) -> None:
 
 
 def _run(args: argparse.Namespace) -> int:
-    from analysis import loaders, report
-    from analysis.mlflow_uri import check_tracking_uri
-    from analysis.plots import ANSWER_PNG
-    from analysis.publish import log_analysis
+    from analysis.reporting import report
+    from analysis.reporting.plots import ANSWER_PNG
+    from analysis.reporting.publish import log_analysis
+    from analysis.sources import loaders
+    from analysis.sources.mlflow_uri import check_tracking_uri
 
     if (args.sweep_dir is None) == (args.mlflow_experiment is None):
         raise UsageError("give exactly one of SWEEP_DIR or --mlflow-experiment NAME")
@@ -215,7 +216,7 @@ def _run(args: argparse.Namespace) -> int:
             runs, args.metric, targets, tmp, bootstrap=args.bootstrap, seed=args.seed, plots=not args.no_plots
         )
         if runs is not all_runs:
-            from analysis.allocation_view import add_to_report
+            from analysis.reporting.allocation_view import add_to_report
 
             add_to_report(result, all_runs, tmp, bootstrap=min(args.bootstrap, 200))
         if parent is not None:
@@ -257,13 +258,14 @@ def publish(tmp: str, out: str, last: str) -> None:
 
 
 def _constant_batch_only(runs):
-    """The trials at one batch size throughout: a trial with a ``batch_schedule`` (analysis.stages) has no single B to
+    """The trials at one batch size throughout: a trial with a ``batch_schedule`` (analysis.core.stages) has no single
+    B to
     place on S(B), so the fit leaves it out, said on stderr; all of them scheduled is a one-line error."""
     import numpy as np
     import pyarrow as pa
     import pyarrow.compute as pc
 
-    from analysis.allocation_report import subset
+    from analysis.decisions.allocation_report import subset
 
     if "batch_schedule" not in runs.trials.column_names:
         return runs
@@ -283,8 +285,9 @@ def _constant_batch_only(runs):
 
 def _uniform_only(runs):
     """The uniform trials of a sweep that compared timestep samplers (``scientific.timestep_sampling``), said on
-    stderr; the runs unchanged otherwise. Its report gets the samplers' comparison (analysis.allocation_report)."""
-    from analysis.allocation_report import UNIFORM, samplers_of, subset
+    stderr; the runs unchanged otherwise. Its report gets the samplers' comparison
+    (analysis.decisions.allocation_report)."""
+    from analysis.decisions.allocation_report import UNIFORM, samplers_of, subset
 
     kinds = samplers_of(runs)
     if len(set(kinds)) < 2:
@@ -297,16 +300,17 @@ def _uniform_only(runs):
 
 
 def _is_branched(runs) -> bool:
-    from analysis.branch import is_branched
+    from analysis.fits.branched import is_branched
 
     return is_branched(runs)
 
 
 def _run_branched(runs, args: argparse.Namespace, parent: str | None, uri: str | None) -> int:
-    """A branched study (bcrit branch): analysis.branch_report, with the study's own settings; written and logged
+    """A branched study (bcrit branch): analysis.reporting.branch_report, with the study's own settings; written and
+    logged
     like a sweep's analysis (staged, then published)."""
-    from analysis import branch_report, report
-    from analysis.publish import log_analysis
+    from analysis.reporting import branch_report, report
+    from analysis.reporting.publish import log_analysis
 
     with staging_dir(args.out) as tmp:
         result = branch_report.analyze(runs, tmp, bootstrap=args.bootstrap, seed=args.seed, plots=not args.no_plots)

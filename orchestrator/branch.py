@@ -7,7 +7,7 @@ checks) or through Ray Tune (`run_study`, ``bcrit branch``).
    trainable (Ray Train workers when ``num_workers >= 1``), resources, MLflow tracking (one child run per trial
    under the study's parent run) and Parquet tables (with ``parent_trial_id``, ``branch_step``, ``k``).
 Both phases resume (``--resume``): a finished reference is not trained again, unfinished branches continue.
-``bcrit analyze <dir>`` then gives the answer (analysis.branch_report) with the settings saved here.
+``bcrit analyze <dir>`` then gives the answer (analysis.reporting.branch_report) with the settings saved here.
 """
 
 from __future__ import annotations
@@ -15,7 +15,7 @@ from __future__ import annotations
 import json
 import os
 
-from analysis.branch import SETTINGS_FILE
+from analysis.fits.branched import SETTINGS_FILE
 from orchestrator.branch_spec import (
     REFERENCE_ID,
     STUDY_FILE,
@@ -89,7 +89,7 @@ EXTERNAL_ID = "external-reference"
 
 def _external_reference(spec: BranchSpec, ref_cfg: dict) -> str:
     """The trial row of a reference trained elsewhere (``reference.checkpoints``): B0, lr and seed, no metrics."""
-    from analysis import metrics as M
+    from analysis.core import metrics as M
     from orchestrator.tables import RunsTables, trial_row
 
     RunsTables(spec.sweep_dir).write_trial(trial_row(EXTERNAL_ID, ref_cfg, M.STATUS_BUDGET_SPENT))
@@ -176,7 +176,7 @@ def reference_id(sweep_dir: str) -> str | None:
 def run_study(spec: BranchSpec, resume: bool = False, verbose: bool = False) -> tuple[str, list]:
     """Both phases through Ray Tune. Returns (reference trial id, the branches' ResultGrid). ``verbose``: Ray's own
     INFO logs and Tune's tables (as ``bcrit sweep --verbose``)."""
-    from analysis import metrics as M
+    from analysis.core import metrics as M
     from orchestrator.resources import ray_cpus, start_quiet_ray
     from orchestrator.tables import RunsTables
 

@@ -1,4 +1,4 @@
-"""The branched-study spec (Merrill et al. 2025; analysis.branch), validated before anything runs; the trial
+"""The branched-study spec (Merrill et al. 2025; analysis.fits.branched), validated before anything runs; the trial
 configs of its reference and branches. Run by orchestrator.branch (``bcrit branch SPEC.yaml``).
 
 ```yaml
@@ -38,7 +38,8 @@ from dataclasses import dataclass, field
 from functools import reduce
 from typing import Any
 
-from analysis.branch import COMPARE, LR_RULES, lr_factor
+from analysis.core.lr_rules import LR_RULES, lr_factor
+from analysis.fits.branched import COMPARE
 from orchestrator.overrides import UserError, apply_overrides, load_yaml
 from orchestrator.spec import (
     SPLIT_KEYS,

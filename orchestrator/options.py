@@ -10,7 +10,7 @@ import argparse
 import json
 import os
 
-from analysis import metrics as m
+from analysis.core import metrics as m
 from orchestrator.overrides import UserError
 
 DEFAULT_BOOTSTRAP = 1000
@@ -40,8 +40,9 @@ def default_target(runs, metric: str, out: str) -> tuple[float, str]:
     """What ``--target`` means when it is not given: ``bcrit.json``'s answer (in ``out``) when it analysed this
     metric, else the lowest trustworthy automatic target; UserError when no target is trustworthy. Returns the
     target and where it came from (for the printout)."""
-    from analysis.report import JSON_FILE, analyze_metric
-    from analysis.trust import headline
+    from analysis.fits.sweep_fit import analyze_metric
+    from analysis.fits.trust import headline
+    from analysis.reporting.report import JSON_FILE
 
     path = os.path.join(out, JSON_FILE)
     if os.path.isfile(path):

@@ -25,7 +25,7 @@ from typing import TextIO
 
 from tqdm import tqdm
 
-from analysis import metrics as M
+from analysis.core import metrics as M
 
 PLAIN_EVERY_S = 60.0  # a non-terminal output gets the status line at most this often
 REDRAW_EVERY_S = 0.5  # a terminal's bar is redrawn at most this often

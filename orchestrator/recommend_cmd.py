@@ -5,7 +5,7 @@
 ``SWEEP_DIR/analysis``). Without ``--target``: the target ``bcrit analyze`` quotes (``bcrit.json``'s answer), else
 the lowest trustworthy automatic target. Writes ``recommend.json``, ``recommend.png`` and ``recommend.md``, puts the
 same section into ``report.md``/``report.html`` when they exist, and logs them to the sweep's MLflow parent run.
-The science is in :mod:`analysis.recommend` (docs/recommend.md). User mistakes: one line, exit status 2.
+The science is in :mod:`analysis.decisions.recommend` (docs/recommend.md). User mistakes: one line, exit status 2.
 """
 
 from __future__ import annotations
@@ -46,11 +46,11 @@ def register(subparsers) -> argparse.ArgumentParser:
 
 
 def run(args: argparse.Namespace) -> int:
-    from analysis.mlflow_uri import TrackingUriError
-    from analysis.pareto import TooFewBatchSizesError
-    from analysis.recommend import RecommendError
-    from analysis.schema import RunsTableError
-    from analysis.throughput import NoThroughputError
+    from analysis.decisions.recommend import RecommendError
+    from analysis.fits.pareto import TooFewBatchSizesError
+    from analysis.fits.throughput import NoThroughputError
+    from analysis.sources.mlflow_uri import TrackingUriError
+    from analysis.sources.schema import RunsTableError
 
     try:
         return _run(args)
@@ -92,8 +92,10 @@ def cost_unit(sweep_dir: str) -> str:
 def _run(args: argparse.Namespace) -> int:
     from pathlib import Path
 
-    from analysis import loaders, recommend, throughput
-    from analysis import recommend_report as rr
+    from analysis.decisions import recommend
+    from analysis.fits import throughput
+    from analysis.reporting import recommend_report as rr
+    from analysis.sources import loaders
     from orchestrator.analyze_cmd import UsageError, check_metric, check_out_dir, check_own_store, check_parent_run
 
     check_args(args)
@@ -139,7 +141,7 @@ def _run(args: argparse.Namespace) -> int:
     sec = rr.section(p, model_lines(model, times), pollux[0])
     write_section(out, sec, args.metric)
     if parent:
-        from analysis.publish import log_recommendation
+        from analysis.reporting.publish import log_recommendation
 
         log_recommendation(out, uri, parent, rec)
     print(f"target: {args.metric} {target:.4g} ({how})")
@@ -157,7 +159,7 @@ def _run(args: argparse.Namespace) -> int:
 
 
 def model_json(model, times) -> dict:
-    from analysis.throughput import FEATURES
+    from analysis.fits.throughput import FEATURES
 
     return {
         "coef": dict(zip(FEATURES, [float(c) for c in model.coef], strict=True)),
@@ -170,7 +172,7 @@ def model_json(model, times) -> dict:
 
 def model_lines(model, times) -> list[str]:
     """The throughput model's fit and residuals, for the report."""
-    from analysis.recommend_report import split_name
+    from analysis.reporting.recommend_report import split_name
 
     g, a, b, k = model.coef
     lines = [
@@ -189,9 +191,9 @@ def model_lines(model, times) -> list[str]:
 
 def pollux_lines(runs, metric: str, fit, p) -> tuple[list[str], dict | None]:
     """Pollux's goodput optimum from the same sweep's B_simple, beside the recommendation."""
-    from analysis import recommend
-    from analysis.recommend_check import b_simple_at_target
-    from analysis.recommend_report import split_name
+    from analysis.decisions import recommend
+    from analysis.decisions.recommend_check import b_simple_at_target
+    from analysis.reporting.recommend_report import split_name
 
     bs = b_simple_at_target(runs, metric, fit.target)
     if bs is None:
@@ -211,9 +213,9 @@ def pollux_lines(runs, metric: str, fit, p) -> tuple[list[str], dict | None]:
 
 def write_section(out: str, sec: str, metric: str) -> None:
     """``recommend.md``, and the section in ``report.md`` (``report.html`` re-rendered) when a report exists."""
-    from analysis.html_report import HTML_FILE, render_html
-    from analysis.recommend_report import replace_section
-    from analysis.report import REPORT_FILE
+    from analysis.reporting.html_report import HTML_FILE, render_html
+    from analysis.reporting.recommend_report import replace_section
+    from analysis.reporting.report import REPORT_FILE
 
     with open(os.path.join(out, "recommend.md"), "w", encoding="utf-8") as f:
         f.write(sec)
@@ -228,8 +230,9 @@ def write_section(out: str, sec: str, metric: str) -> None:
 
 def schedule_line(sweep_dir: str) -> str:
     """One line on growing the batch during training: the step-minimising ``batch_schedule`` within the examples of
-    the constant batch size nearest B_crit (``bcrit schedule``, analysis.schedule), from the sweep's analysis."""
-    from analysis.schedule import propose, segments_of
+    the constant batch size nearest B_crit (``bcrit schedule``, analysis.decisions.schedule), from the sweep's
+    analysis."""
+    from analysis.decisions.schedule import propose, segments_of
     from orchestrator import schedule_cmd as sc
 
     try:

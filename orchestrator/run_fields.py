@@ -1,7 +1,7 @@
 """What each MLflow run of a sweep carries besides the raw metrics (orchestrator.tracking writes them).
 
 Child run (one per trial):
-- numeric copies of the scientific variables as metrics at step 0 (`analysis.metrics.SCIENTIFIC`), so the runs
+- numeric copies of the scientific variables as metrics at step 0 (`analysis.core.metrics.SCIENTIFIC`), so the runs
   table sorts ``batch_size`` as a number and charts can put it on an axis (params are strings in MLflow);
 - ``examples`` and ``wall_time`` at every reported step, each metric stamped with the true time of its
   measurement (the row's own clock when the trainable gives one, else derived from the report's time);
@@ -21,7 +21,7 @@ import subprocess
 from collections.abc import Iterable
 from typing import Any
 
-from analysis import metrics as M
+from analysis.core import metrics as M
 
 TAG_STATUS = "status"
 TAG_TRIAL_DIR = "bcrit.trial_dir"

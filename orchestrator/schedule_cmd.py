@@ -1,5 +1,6 @@
 """``bcrit schedule SWEEP_DIR [--reference B] [--batch-sizes 8,16,..] [--out DIR]``: propose a batch-size schedule
-from a sweep's analysis (analysis.schedule); writes it to ``schedule.json`` in ``--out`` (default SWEEP_DIR/analysis).
+from a sweep's analysis (analysis.decisions.schedule); writes it to ``schedule.json`` in ``--out`` (default
+SWEEP_DIR/analysis).
 
 Reads the analysis ``bcrit analyze`` wrote (``SWEEP_DIR/analysis/bcrit.json``, or a ``bcrit.json`` given directly):
 per target the fit ``S = S_min + E_min/B`` and the tuned lr per batch size, per band the local fit. Prints the
@@ -67,8 +68,8 @@ def throughput_per_batch(sweep: str | None) -> dict[int, float]:
         return {}
     import numpy as np
 
-    from analysis import metrics as M
-    from analysis.loaders import load_sweep_dir
+    from analysis.core import metrics as M
+    from analysis.sources.loaders import load_sweep_dir
 
     runs = load_sweep_dir(sweep)
     s = runs.series(M.SYS_EXAMPLES_PER_S)
@@ -77,7 +78,7 @@ def throughput_per_batch(sweep: str | None) -> dict[int, float]:
 
 
 def schedule_command(args) -> int:
-    from analysis.schedule import propose, segments_of
+    from analysis.decisions.schedule import propose, segments_of
     from orchestrator.analyze_cmd import check_out_dir
 
     path, sweep = analysis_file(args.sweep_dir)

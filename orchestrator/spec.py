@@ -74,7 +74,7 @@ class Split:
     # the cost (a 2-worker trial costs ~10x an in-process one on a small machine: Ray Train's worker group)
     lr: tuple[float, ...] | None = None
     # run this split at the first ``num_seeds`` of the sweep's seeds only (None: every seed). The splits of one seed
-    # are one repeat to `bcrit analyze` (analysis.steps.pool_splits), so a variant run at fewer seeds joins the
+    # are one repeat to `bcrit analyze` (analysis.fits.steps.pool_splits), so a variant run at fewer seeds joins the
     # repeats of the seeds it ran and shows the split invariance there, without a 2-worker trial per seed
     num_seeds: int | None = None
 

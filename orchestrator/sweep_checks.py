@@ -28,7 +28,7 @@ def check_storage(sweep_dir: str, what: str = "storage") -> None:
 
 def check_tracking(uri: str) -> None:
     """The tracking URI must be usable now: a SQLite file we can create, or a server that answers within seconds."""
-    from analysis.mlflow_uri import TrackingUriError, check_tracking_uri
+    from analysis.sources.mlflow_uri import TrackingUriError, check_tracking_uri
 
     try:
         check_tracking_uri(uri, create=True, what="tracking.mlflow_uri")

@@ -129,7 +129,7 @@ def parent_run_page(sweep_dir: str, ui: str = "http://127.0.0.1:5000") -> str | 
     (``workflowType=machine_learning``: MLflow 3's UI otherwise opens its GenAI view); None without a parent."""
     import json
 
-    from analysis.loaders import SWEEP_PARENT_FILE
+    from analysis.sources.loaders import SWEEP_PARENT_FILE
 
     try:
         with open(os.path.join(sweep_dir, SWEEP_PARENT_FILE)) as f:

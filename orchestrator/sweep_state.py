@@ -97,7 +97,7 @@ def recorded_parent(spec: SweepSpec) -> str | None:
 def check_resumable_tracking(spec: SweepSpec) -> None:
     """The MLflow parent a resumed sweep continues must still exist -- checked before Ray starts, touching
     nothing (a deleted SQLite store is not re-created empty)."""
-    from analysis.mlflow_uri import sqlite_path
+    from analysis.sources.mlflow_uri import sqlite_path
     from orchestrator.tracking import PARENT_FILE
 
     parent = recorded_parent(spec)

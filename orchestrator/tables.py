@@ -1,11 +1,11 @@
-"""``trials.parquet`` and ``metrics.parquet`` of a sweep (schema: analysis.schema), written as results arrive.
+"""``trials.parquet`` and ``metrics.parquet`` of a sweep (schema: analysis.sources.schema), written as results arrive.
 
 Every Tune result becomes a small part file, written atomically (temporary name, then ``os.replace``), under
 ``<sweep_dir>/parts/<trial_id>/``: ``trial.parquet`` (the trial's row, rewritten when its status changes) and
 ``m-<last step>.parquet`` (the new metric rows of that result). A killed driver loses nothing already written.
 The per-trial watermark (max step written) comes from the part names, so rows that a resumed trial re-emits
 (steps after its last checkpoint) are dropped, never duplicated. `RunsTables.compact` joins the parts into the
-two files, sorted by ``(trial_id, step, metric)`` and validated with analysis.schema's validators.
+two files, sorted by ``(trial_id, step, metric)`` and validated with analysis.sources.schema's validators.
 """
 
 from __future__ import annotations
@@ -19,9 +19,9 @@ from typing import Any
 import pyarrow as pa
 import pyarrow.parquet as pq
 
-from analysis import metrics as M
-from analysis.branch import BRANCH_STEP, PARENT, K
-from analysis.schema import (
+from analysis.core import metrics as M
+from analysis.fits.branched import BRANCH_STEP, PARENT, K
+from analysis.sources.schema import (
     METRICS_FILE,
     METRICS_SCHEMA_WITH_WALL_TIME,
     TRIALS_FILE,
@@ -57,7 +57,7 @@ def trial_row(trial_id: str, cfg: dict, status: str, result: dict | None = None)
     for k in EXTRA_RESULTS:
         v = (result or {}).get(k)
         row[k] = None if v is None else float(v)
-    if cfg.get("batch_schedule"):  # a scheduled trial (analysis.stages): its stages as JSON text; absent otherwise
+    if cfg.get("batch_schedule"):  # a scheduled trial (analysis.core.stages): its stages as JSON text; absent otherwise
         row["batch_schedule"] = json.dumps(cfg["batch_schedule"])
     if "timestep_sampling" in cfg:  # a scientific variable when a sweep compares samplers (docs/allocation.md)
         row["timestep_sampling"] = str(cfg["timestep_sampling"])

@@ -28,12 +28,12 @@ from typing import Any
 
 from ray.tune import Callback
 
-from analysis import metrics as M
-from analysis.loaders import SWEEP_PARENT_FILE
+from analysis.core import metrics as M
+from analysis.sources.loaders import SWEEP_PARENT_FILE
 from orchestrator import run_fields as F
 from orchestrator.faults import fault_point
 
-PARENT_FILE = SWEEP_PARENT_FILE  # read back by analysis.loaders.load_sweep_dir
+PARENT_FILE = SWEEP_PARENT_FILE  # read back by analysis.sources.loaders.load_sweep_dir
 WATERMARK_TAG = "bcrit.watermark"
 MAX_BATCH = 1000  # MLflow's limit of metrics per log_batch call
 MAX_PARAMS = 100  # ... and of params
@@ -148,7 +148,7 @@ class MLflowTracking(Callback):
     def _log_study_settings(self) -> None:
         """A branched study's analysis settings (the file ``bcrit branch`` writes before its first trial) as an
         artifact of the parent run, so that ``bcrit analyze --mlflow-experiment`` reads the same settings."""
-        from analysis.branch import SETTINGS_FILE
+        from analysis.fits.branched import SETTINGS_FILE
 
         path = os.path.join(self.sweep_dir, SETTINGS_FILE)
         if os.path.isfile(path):

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import time
 
-from analysis import metrics as M
+from analysis.core import metrics as M
 from orchestrator import options
 from orchestrator.overrides import UserError, apply_overrides, load_yaml
 
@@ -47,7 +47,7 @@ def format_summary(summary: dict, num_bins: int) -> str:
         + (")" if "gns_window" in summary else ""),
         "eval loss per timestep bin:",
     ]
-    from analysis.bins import timestep_bins
+    from analysis.core.bins import timestep_bins
 
     for k, (lo, hi) in enumerate(timestep_bins(num_bins)):
         v = last.get(M.per_bin(M.EVAL_LOSS_BIN, k), float("nan"))

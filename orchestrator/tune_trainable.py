@@ -19,7 +19,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
-from analysis import metrics as M
+from analysis.core import metrics as M
 
 OBJECTIVE = "objective"  # what the searcher minimises (see `objective`)
 TRAIN_DIR = "train"  # Ray Train runs of the sweep live in <sweep_dir>/train/<trial_id>

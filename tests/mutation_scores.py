@@ -19,7 +19,8 @@ NOT_RUN = {"not checked", "skipped"}
 
 
 def module_of(mutant: str) -> str:
-    """``analysis.bins.x_bin_of__mutmut_3`` / ``analysis.gns.xǁGNSEmaǁupdate__mutmut_1`` -> ``analysis.bins``."""
+    """``analysis.core.bins.x_bin_of__mutmut_3`` / ``analysis.core.gns.xǁGNSEmaǁupdate__mutmut_1`` ->
+    ``analysis.core.bins``."""
     return re.split(r"\.x[_ǁ]", mutant, maxsplit=1)[0]
 
 

@@ -59,3 +59,65 @@ def test_data_modules_import_each_other_at_module_level_only():
     assert function_level_imports(data / "datasets.py", "trainables.data.latent_store") == []
     assert function_level_imports(data / "latent_store.py", "trainables.data.datasets") == []
     assert "trainables.data.datasets" not in (data / "latent_store.py").read_text()  # the store needs only base
+
+
+def _imports(path: Path, inside_functions: bool) -> list[tuple[int, str]]:
+    """``(line, module)`` of the ``from X import`` statements of ``path``: at module level, or inside functions."""
+    tree = ast.parse(path.read_text())
+    nested = {
+        id(n) for fn in ast.walk(tree) if isinstance(fn, ast.FunctionDef | ast.AsyncFunctionDef) for n in ast.walk(fn)
+    }
+    return [
+        (n.lineno, n.module or "")
+        for n in ast.walk(tree)
+        if isinstance(n, ast.ImportFrom) and (id(n) in nested) == inside_functions
+    ]
+
+
+LAZY_OK = {"analysis.reporting"}  # `from analysis.reporting import plots`: matplotlib only when plotting
+
+
+def test_analysis_has_no_import_circle_papered_over_inside_a_function():
+    found = [
+        f"{p.relative_to(CHECKOUT)}:{line} {mod}"
+        for p in sorted((CHECKOUT / "analysis").rglob("*.py"))
+        for line, mod in _imports(p, inside_functions=True)
+        if mod.startswith("analysis") and mod not in LAZY_OK
+    ]
+    assert found == []
+
+
+def test_the_analysis_core_imports_nothing_of_the_rest_of_the_analysis():
+    core = CHECKOUT / "analysis" / "core"
+    found = [
+        f"{p.name}:{line} {mod}"
+        for p in sorted(core.glob("*.py"))
+        for inside in (False, True)
+        for line, mod in _imports(p, inside)
+        if mod.startswith("analysis") and not mod.startswith("analysis.core")
+    ]
+    assert found == []
+
+
+def test_training_loads_only_the_analysis_core():
+    """A trial imports the core, not the 6k lines of fits and reports (and not pyarrow through them)."""
+    import subprocess
+    import sys
+
+    code = (
+        "import sys, trainables.config, trainables.loop, trainables.nqm_trial, trainables.trial;"
+        "print(sorted(k for k in sys.modules if k.startswith('analysis.') and not k.startswith('analysis.core')))"
+    )
+    out = subprocess.run([sys.executable, "-c", code], cwd=CHECKOUT, capture_output=True, text=True, check=True)
+    assert out.stdout.strip() == "[]"
+
+
+def test_one_name_per_module_across_packages():
+    """``analysis/branch.py`` beside ``orchestrator/branch.py`` once made a traceback ambiguous; module names are
+    unique across the three packages (``__init__`` aside)."""
+    seen: dict[str, list[str]] = {}
+    for pkg in PACKAGES:
+        for p in (CHECKOUT / pkg).rglob("*.py"):
+            if p.name != "__init__.py":
+                seen.setdefault(p.stem, []).append(str(p.relative_to(CHECKOUT)))
+    assert {k: v for k, v in seen.items() if len(v) > 1} == {}

@@ -6,8 +6,8 @@ from pathlib import Path
 
 import pytest
 
-from analysis import flags
-from analysis import metrics as M
+from analysis.core import metrics as M
+from analysis.fits import flags
 
 CHECKOUT = Path(__file__).resolve().parents[1]
 README = CHECKOUT / "README.md"
@@ -77,9 +77,9 @@ def test_a_broken_link_is_caught(tmp_path):
 @pytest.mark.parametrize(
     ("page", "table", "command"),
     [
-        ("docs/metrics.md", M.markdown_table(), "python -m analysis.metrics"),
-        ("docs/metrics.md", M.markdown_table(M.TRACKING_DOCS), "python -m analysis.metrics --tracking"),
-        ("docs/analysis.md", flags.markdown_table(), "python -m analysis.flags"),
+        ("docs/metrics.md", M.markdown_table(), "python -m analysis.core.metrics"),
+        ("docs/metrics.md", M.markdown_table(M.TRACKING_DOCS), "python -m analysis.core.metrics --tracking"),
+        ("docs/analysis.md", flags.markdown_table(), "python -m analysis.fits.flags"),
     ],
     ids=["metrics", "tracking", "flags"],
 )

@@ -10,9 +10,10 @@ import os
 from dataclasses import dataclass, field, fields
 from typing import Any
 
-from analysis.allocation import SAMPLERS
-from analysis.gns import DEFAULT_WINDOW
-from analysis.stages import LR_RULES, BatchStages
+from analysis.core.allocation import SAMPLERS
+from analysis.core.gns import DEFAULT_WINDOW
+from analysis.core.lr_rules import LR_RULES
+from analysis.core.stages import BatchStages
 from trainables.presets import PRESETS
 
 RETIRED_KEYS = ("gns_ema_beta",)  # keys older checkpoints may hold (gns_ema_beta: replaced by gns_window)
@@ -34,7 +35,7 @@ class TrialConfig:
     num_workers: int = 0  # W data-parallel ranks; 0 = run in-process (no worker actors), counts as 1
     grad_accum: int | None = None  # A; None = derived from the three above (of batch_size: stage 0)
     batch_schedule: list = field(default_factory=list)  # [[step, B], ...]: from `step` steps done on, batch B, by
-    # accumulation (micro and W fixed); [] = batch_size throughout (analysis.stages, docs/schedule.md)
+    # accumulation (micro and W fixed); [] = batch_size throughout (analysis.core.stages, docs/schedule.md)
     schedule_lr_rule: str = "sqrt"  # a later stage's lr = lr x sqrt(B / batch_size) (Adam); linear | constant
     # --- optimisation (nuisance hyper-parameters) ---------------------------------------------------------
     lr: float = 1e-3  # AdamW peak learning rate
@@ -62,7 +63,8 @@ class TrialConfig:
     # (same examples and draws: the update equals the one-backward update up to float rounding); false = one backward
     gns_window: int = 0  # live B_simple averages the last N steps (global and per bin); 0 = auto, see gns_steps
     gns_window_half: bool = True  # the GLOBAL window also never reaches back past half the steps so far (forgets
-    # the early |G|^2 transient of short trials; analysis.gns.window_span); false = the last gns_window steps. Per-bin
+    # the early |G|^2 transient of short trials; analysis.core.gns.window_span); false = the last gns_window steps.
+    # Per-bin
     # windows (sparse: one measurement per gns_every steps) keep the plain gns_window rule
     gns_every: int = 300  # per-bin GNS cadence in steps (0 = off); one pass ~13 steps of B=32 (K=10): ~4.3%
     gns_bin_examples: int = 32  # examples per bin per measurement (split in two halves); 0 = micro_batch_size
@@ -106,7 +108,7 @@ class TrialConfig:
 
     @functools.cached_property
     def stages(self) -> BatchStages:
-        """The batch-size stages (`analysis.stages`): one stage at ``batch_size`` without a ``batch_schedule``."""
+        """The batch-size stages (`analysis.core.stages`): one stage at ``batch_size`` without a ``batch_schedule``."""
         return BatchStages.from_schedule(self.batch_size, self.batch_schedule, self.micro_batch_size * self.world_size)
 
     @property
@@ -332,7 +334,7 @@ def check_bounds(config: Any, bounds: dict[str, Bound]) -> None:
 
 
 def check_schedule(c: Any) -> None:
-    """A config's ``batch_schedule`` and ``schedule_lr_rule`` (`analysis.stages`): one ConfigError line."""
+    """A config's ``batch_schedule`` and ``schedule_lr_rule`` (`analysis.core.stages`): one ConfigError line."""
     if c.schedule_lr_rule not in LR_RULES:
         raise ConfigError(f"schedule_lr_rule must be one of {list(LR_RULES)}, got {c.schedule_lr_rule!r}")
     try:

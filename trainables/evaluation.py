@@ -18,7 +18,7 @@ import contextlib
 import numpy as np
 import torch
 
-from analysis.bins import timestep_bins
+from analysis.core.bins import timestep_bins
 from trainables.diffusion import NUM_TIMESTEPS, per_example_loss
 from trainables.randomness import STREAM_EVAL, mix
 

@@ -2,7 +2,7 @@
 
 McCandlish et al. 2018 ("An Empirical Model of Large-Batch Training", arXiv 1812.06162, App. A.1): with
 ``G_b`` the mean gradient of ``b`` iid examples, ``E|G_b|^2 = |G|^2 + tr(Sigma)/b``; two batch sizes give
-unbiased ``|G|^2`` and ``tr(Sigma)`` (``analysis.gns``). Per timestep bin ``k`` (the multitask view of seed
+unbiased ``|G|^2`` and ``tr(Sigma)`` (``analysis.core.gns``). Per timestep bin ``k`` (the multitask view of seed
 004) ``G_k``, ``Sigma_k`` are the gradient and per-example covariance of the training loss restricted to
 ``t in bin k``.
 
@@ -26,8 +26,8 @@ from typing import Any
 
 import torch
 
-from analysis.bins import timestep_bins
-from analysis.gns import GNSWindow, live_metrics
+from analysis.core.bins import timestep_bins
+from analysis.core.gns import GNSWindow, live_metrics
 from trainables.diffusion import NUM_TIMESTEPS, per_example_loss
 from trainables.gns_stats import sq_norm
 from trainables.randomness import STREAM_GNS, mix
@@ -74,7 +74,7 @@ def sub_batch_sq_norms(
     Each group's gradient is that of its *mean* loss, by ``torch.autograd.grad`` (``.grad`` is untouched);
     ``|G_b|^2`` is the mean of the ``m`` squared norms, ``|G_B|^2`` the squared norm of the groups' mean
     gradient (= the gradient of the whole batch's mean loss). Streaming: only the running sum of group
-    gradients is kept, so ``m`` can be large. Same numbers as ``analysis.gns.from_subbatch_grads`` on the
+    gradients is kept, so ``m`` can be large. Same numbers as ``analysis.core.gns.from_subbatch_grads`` on the
     stacked group gradients (McCandlish et al. 2018, App. A.1). Squared norms accumulate in float64.
     """
     x, y, t, noise = batch
@@ -107,7 +107,7 @@ class BinGNS:
 
     One ``GNSWindow`` per bin averages numerator and denominator separately over the measurements of the last
     ``cfg.gns_steps`` optimizer steps -- the global value's window in steps, not in measurements
-    (McCandlish et al. 2018, App. A.1; ``analysis.gns.GNSWindow``).
+    (McCandlish et al. 2018, App. A.1; ``analysis.core.gns.GNSWindow``).
     Bin ``k`` is measured by rank ``k mod W``; works for any ``W`` and ``A`` (``A`` plays no part).
     """
 

@@ -2,7 +2,7 @@
 
 The two-batch estimators of McCandlish et al. 2018 ("An Empirical Model of Large-Batch Training",
 arXiv 1812.06162, Appendix A.1) need ``|G_b|^2`` of small-batch gradients and ``|G_B|^2`` of a big-batch
-gradient taken at the same parameters; the estimators themselves live in ``analysis.gns`` (no torch).
+gradient taken at the same parameters; the estimators themselves live in ``analysis.core.gns`` (no torch).
 In data parallel training the rank-local accumulated gradient is a small batch (``b = micro x A``) and
 the all-reduced one the big batch (``B = b x W``). ``LocalGradNormHook`` reads the local one inside
 DDP's communication hook, just before the all-reduce, so it costs one extra reduction per bucket and no
@@ -110,7 +110,7 @@ class PieceNorms:
     since ``E|g_j|^2 = |G|^2 + tr(Sigma) / n_j`` (McCandlish et al. 2018, App. A.1): a size-weighted mean of the
     pieces' squared norms is an unbiased small-batch ``|G_b|^2`` with ``b = N / k`` (the mean piece size; exact for
     unequal pieces, e.g. the halves of an odd micro-batch). With ``|G_B|^2 = |G_N|^2`` and ``B = N`` the two-batch
-    estimators of ``analysis.gns`` apply unchanged. ``.grad`` itself is only read: training is unchanged.
+    estimators of ``analysis.core.gns`` apply unchanged. ``.grad`` itself is only read: training is unchanged.
     """
 
     def __init__(self, params: list[torch.Tensor], total: int) -> None:

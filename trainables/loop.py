@@ -15,8 +15,8 @@ import time
 
 import torch
 
-from analysis import metrics as M
-from analysis.gns import GNSWindow, live_metrics
+from analysis.core import metrics as M
+from analysis.core.gns import GNSWindow, live_metrics
 from trainables import branch_points, checkpoint
 from trainables.compiling import compile_model
 from trainables.config import TrialConfig

@@ -1,5 +1,5 @@
 """The DiT trial's learning-rate schedule: linear warm-up then constant (diffusers), times the batch-size stage's
-factor under a ``batch_schedule`` (`analysis.stages`: ``lr x sqrt(B / B_0)`` for Adam by default, the rule a
+factor under a ``batch_schedule`` (`analysis.core.stages`: ``lr x sqrt(B / B_0)`` for Adam by default, the rule a
 branched study uses for its branches)."""
 
 from __future__ import annotations

@@ -1,10 +1,10 @@
-"""The noisy quadratic model (analysis.nqm) as a trial: the DiT trial's skeleton (trainables.skeleton: report
+"""The noisy quadratic model (analysis.quadratic.nqm) as a trial: the DiT trial's skeleton (trainables.skeleton: report
 format, checkpoints, stop rules) around a `QuadraticLearner`, so a sweep with ``workload: quadratic`` runs through
-the same machinery in seconds. Its closed-form B_crit (``analysis.nqm.closed_form_b_crit``) is the end-to-end
+the same machinery in seconds. Its closed-form B_crit (``analysis.quadratic.nqm.closed_form_b_crit``) is the end-to-end
 check.
 
 SGD on ``L = ½ Σ h_i θ_i²`` with ``h_i = i^-h_decay``, gradient noise ``N(0, c/B)``, ``c = noise_scale · h``
-(the NQM's ``C ∝ H``), ``θ_i(0) = theta0``: the update of :func:`analysis.nqm.simulate`, one step at a time.
+(the NQM's ``C ∝ H``), ``θ_i(0) = theta0``: the update of :func:`analysis.quadratic.nqm.simulate`, one step at a time.
 The split ``(micro, A, W)`` changes nothing statistically (the mean of B iid per-example noises); every rank
 computes the same update from the same seeded generator, so multi-worker trials stay consistent.
 """
@@ -21,9 +21,9 @@ from typing import Any
 
 import numpy as np
 
-from analysis import metrics as M
-from analysis.nqm_alloc import bin_noise, noise_allocation, weighted_noise
-from analysis.stages import BatchStages
+from analysis.core import metrics as M
+from analysis.core.nqm_noise import bin_noise, noise_allocation, weighted_noise
+from analysis.core.stages import BatchStages
 from trainables.branch_points import start_quadratic
 from trainables.config import BOUNDS, COUNT, Bound, ConfigError, check_bounds, check_schedule, config_from_dict
 from trainables.skeleton import Learner, Session, StepOutcome, TrialSkeleton
@@ -43,7 +43,7 @@ class QuadraticConfig:
     micro_batch_size: int = 32
     num_workers: int = 0
     grad_accum: int | None = None
-    batch_schedule: list = field(default_factory=list)  # [[step, B], ...] as in the DiT trial (analysis.stages)
+    batch_schedule: list = field(default_factory=list)  # [[step, B], ...] as in the DiT trial (analysis.core.stages)
     schedule_lr_rule: str = "linear"  # a later stage's lr = lr x B / batch_size (SGD); sqrt | constant
     # --- optimisation and stopping -----------------------------------------------------------------------------
     lr: float = 0.1  # plain SGD; stable for lr < 2 / h_max = 2
@@ -62,7 +62,8 @@ class QuadraticConfig:
     # noises N(0, c/u) and averages them, so a batch of k·u sees the same unit noises, in the same order, as k
     # steps at u (common random numbers across batch sizes, like a data stream; the branched study sets u = B0)
     noise_unit: int = 0
-    # --- timestep bins of different noise (analysis.nqm_alloc; docs/allocation.md) -----------------------------
+    # --- timestep bins of different noise (analysis.quadratic.nqm_alloc; docs/allocation.md)
+    # -----------------------------
     timestep_bins: int = 1  # K equal bins; an example of bin k has noise covariance s_k c, s of mean 1
     bin_noise_ratio: float = 1.0  # s_{K-1} / s_0 (geometric in k); 1 = every bin the plain NQM's noise
     timestep_sampling: str = "uniform"  # uniform (today's draws) | noise (p_k ∝ sqrt(s_k), weights q_k / p_k)
@@ -107,12 +108,12 @@ class QuadraticConfig:
 
     @functools.cached_property
     def stages(self) -> BatchStages:
-        """The batch-size stages (`analysis.stages`); one stage without a ``batch_schedule``."""
+        """The batch-size stages (`analysis.core.stages`); one stage without a ``batch_schedule``."""
         per = self.micro_batch_size * max(1, self.num_workers)
         return BatchStages.from_schedule(self.batch_size, self.batch_schedule, per)
 
     def problem(self) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
-        """``(h, c, theta0)`` arrays of the NQM, as analysis.nqm takes them."""
+        """``(h, c, theta0)`` arrays of the NQM, as analysis.quadratic.nqm takes them."""
         h = np.arange(1, self.dim + 1, dtype=np.float64) ** -self.h_decay
         return h, self.noise_scale * h, np.full(self.dim, self.theta0)
 
@@ -187,7 +188,9 @@ class QuadraticLearner(Learner):
         sd, units, lr = self.stage(step)
         t0 = time.perf_counter()
         with np.errstate(over="ignore", invalid="ignore"):
-            if self.alloc is not None:  # importance-weighted bins (analysis.nqm_alloc, the closed form's draw)
+            if (
+                self.alloc is not None
+            ):  # importance-weighted bins (analysis.quadratic.nqm_alloc, the closed form's draw)
                 B = cfg.stages.batch(step)
                 self.theta = theta - lr * weighted_noise(rng, theta, h, self.c, B, *self.alloc)
             else:

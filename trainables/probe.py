@@ -19,8 +19,8 @@ from dataclasses import asdict, dataclass
 
 import torch
 
-from analysis.bins import timestep_bins
-from analysis.gns import b_simple_with_se, g2_unbiased, mean_with_se, trace_unbiased
+from analysis.core.bins import timestep_bins
+from analysis.core.gns import b_simple_with_se, g2_unbiased, mean_with_se, trace_unbiased
 from trainables.checkpoint import STATE_FILE, UnsafeCheckpoint, read
 from trainables.diffusion import NUM_TIMESTEPS, make_scheduler
 from trainables.gns_bins import draw_examples, sub_batch_sq_norms

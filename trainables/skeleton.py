@@ -31,8 +31,8 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Protocol
 
-from analysis import metrics as M
-from analysis.stages import BatchStages
+from analysis.core import metrics as M
+from analysis.core.stages import BatchStages
 from trainables.branch_points import keep_checkpoint
 from trainables.row_log import RowLog
 from trainables.stopping import eval_status, status_after_step
@@ -154,7 +154,7 @@ class TrialSkeleton:
 
     # --- counters --------------------------------------------------------------------------------------------
     def counters(self) -> dict[str, float]:
-        """Examples are summed over the batch-size stages (`analysis.stages`); micro-steps follow from them."""
+        """Examples are summed over the batch-size stages (`analysis.core.stages`); micro-steps follow from them."""
         cfg, train_size = self.cfg, self.learner.train_size
         examples = cfg.stages.examples(self.step)
         return {

@@ -60,7 +60,7 @@ class TrainStep:
         self.rank, self.world, self.device, self.autocast = rank, world_size, torch.device(device), autocast
         self.hook = hook  # LocalGradNormHook on the DDP model (W >= 2 with GNS on)
         self.params = [p for p in model.parameters() if p.requires_grad]
-        # a batch-size schedule (analysis.stages) changes A per stage, and with it where small batches come from
+        # a batch-size schedule (analysis.core.stages) changes A per stage, and with it where small batches come from
         self.stages = cfg.stages
         unit = cfg.micro_batch_size * world_size
         self.modes = [global_gns_mode(cfg.gns, world_size, b // unit, cfg.micro_batch_size, cfg.gns_halves)

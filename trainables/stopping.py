@@ -6,7 +6,7 @@ from __future__ import annotations
 import math
 from collections.abc import Callable
 
-from analysis import metrics as M
+from analysis.core import metrics as M
 
 
 def status_after_step(step: int, eval_every: int, max_steps: int, evaluate: Callable[[], str]) -> str:

@@ -1,7 +1,7 @@
 """System metrics of a trial, recorded at every report: throughput over the last report interval and peak memory.
 
 - ``sys/examples_per_s``: training examples of the interval (``steps x batch_size``, the global batch: all workers;
-  under a batch-size schedule the sum of each step's stage batch size, `analysis.stages`)
+  under a batch-size schedule the sum of each step's stage batch size, `analysis.core.stages`)
   over the training seconds of the interval, as the trial's `trainables.timing.StepTimer` counts them (the same
   clock as ``train_seconds``): on CPU the wall clock (``time.perf_counter``) around each step, on a GPU the time
   between two CUDA events on the trial's stream; a step's time includes its per-bin GNS pass, and excludes
@@ -22,8 +22,8 @@ import sys
 
 import torch
 
-from analysis import metrics as M
-from analysis.stages import BatchStages
+from analysis.core import metrics as M
+from analysis.core.stages import BatchStages
 
 GIB = 2**30
 

@@ -2,7 +2,7 @@
 
 ``uniform`` (the default) is not handled here at all: the step keeps its original draws bit for bit. ``noise`` and
 ``loss`` draw each example's bin ``k`` from an allocation ``p`` and its timestep uniformly within the bin, and weight
-its loss by ``w_k = q_k / p_k`` (``analysis.allocation``) so the gradient stays an unbiased estimate of the uniform
+its loss by ``w_k = q_k / p_k`` (``analysis.core.allocation``) so the gradient stays an unbiased estimate of the uniform
 objective's. The allocation is re-estimated every ``alloc_every`` optimizer steps, mixed with a uniform floor
 ``alloc_floor``:
 
@@ -26,9 +26,9 @@ from typing import Any
 import numpy as np
 import torch
 
-from analysis import metrics as M
-from analysis.allocation import bin_shares, loss_allocation, noise_allocation
-from analysis.bins import timestep_bins
+from analysis.core import metrics as M
+from analysis.core.allocation import bin_shares, loss_allocation, noise_allocation
+from analysis.core.bins import timestep_bins
 
 SAMPLING_NOISE, SAMPLING_LOSS = "noise", "loss"
 

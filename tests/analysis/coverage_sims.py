@@ -5,15 +5,15 @@ benchmark helper, not a test module).
 B_crit 128 and 1024; its global targets are ``COVERAGE_TARGETS`` as in the coverage figure of issue 12. ``new``:
 ``synth_sweeps`` (correlated noise along loss curves, interpolated crossings, seed-to-seed lr optimum, B_crit that
 moves along training, four bins); its targets are spread automatically, as ``bcrit analyze`` does. Per-bin targets
-are automatic on both, as in :func:`analysis.report.analyze`.
+are automatic on both, as in :func:`analysis.reporting.report.analyze`.
 """
 
 from __future__ import annotations
 
 import numpy as np
 
-from analysis import metrics as m
-from analysis.report import analyze_metric
+from analysis.core import metrics as m
+from analysis.fits.sweep_fit import analyze_metric
 
 OLD_BIN_E_MIN = (200.0 * 128, 200.0 * 1024)  # synth_runs bins: true B_crit = bin_e_min / s_min (s_min = 200)
 

@@ -19,10 +19,10 @@ from __future__ import annotations
 import numpy as np
 import pyarrow as pa
 
-from analysis import metrics as m
-from analysis.gns_view import gns_names
-from analysis.loaders import Runs, runs_from_tables
-from analysis.schema import METRICS_SCHEMA, trials_table
+from analysis.core import metrics as m
+from analysis.fits.gns_view import gns_names
+from analysis.sources.loaders import Runs, runs_from_tables
+from analysis.sources.schema import METRICS_SCHEMA, trials_table
 
 L0, FLOOR, ALPHA = 1.0, 0.1, 1.0
 
@@ -143,7 +143,7 @@ def coverage_draws(draws: int, bootstrap: int, first_seed: int = 100, level: flo
     as wide as the estimates' spread says it should be)."""
     from statistics import NormalDist
 
-    from analysis.report import analyze_metric
+    from analysis.fits.sweep_fit import analyze_metric
 
     cfg = {**COVERAGE_SWEEP, **kw}
     est, lo, hi, flagged = [], [], [], []

@@ -13,9 +13,9 @@ from __future__ import annotations
 import numpy as np
 import pyarrow as pa
 
-from analysis import metrics as m
-from analysis.loaders import Runs, runs_from_tables
-from analysis.schema import METRICS_SCHEMA_WITH_WALL_TIME, trials_table
+from analysis.core import metrics as m
+from analysis.sources.loaders import Runs, runs_from_tables
+from analysis.sources.schema import METRICS_SCHEMA_WITH_WALL_TIME, trials_table
 
 L0, FLOOR = 1.0, 0.1
 TRUE_STEP = dict(gamma=0.01, alpha=0.004, beta=0.0005, kappa=0.006)

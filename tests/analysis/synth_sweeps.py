@@ -31,9 +31,9 @@ from dataclasses import dataclass, field
 import numpy as np
 import pyarrow as pa
 
-from analysis import metrics as m
-from analysis.loaders import Runs, runs_from_tables
-from analysis.schema import METRICS_SCHEMA, trials_table
+from analysis.core import metrics as m
+from analysis.sources.loaders import Runs, runs_from_tables
+from analysis.sources.schema import METRICS_SCHEMA, trials_table
 
 
 @dataclass(frozen=True)

@@ -1,4 +1,4 @@
-"""Float64 reference tests of the timestep allocation maths (analysis.allocation, docs/allocation.md).
+"""Float64 reference tests of the timestep allocation maths (analysis.core.allocation, docs/allocation.md).
 
 Ground truth: a finite population of per-example gradients per timestep bin (bins of unequal width, so ``q_k``
 is not ``1/K``), whose weighted per-example gradient distribution under an allocation ``p`` is enumerated atom by
@@ -12,7 +12,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from analysis.allocation import (
+from analysis.core.allocation import (
     bin_shares,
     importance_weights,
     loss_allocation,

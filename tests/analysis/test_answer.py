@@ -1,12 +1,12 @@
-"""The answer (analysis.answer): per-bin B_crit at one common point of training, against known answers."""
+"""The answer (analysis.fits.answer): per-bin B_crit at one common point of training, against known answers."""
 
 import numpy as np
 import pytest
 
-from analysis import answer
-from analysis import metrics as m
-from analysis.report import analyze, answer_lines
-from analysis.steps import steps_to_target
+from analysis.core import metrics as m
+from analysis.fits import answer
+from analysis.fits.steps import steps_to_target
+from analysis.reporting.report import analyze, answer_lines
 from tests.analysis.synth_runs import FLOOR, L0, synth_runs
 
 S_MIN, E_MIN = 200.0, 200.0 * 256

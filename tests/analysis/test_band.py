@@ -1,4 +1,4 @@
-"""analysis.band (B_crit of a band between two targets) against closed forms on sweeps whose local critical batch
+"""analysis.fits.band (B_crit of a band between two targets) against closed forms on sweeps whose local critical batch
 size grows along training, so the band's answer and the cumulative one (`analyze_metric`) differ by a known amount."""
 
 from __future__ import annotations
@@ -7,12 +7,12 @@ import numpy as np
 import pyarrow as pa
 import pytest
 
-from analysis import metrics as m
-from analysis import pareto
-from analysis.band import band_b_crit
-from analysis.loaders import runs_from_tables
-from analysis.report import analyze_metric
-from analysis.schema import METRICS_SCHEMA, trials_table
+from analysis.core import metrics as m
+from analysis.fits import pareto
+from analysis.fits.band import band_b_crit
+from analysis.fits.sweep_fit import analyze_metric
+from analysis.sources.loaders import runs_from_tables
+from analysis.sources.schema import METRICS_SCHEMA, trials_table
 
 L0, FLOOR = 1.0, 0.1
 S_MIN, E_MIN, U_REF = 50.0, 50.0 * 64, 4.0
@@ -116,7 +116,7 @@ def test_band_flags_censoring_and_refuses_bad_bands():
 
 
 def test_analyze_reports_the_bands_between_consecutive_targets(tmp_path):
-    from analysis.report import analyze
+    from analysis.reporting.report import analyze
 
     runs = sweep(np.random.default_rng(0))
     res = analyze(runs, m.EVAL_LOSS, [0.25, 0.55, 0.4], tmp_path, bootstrap=50, plots=False)
@@ -126,7 +126,7 @@ def test_analyze_reports_the_bands_between_consecutive_targets(tmp_path):
     assert res["bands"][1]["b_crit"] > 1.3 * res["bands"][0]["b_crit"]  # it grows along training
     md = (tmp_path / "report.md").read_text()
     assert "| 0.4 → 0.25 |" in md and "B_crit along training" in md
-    from analysis.report import summary_lines
+    from analysis.reporting.report import summary_lines
 
     line = [x for x in summary_lines(res) if x.startswith("along training")]
     star = ["*" if b["flags"] else "" for b in res["bands"]]
@@ -137,7 +137,7 @@ def test_analyze_reports_the_bands_between_consecutive_targets(tmp_path):
 
 
 def test_a_band_carries_the_flags_of_the_targets_it_joins():
-    from analysis.band import bands_between
+    from analysis.fits.band import bands_between
 
     runs = sweep(np.random.default_rng(0))
     entries = [{"target": 0.55, "flags": ["near_floor"]}, {"target": 0.4, "flags": []}, {"target": 0.25}]

@@ -1,4 +1,4 @@
-"""Timestep bins (`analysis.bins`): for every K and T they partition 0..T-1 into contiguous, near-equal, inclusive
+"""Timestep bins (`analysis.core.bins`): for every K and T they partition 0..T-1 into contiguous, near-equal, inclusive
 ranges, and `bin_of` inverts them."""
 
 from __future__ import annotations
@@ -8,7 +8,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from analysis.bins import bin_of, timestep_bins
+from analysis.core.bins import bin_of, timestep_bins
 
 
 @settings(max_examples=300, deadline=None)

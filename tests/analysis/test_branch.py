@@ -1,4 +1,4 @@
-"""analysis.branch against synthetic branched studies with a known answer.
+"""analysis.fits.branched against synthetic branched studies with a known answer.
 
 Every branch's loss after Δ examples is ``L1 · (1 + a·log2 k)`` (times seed noise), so the relative excess over the
 ``k = 1`` branch is ``a·log2 k`` and the critical multiplier at tolerance ε is exactly ``2**(ε/a)`` (linear in
@@ -11,10 +11,10 @@ import math
 import numpy as np
 import pytest
 
-from analysis import branch as br
-from analysis import metrics as m
-from analysis.loaders import runs_from_tables
-from analysis.schema import RunsTableError, metrics_table, trials_table
+from analysis.core import metrics as m
+from analysis.fits import branched as br
+from analysis.sources.loaders import runs_from_tables
+from analysis.sources.schema import RunsTableError, metrics_table, trials_table
 
 B0, DELTA, EVALS = 8, 1024, 8
 KS = (1, 2, 4, 8, 16)

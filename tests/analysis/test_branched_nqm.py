@@ -1,12 +1,12 @@
-"""The closed form of the branched NQM (analysis.nqm.branch_losses / branched_critical_k) against Monte Carlo
-SGD runs (analysis.nqm.simulate) started from the same state."""
+"""The closed form of the branched NQM (analysis.quadratic.nqm.branch_losses / branched_critical_k) against Monte Carlo
+SGD runs (analysis.quadratic.nqm.simulate) started from the same state."""
 
 from __future__ import annotations
 
 import numpy as np
 import pytest
 
-from analysis.nqm import branch_losses, branched_critical_k, simulate
+from analysis.quadratic.nqm import branch_losses, branched_critical_k, simulate
 
 DIM = 40
 H = np.arange(1, DIM + 1, dtype=np.float64) ** -0.5
@@ -21,7 +21,7 @@ def test_branch_losses_match_simulation(rule):
     fractions = np.array([0.5, 0.75, 1.0])
     ks = np.array([1.0, 2.0, 4.0])
     closed = branch_losses(H, C, theta**2, lr0, b0, ks, delta, fractions, rule)
-    from analysis.branch import lr_factor
+    from analysis.core.lr_rules import lr_factor
 
     for k, want in zip(ks, closed, strict=True):
         b = int(k * b0)

@@ -18,9 +18,9 @@ import pyarrow.compute as pc
 import pytest
 from synth_runs import synth_runs
 
-from analysis import metrics as m
-from analysis import report
-from analysis.loaders import SWEEP_PARENT_FILE, runs_from_tables, write_sweep_dir
+from analysis.core import metrics as m
+from analysis.reporting import report
+from analysis.sources.loaders import SWEEP_PARENT_FILE, runs_from_tables, write_sweep_dir
 from orchestrator import analyze_cmd as cli
 
 ROOT = Path(__file__).resolve().parents[2]

@@ -15,8 +15,8 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from analysis import gns
-from analysis.gns import (
+from analysis.core import gns
+from analysis.core.gns import (
     GNSWindow,
     b_simple,
     b_simple_with_se,
@@ -29,7 +29,7 @@ from analysis.gns import (
     window_estimate,
     window_span,
 )
-from analysis.metrics import (
+from analysis.core.metrics import (
     GNS_B_BIG,
     GNS_B_SIMPLE,
     GNS_B_SIMPLE_SE,

@@ -14,9 +14,9 @@ import numpy as np
 import pytest
 from synth_runs import synth_runs
 
-from analysis import gns
-from analysis import metrics as m
-from analysis.gns_view import (
+from analysis.core import gns
+from analysis.core import metrics as m
+from analysis.fits.gns_view import (
     GNSTrace,
     attach_b_simple,
     b_simple_at,
@@ -27,8 +27,8 @@ from analysis.gns_view import (
     pooled_b_simple,
     window_of,
 )
-from analysis.loaders import runs_from_tables
-from analysis.schema import metrics_table, trials_table
+from analysis.sources.loaders import runs_from_tables
+from analysis.sources.schema import metrics_table, trials_table
 
 TRACE, B_SMALL, B_BIG = 40.0, 16, 64
 

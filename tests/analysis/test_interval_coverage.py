@@ -1,4 +1,4 @@
-"""The B_crit interval's lack-of-fit term (analysis.pareto.lack_of_fit_var): references for its formula, and the
+"""The B_crit interval's lack-of-fit term (analysis.fits.pareto.lack_of_fit_var): references for its formula, and the
 coverage it restores at the trusted targets of a second, independent simulator (synth_sweeps)."""
 
 import numpy as np
@@ -6,8 +6,8 @@ import pytest
 from coverage_sims import coverage_records, summary
 from synth_sweeps import BIN_CURVES, Curve, Sweep, simulate, truth
 
-from analysis import metrics as m
-from analysis import pareto
+from analysis.core import metrics as m
+from analysis.fits import pareto
 
 BS = np.array([16, 32, 64, 128, 256, 512, 1024, 2048], dtype=np.float64)
 
@@ -73,7 +73,7 @@ def test_with_lack_of_fit_adds_lognormal_scatter_and_keeps_unknowns():
 
 def test_synth_sweeps_truth_is_the_noise_free_optimal_lr_hyperbola():
     """With no noise, no lr penalty and fine evaluations, the simulated trials' steps are S_min + E_min/B."""
-    from analysis.steps import steps_to_target
+    from analysis.fits.steps import steps_to_target
 
     sw = Sweep(batch_sizes=(32, 256, 2048), seeds=1, kappa=0.0, sigma=0.0, lr_jitter=0.0, eval_noise=0.0,
                n_evals=2000, bins=BIN_CURVES[:1])  # fmt: skip

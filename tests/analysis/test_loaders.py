@@ -8,11 +8,11 @@ import numpy as np
 import pytest
 from synth_runs import synth_runs
 
-from analysis import metrics as m
-from analysis.loaders import load_mlflow, load_sweep_dir, runs_from_tables, write_sweep_dir
-from analysis.publish import log_analysis
-from analysis.report import analyze
-from analysis.schema import RunsTableError
+from analysis.core import metrics as m
+from analysis.reporting.publish import log_analysis
+from analysis.reporting.report import analyze
+from analysis.sources.loaders import load_mlflow, load_sweep_dir, runs_from_tables, write_sweep_dir
+from analysis.sources.schema import RunsTableError
 
 
 def test_parquet_round_trip(tmp_path):
@@ -50,7 +50,7 @@ def store(tmp_path_factory):  # one SQLite store for the module: creating its ta
             tags["status"] = status
         run = client.create_run(exp, run_name=f"run-{tid}", tags=tags)
         params = {"batch_size": bs, "micro_batch_size": bs // 2, "grad_accum": 2, "num_workers": 1}
-        if tid == "t1":  # a scheduled trial: B = 32 once 10 steps are done (analysis.stages)
+        if tid == "t1":  # a scheduled trial: B = 32 once 10 steps are done (analysis.core.stages)
             params["batch_schedule"] = "[[10, 32]]"
         for k, v in {**params, "lr": lr, "seed": 0, "warmup": 5}.items():
             client.log_param(run.info.run_id, k, v)

@@ -1,6 +1,6 @@
 from pathlib import Path
 
-from analysis import metrics as M
+from analysis.core import metrics as M
 
 
 def test_every_metric_constant_is_documented():
@@ -10,7 +10,7 @@ def test_every_metric_constant_is_documented():
 
 def test_docs_metric_table_is_current():
     page = (Path(__file__).parents[2] / "docs" / "metrics.md").read_text()
-    assert M.markdown_table() in page, "docs/metrics.md metric table is stale: paste `python -m analysis.metrics`"
+    assert M.markdown_table() in page, "docs/metrics.md metric table is stale: paste `python -m analysis.core.metrics`"
 
 
 def test_per_bin_names():
@@ -21,5 +21,5 @@ def test_per_bin_names():
 def test_docs_tracking_table_is_current():
     page = (Path(__file__).parents[2] / "docs" / "metrics.md").read_text()
     table = M.markdown_table(M.TRACKING_DOCS)
-    assert table in page, "docs/metrics.md MLflow table is stale: paste `python -m analysis.metrics --tracking`"
+    assert table in page, "docs/metrics.md MLflow table is stale: paste `python -m analysis.core.metrics --tracking`"
     assert set(M.TRACKING_DOCS) == set(M.TRACKING_ONLY) - {M.STEP}  # every tracking-only name documented

@@ -5,11 +5,11 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from analysis import metrics as m
-from analysis import nqm as q
-from analysis.loaders import Series
-from analysis.report import analyze_metric
-from analysis.steps import steps_to_target
+from analysis.core import metrics as m
+from analysis.fits.steps import steps_to_target
+from analysis.fits.sweep_fit import analyze_metric
+from analysis.quadratic import nqm as q
+from analysis.sources.loaders import Series
 
 H = np.array([1.0, 0.3, 0.1, 0.03])
 

@@ -1,4 +1,5 @@
-"""The binned NQM under an allocation (analysis.nqm_alloc): the closed-form expected loss against a float64 Monte
+"""The binned NQM under an allocation (analysis.quadratic.nqm_alloc): the closed-form expected loss against a float64
+Monte
 Carlo of the trial's own draw (`weighted_noise`), and the exact gain in steps-to-target."""
 
 from __future__ import annotations
@@ -6,13 +7,14 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from analysis import nqm
-from analysis import nqm_alloc as na
+from analysis.core import nqm_noise as nn
+from analysis.quadratic import nqm
+from analysis.quadratic import nqm_alloc as na
 
 DIM = 20
 H = np.arange(1, DIM + 1, dtype=np.float64) ** -0.5
 Q = np.full(4, 0.25)
-S = na.bin_noise(4, 30.0)
+S = nn.bin_noise(4, 30.0)
 
 
 def test_bin_noise_has_mean_one_and_the_asked_spread():
@@ -25,7 +27,7 @@ def test_uniform_allocation_is_the_plain_nqm():
     np.testing.assert_allclose(a, nqm.expected_loss_curve(H, H, np.ones(DIM), 0.5, 4, 50), rtol=1e-12)
 
 
-@pytest.mark.parametrize("p", [na.noise_allocation(S, Q, 0.1), np.array([0.55, 0.3, 0.1, 0.05])])
+@pytest.mark.parametrize("p", [nn.noise_allocation(S, Q, 0.1), np.array([0.55, 0.3, 0.1, 0.05])])
 def test_closed_form_matches_monte_carlo_of_the_trial_draw(p):
     runs, steps, lr, B = 4000, 40, 0.6, 2
     sim = na.simulate(H, H, np.ones(DIM), lr, B, steps, S, Q, p, runs, seed=1)
@@ -41,7 +43,7 @@ def test_closed_form_matches_monte_carlo_of_the_trial_draw(p):
 
 
 def test_noise_allocation_gains_at_small_batch_sizes_only():
-    p = na.noise_allocation(S, Q, 0.1)
+    p = nn.noise_allocation(S, Q, 0.1)
     g = na.gain(H, H, np.ones(DIM), [1, 4, 16, 256, 4096], 0.5, S, Q, p, lrs=np.geomspace(0.02, 1.99, 60))
     assert np.all(np.isfinite(g.steps_uniform)) and np.all(np.isfinite(g.steps_alloc))
     assert g.ratio[0] < 0.9  # fewer steps where noise dominates
@@ -52,10 +54,10 @@ def test_noise_allocation_gains_at_small_batch_sizes_only():
 def test_simulated_gain_in_steps_matches_the_closed_form():
     """Steps for the mean loss of 3000 simulated runs (the trial's draw) to cross the target, uniform vs noise,
     against the closed form's expected-loss crossings: the gain itself, not only the curves."""
-    from analysis.loaders import Series
-    from analysis.steps import steps_to_target
+    from analysis.fits.steps import steps_to_target
+    from analysis.sources.loaders import Series
 
-    p, lr, B, target, steps = na.noise_allocation(S, Q, 0.1), 0.1, 2, 0.12, 200
+    p, lr, B, target, steps = nn.noise_allocation(S, Q, 0.1), 0.1, 2, 0.12, 200
     got, exact = [], []
     for alloc in (Q, p):
         mean = na.simulate(H, H, np.ones(DIM), lr, B, steps, S, Q, alloc, 3000, seed=2).mean(0)
@@ -71,10 +73,10 @@ def test_simulated_gain_in_steps_matches_the_closed_form():
 
 def test_best_steps_under_an_allocation_equal_every_step_evaluated():
     """The fewest steps to target under a skewed allocation (mult > 0) from the grid-and-refine search, against the
-    closed-form loss evaluated at every integer step with the crossing interpolated as analysis.steps does: the
+    closed-form loss evaluated at every integer step with the crossing interpolated as analysis.fits.steps does: the
     refinement must keep the allocation's extra noise term (without it the crossing moves)."""
-    from analysis.loaders import Series
-    from analysis.steps import steps_to_target
+    from analysis.fits.steps import steps_to_target
+    from analysis.sources.loaders import Series
 
     p, B, target, max_steps = np.array([0.55, 0.3, 0.1, 0.05]), 2, 0.2, 3000
     mult, _ = na.terms(S, Q, p)

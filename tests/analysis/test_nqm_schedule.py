@@ -1,4 +1,5 @@
-"""The NQM's expected loss under a batch-size schedule (analysis.nqm_schedule) against float64 brute force: the
+"""The NQM's expected loss under a batch-size schedule (analysis.quadratic.nqm_schedule) against float64 brute force:
+the
 second-moment recursion iterated step by step, and the sampled trial's mean over many runs."""
 
 from __future__ import annotations
@@ -6,9 +7,9 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from analysis.nqm import expected_loss_curve, expected_steps_to_target
-from analysis.nqm_schedule import expected_loss_staged, expected_to_target_staged
-from analysis.stages import BatchStages
+from analysis.core.stages import BatchStages
+from analysis.quadratic.nqm import expected_loss_curve, expected_steps_to_target
+from analysis.quadratic.nqm_schedule import expected_loss_staged, expected_to_target_staged
 
 H = np.arange(1, 51, dtype=np.float64) ** -0.5
 C, M0 = H.copy(), np.ones(50)

@@ -6,9 +6,10 @@ import numpy as np
 import pytest
 from synth_runs import coverage_draws, synth_runs, u_of
 
-from analysis import flags, pareto
-from analysis import metrics as m
-from analysis.report import analyze_metric, headline
+from analysis.core import metrics as m
+from analysis.fits import flags, pareto
+from analysis.fits.sweep_fit import analyze_metric
+from analysis.fits.trust import headline
 
 BS = np.array([16, 32, 64, 128, 256, 512, 1024, 2048], dtype=np.float64)
 
@@ -184,7 +185,7 @@ def test_docs_flag_table_is_current():
     from pathlib import Path
 
     page = (Path(__file__).parents[2] / "docs" / "analysis.md").read_text()
-    assert flags.markdown_table() in page, "docs/analysis.md flag table is stale: paste `python -m analysis.flags`"
+    assert flags.markdown_table() in page, "docs/analysis.md flag table is stale: paste `python -m analysis.fits.flags`"
 
 
 # --- auto_targets and the "trials" bootstrap against hand-computed answers (mutation testing, docs/testing.md) ---
@@ -244,7 +245,7 @@ def test_auto_targets_refuses_what_no_three_batch_sizes_reach():
 
 def _one_seed_settings(batch_size, lr):
     """Settings of one seed each (trial i is setting i), as settings_of builds them for a one-seed sweep."""
-    from analysis.steps import Settings
+    from analysis.fits.steps import Settings
 
     b = np.asarray(batch_size, dtype=np.int64)
     return Settings(np.arange(len(b)), b, np.asarray(lr, float), [np.array([i]) for i in range(len(b))], None)
@@ -412,7 +413,7 @@ def test_batched_fit_exact_data_with_gaps_float32_batch_sizes_and_small_steps():
 
 def _seed_settings(groups):
     """Settings whose members are consecutive trial rows; groups: [(batch size, n_seeds), ...]."""
-    from analysis.steps import Settings
+    from analysis.fits.steps import Settings
 
     members, start = [], 0
     for _, k in groups:

@@ -1,4 +1,5 @@
-"""``bcrit analyze`` pools the splits of one (batch size, setting, seed) into one repeat (analysis.steps.pool_splits).
+"""``bcrit analyze`` pools the splits of one (batch size, setting, seed) into one repeat
+(analysis.fits.steps.pool_splits).
 
 Splits of one batch size run with one seed take the same steps up to numerics (same examples, same draws), so
 they are one measurement, not several. On tests/analysis/synth_splits.py every split of a (B, lr, seed) follows the
@@ -15,10 +16,10 @@ import pyarrow.compute as pc
 import pytest
 from synth_splits import synth_split_runs
 
-from analysis.band import band_b_crit
-from analysis.loaders import Runs
-from analysis.report import analyze_metric
-from analysis.steps import pool_splits, steps_to_target, trial_extent, usable
+from analysis.fits.band import band_b_crit
+from analysis.fits.steps import pool_splits, steps_to_target, trial_extent, usable
+from analysis.fits.sweep_fit import analyze_metric
+from analysis.sources.loaders import Runs
 
 Y = (0.35, 0.3)
 PLAIN = ((16, 1, 1), (32, 1, 1), (64, 1, 1), (128, 1, 1), (256, 1, 1))

@@ -1,13 +1,13 @@
-"""The analysis on the sweep's MLflow parent run (analysis.publish), report.html, and the GNS plot's shape."""
+"""The analysis on the sweep's MLflow parent run (analysis.reporting.publish), report.html, and the GNS plot's shape."""
 
 from __future__ import annotations
 
 import json
 import shutil
 
-from analysis import publish
-from analysis.html_report import render_html
-from analysis.report import render_markdown
+from analysis.reporting import publish
+from analysis.reporting.html_report import render_html
+from analysis.reporting.report import render_markdown
 
 
 def target(t: float, b_crit: float, flags=None, ci=(None, None)) -> dict:
@@ -128,7 +128,7 @@ def test_log_analysis_twice_replaces_table_and_description(tmp_path, empty_mlflo
 
 
 def test_gns_training_is_a_page_not_a_strip():
-    from analysis.plots import _grid
+    from analysis.reporting.plots import _grid
 
     for n, shape in ((1, (1, 1)), (2, (1, 2)), (4, (2, 2)), (5, (2, 3)), (9, (3, 3))):
         fig, axes = _grid(n)
@@ -146,7 +146,7 @@ def test_table_tag_written_once_when_a_concurrent_analysis_wins_the_insert(tmp_p
     from mlflow.exceptions import MlflowException
     from mlflow.utils.mlflow_tags import MLFLOW_LOGGED_ARTIFACTS
 
-    from analysis import publish
+    from analysis.reporting import publish
 
     tags: dict = {}
     calls = []

@@ -1,4 +1,5 @@
-"""bcrit recommend's science (analysis.recommend): fastest, cheapest and front against the known truth of synthetic
+"""bcrit recommend's science (analysis.decisions.recommend): fastest, cheapest and front against the known truth of
+synthetic
 sweeps, interval coverage, memory exclusion, extrapolation marking, the Pollux comparison."""
 
 from __future__ import annotations
@@ -7,9 +8,9 @@ import numpy as np
 import pytest
 from synth_splits import synth_split_runs, true_step_time, u_of
 
-from analysis import recommend as rc
-from analysis import recommend_check as ck
-from analysis import throughput as th
+from analysis.decisions import recommend as rc
+from analysis.decisions import recommend_check as ck
+from analysis.fits import throughput as th
 
 S_MIN, E_MIN, Y = 40.0, 40.0 * 48, 0.3
 
@@ -126,7 +127,7 @@ def test_time_interval_covers_the_truth():
 
 def test_pooled_splits_keep_the_steps_interval_honest():
     """Splits of one batch size share their seeds' noise; resampled as independent settings and minimised over, the
-    S(B) interval covered ~0.6 (analysis.recommend.pool_splits); pooled it covers ~0.9."""
+    S(B) interval covered ~0.6 (analysis.decisions.recommend.pool_splits); pooled it covers ~0.9."""
     hits = []
     for d in range(40):
         runs = synth_split_runs(np.random.default_rng(1000 + d), seeds=3, sigma=0.1, sigma_t=0.1)
@@ -139,7 +140,7 @@ def test_pooled_splits_keep_the_steps_interval_honest():
 
 
 def test_pooling_keeps_the_point_estimate_when_splits_agree():
-    from analysis.report import analyze_metric
+    from analysis.fits.sweep_fit import analyze_metric
 
     runs = synth_split_runs(np.random.default_rng(3))  # splits of one (B, lr, seed) take the same steps
     entry = analyze_metric(runs, "eval/loss", [Y], bootstrap=0)[0]

@@ -9,10 +9,10 @@ import numpy as np
 import pytest
 from synth_runs import synth_runs
 
-from analysis import metrics as m
-from analysis.flags import FLAGS, NEAR_FLOOR
-from analysis.loaders import load_sweep_dir, write_sweep_dir
-from analysis.report import analyze, render_markdown, summary_lines
+from analysis.core import metrics as m
+from analysis.fits.flags import FLAGS, NEAR_FLOOR
+from analysis.reporting.report import analyze, render_markdown, summary_lines
+from analysis.sources.loaders import load_sweep_dir, write_sweep_dir
 from orchestrator import analyze_cmd as cli
 
 TARGET_KEYS = {"target", "b_crit", "b_crit_ci", "s_min", "e_min", "flags", "ci_resamples", "points", "censored"}

@@ -6,9 +6,9 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
 
-from analysis import metrics as m
-from analysis.loaders import load_sweep_dir
-from analysis.schema import (
+from analysis.core import metrics as m
+from analysis.sources.loaders import load_sweep_dir
+from analysis.sources.schema import (
     METRICS_FILE,
     METRICS_SCHEMA,
     TRIALS_FILE,

@@ -1,4 +1,4 @@
-"""Batch-size stages (analysis.stages): counters against a brute-force sum over steps, validation, lr factors."""
+"""Batch-size stages (analysis.core.stages): counters against a brute-force sum over steps, validation, lr factors."""
 
 from __future__ import annotations
 
@@ -7,7 +7,7 @@ import math
 import numpy as np
 import pytest
 
-from analysis.stages import BatchStages
+from analysis.core.stages import BatchStages
 
 
 def brute_examples(stages: BatchStages, n: int) -> int:

@@ -5,11 +5,9 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from analysis import flags as fl
-from analysis import metrics as m
-from analysis.loaders import Series, runs_from_tables
-from analysis.schema import metrics_table, trials_table
-from analysis.steps import (
+from analysis.core import metrics as m
+from analysis.fits import flags as fl
+from analysis.fits.steps import (
     aggregate_seeds,
     best_per_batch,
     crossing_jitter,
@@ -21,6 +19,8 @@ from analysis.steps import (
     trial_extent,
     usable,
 )
+from analysis.sources.loaders import Series, runs_from_tables
+from analysis.sources.schema import metrics_table, trials_table
 
 
 def _series(rows):
@@ -259,7 +259,7 @@ def test_usable_and_counts_and_final_losses():
 
 
 def test_dense_and_sparse_paths_agree():
-    from analysis.steps import _dense, _sparse
+    from analysis.fits.steps import _dense, _sparse
 
     rng = np.random.default_rng(0)
     n, rows = 50, []
@@ -276,7 +276,7 @@ def test_dense_and_sparse_paths_agree():
 
 
 def test_seed_bootstrap_redraws_seeds_and_respects_censoring():
-    from analysis.pareto import bootstrap_best
+    from analysis.fits.pareto import bootstrap_best
 
     runs = _runs(
         [
@@ -416,7 +416,7 @@ def test_crossing_jitter_flat_or_rising_curve_is_inf():
 
 @pytest.mark.parametrize("path", ["dense", "sparse"])
 def test_exact_hit_single_hitter_and_unreachable_target_on_both_paths(path):
-    from analysis.steps import _dense, _sparse
+    from analysis.fits.steps import _dense, _sparse
 
     # trial 0: 1.0@0, 0.6@10, 0.5@20 ; trial 1: 0.9@0, 0.8@10
     s = _series([(0, 0, 1.0), (0, 10, 0.6), (0, 20, 0.5), (1, 0, 0.9), (1, 10, 0.8)])
@@ -559,7 +559,7 @@ def test_very_unequal_trials_take_the_sparse_path_with_the_same_answers():
 
 @pytest.mark.parametrize("path", ["dense", "sparse"])
 def test_first_row_hit_and_inf_evaluation_on_both_paths(path):
-    from analysis.steps import _dense, _sparse
+    from analysis.fits.steps import _dense, _sparse
 
     # trial 0 is at 0.4 <= 0.5 at its first evaluation and rises later (0.45, 0.6): step 0, nothing to interpolate
     # from (its last value 0.6 is not an earlier evaluation). Trial 1 overflows to inf at step 10, then is at 0.4 at

@@ -1,4 +1,4 @@
-"""Step time per split, measured and modelled (analysis.throughput), against float64 references."""
+"""Step time per split, measured and modelled (analysis.fits.throughput), against float64 references."""
 
 from __future__ import annotations
 
@@ -8,7 +8,7 @@ import numpy as np
 import pytest
 from synth_splits import SPLITS, TRUE_STEP, synth_split_runs, true_step_time
 
-from analysis import throughput as th
+from analysis.fits import throughput as th
 
 
 def brute_nnls_relative(x: np.ndarray, t: np.ndarray) -> np.ndarray:

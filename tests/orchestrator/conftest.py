@@ -14,7 +14,7 @@ from pathlib import Path
 import pytest
 import yaml
 
-from analysis import metrics as M
+from analysis.core import metrics as M
 
 
 def quadratic_spec(tmp_path, **sections) -> dict:

@@ -10,8 +10,8 @@ from __future__ import annotations
 import multiprocessing as mp
 from concurrent.futures import ProcessPoolExecutor
 
-from analysis import metrics as M
-from analysis.loaders import Runs, load_sweep_dir
+from analysis.core import metrics as M
+from analysis.sources.loaders import Runs, load_sweep_dir
 
 
 def _run_one(cfg: dict) -> tuple[str, list]:

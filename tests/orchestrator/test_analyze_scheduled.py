@@ -8,10 +8,10 @@ import numpy as np
 import pyarrow as pa
 import pytest
 
-from analysis import metrics as M
-from analysis import nqm
-from analysis.loaders import runs_from_tables, write_sweep_dir
-from analysis.report import analyze_metric
+from analysis.core import metrics as M
+from analysis.fits.sweep_fit import analyze_metric
+from analysis.quadratic import nqm
+from analysis.sources.loaders import runs_from_tables, write_sweep_dir
 from orchestrator.cli import main
 
 

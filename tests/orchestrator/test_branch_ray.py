@@ -11,7 +11,7 @@ import pyarrow.parquet as pq
 import pytest
 import yaml
 
-from analysis import metrics as M
+from analysis.core import metrics as M
 from orchestrator.branch import parse_branch_spec, run_inprocess
 from orchestrator.cli import main
 from tests.orchestrator.conftest import mlflow_runs

@@ -12,10 +12,10 @@ import sys
 
 import pytest
 
-from analysis import flags as fl
-from analysis.answer import trusted_bins
-from analysis.report import analyze
-from analysis.trust import headline
+from analysis.fits import flags as fl
+from analysis.fits.answer import trusted_bins
+from analysis.fits.trust import headline
+from analysis.reporting.report import analyze
 from orchestrator.spec import load_spec
 from tests.orchestrator.demo_runs import run_in_process
 

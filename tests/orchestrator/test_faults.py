@@ -15,8 +15,8 @@ import pyarrow.parquet as pq
 import pytest
 from ray.tune import Callback
 
-from analysis import metrics as M
-from analysis.schema import validate_metrics, validate_trials
+from analysis.core import metrics as M
+from analysis.sources.schema import validate_metrics, validate_trials
 from orchestrator.cli import main
 from orchestrator.spec import parse_spec
 from orchestrator.sweep import build_tuner, run

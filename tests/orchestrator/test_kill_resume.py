@@ -18,7 +18,7 @@ import sys
 import pyarrow.parquet as pq
 import pytest
 
-from analysis import metrics as M
+from analysis.core import metrics as M
 from orchestrator.cli import main
 from tests.orchestrator.conftest import mlflow_runs, quadratic_spec, write_spec
 

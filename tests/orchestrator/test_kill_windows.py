@@ -18,7 +18,7 @@ import tempfile
 import pyarrow.parquet as pq
 import pytest
 
-from analysis import metrics as M
+from analysis.core import metrics as M
 from orchestrator.cli import main
 from orchestrator.spec import SPEC_FILE, parse_spec
 from orchestrator.tables import RunsTables, trial_row

@@ -19,7 +19,7 @@ from pathlib import Path
 import pyarrow.parquet as pq
 import pytest
 
-from analysis import metrics as M
+from analysis.core import metrics as M
 from orchestrator.sweep import build_tuner, run
 
 
@@ -214,9 +214,9 @@ def test_ui_calls_on_a_tracked_store(tmp_path, monkeypatch, empty_mlflow_db):
     monkeypatch.chdir(tmp_path)
     sweep, uri, n = fake_sweep(tmp_path, empty_mlflow_db)
     # --no-plots: report.html has no image; add one so the viewer check has something to embed
-    from analysis.html_report import render_html
-    from analysis.plots import steps_vs_batch
-    from analysis.publish import log_analysis
+    from analysis.reporting.html_report import render_html
+    from analysis.reporting.plots import steps_vs_batch
+    from analysis.reporting.publish import log_analysis
 
     out = os.path.join(sweep, "analysis")
     with open(os.path.join(out, "bcrit.json")) as f:

@@ -117,7 +117,7 @@ def test_live_b_simple_agrees_with_the_probe_at_the_last_checkpoint(tmp_path, ca
     """End to end: a short trial (|G|^2 falls ~100x in its first steps) logs B_simple ± SE globally (every step) and
     per bin (every 5 steps) over a 20-step window; `bcrit probe` on its last checkpoint measures the truth there.
     Each live value agrees with the probe within their combined SEs (|z| <= 3); the train summary prints them."""
-    from analysis import metrics as M
+    from analysis.core import metrics as M
     from orchestrator.train_cmd import format_summary
 
     cfg = TrialConfig(

@@ -7,7 +7,7 @@ import json
 import os
 from types import SimpleNamespace
 
-from analysis import metrics as M
+from analysis.core import metrics as M
 from orchestrator.progress import (
     LogLines,
     StripRows,

@@ -8,9 +8,9 @@ from __future__ import annotations
 import contextlib
 import os
 
-from analysis import metrics as M
-from analysis.loaders import load_sweep_dir
-from analysis.report import analyze
+from analysis.core import metrics as M
+from analysis.reporting.report import analyze
+from analysis.sources.loaders import load_sweep_dir
 from orchestrator.spec import load_spec
 from orchestrator.sweep import check_spec
 from orchestrator.tables import RunsTables, trial_row

@@ -12,7 +12,7 @@ import pytest
 sys.path.insert(0, str(Path(__file__).parents[1] / "analysis"))
 from synth_splits import synth_split_runs  # noqa: E402
 
-from analysis.loaders import write_sweep_dir  # noqa: E402
+from analysis.sources.loaders import write_sweep_dir  # noqa: E402
 from orchestrator import cli  # noqa: E402
 
 
@@ -79,7 +79,7 @@ def test_logged_to_the_sweeps_parent_run(tmp_path, empty_mlflow_db, capsys):
 
     from mlflow.tracking import MlflowClient
 
-    from analysis import publish
+    from analysis.reporting import publish
 
     d = tmp_path / "sweep"
     write_sweep_dir(synth_split_runs(np.random.default_rng(0)), d)

@@ -65,7 +65,7 @@ def test_missing_or_unusable_analysis_is_one_line_exit_2(tmp_path, capsys):
 
 def test_seconds_come_from_the_median_throughput_per_batch_size(tmp_path, capsys):
     """A sweep directory with sys/examples_per_s rows: the proposal's seconds are examples / median throughput."""
-    from analysis import metrics as M
+    from analysis.core import metrics as M
     from orchestrator.schedule_cmd import throughput_per_batch
     from orchestrator.tables import RunsTables, trial_row
 

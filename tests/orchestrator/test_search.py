@@ -13,7 +13,7 @@ import optuna
 import pyarrow.parquet as pq
 import pytest
 
-from analysis import metrics as M
+from analysis.core import metrics as M
 from orchestrator.cli import main
 from orchestrator.search import GroupedOptunaSearch, distributions
 from orchestrator.spec import parse_spec

@@ -10,8 +10,8 @@ import numpy as np
 import pyarrow.parquet as pq
 import pytest
 
-from analysis import metrics as M
-from analysis.schema import validate_metrics, validate_trials
+from analysis.core import metrics as M
+from analysis.sources.schema import validate_metrics, validate_trials
 from orchestrator.spec import load_spec, parse_spec
 from orchestrator.sweep import build_tuner, run
 from tests.orchestrator.conftest import eval_steps_by_trial, mlflow_runs, quadratic_spec
@@ -64,7 +64,7 @@ def test_mlflow_nesting_and_tables(tmp_path, ray_local, no_ray_address):
 
 
 def _closed_form(spec, target: float) -> float:
-    from analysis.nqm import closed_form_b_crit
+    from analysis.quadratic.nqm import closed_form_b_crit
     from trainables.nqm_trial import QuadraticConfig
 
     h, c, theta0 = QuadraticConfig.from_dict(
@@ -78,7 +78,7 @@ def _check_trustworthy(out: dict, spec, stop_flagged: bool = False) -> list[floa
     """Every unflagged target within 25% of the closed form. ``stop_flagged``: the global target must be flagged
     near_floor (the best trials' noise floor at small B sits just under it; flagged in 85% of 20 simulated sweeps,
     benchmarks/RESULTS.md). Returns the errors."""
-    from analysis import flags
+    from analysis.fits import flags
 
     errs = []
     for t in out["targets"]:
@@ -101,10 +101,10 @@ def _quadratic_spec(tmp_path, seed: int):
 
 @pytest.mark.parametrize("seed", [0, 1, 2])
 def test_quadratic_pipeline_in_process_recovers_closed_form(tmp_path, seed):
-    """The same pipeline as the sweep test below without Ray (runs simulated by analysis.nqm.simulate_sweep
+    """The same pipeline as the sweep test below without Ray (runs simulated by analysis.quadratic.nqm.simulate_sweep
     with the spec's grid and stop rules): automatic targets, flags, closed form on the sweep's lr grid."""
-    from analysis.nqm import simulate_sweep
-    from analysis.report import analyze
+    from analysis.quadratic.nqm import simulate_sweep
+    from analysis.reporting.report import analyze
     from trainables.nqm_trial import QuadraticConfig
 
     spec = _quadratic_spec(tmp_path, seed)
@@ -128,8 +128,8 @@ def test_quadratic_pipeline_in_process_recovers_closed_form(tmp_path, seed):
 @pytest.mark.slow
 @pytest.mark.parametrize("seed", [0, 1, 2])
 def test_quadratic_sweep_recovers_closed_form_b_crit(tmp_path, ray_local, no_ray_address, seed):
-    from analysis.loaders import load_sweep_dir
-    from analysis.report import analyze
+    from analysis.reporting.report import analyze
+    from analysis.sources.loaders import load_sweep_dir
 
     spec = _quadratic_spec(tmp_path, seed)
     results = run(build_tuner(spec), spec)

@@ -10,7 +10,7 @@ from types import SimpleNamespace
 
 import pytest
 
-from analysis import metrics as M
+from analysis.core import metrics as M
 from orchestrator import run_fields as F
 from orchestrator.tracking import MLflowTracking
 

@@ -1,4 +1,4 @@
-"""A batch-size schedule in a trial (``batch_schedule``, analysis.stages): counters, lr rule, exact resume in the
+"""A batch-size schedule in a trial (``batch_schedule``, analysis.core.stages): counters, lr rule, exact resume in the
 middle of a stage, the data stream, split invariance; for the noisy quadratic model and the DiT."""
 
 from __future__ import annotations
@@ -8,8 +8,8 @@ import math
 import numpy as np
 import pytest
 
-from analysis import metrics as M
-from analysis.gns import window_b_simple
+from analysis.core import metrics as M
+from analysis.core.gns import window_b_simple
 from trainables.config import ConfigError, TrialConfig
 from trainables.nqm_trial import QuadraticConfig, train_loop
 from trainables.trial import LocalSession, run_local

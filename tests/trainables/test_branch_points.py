@@ -7,7 +7,7 @@ import os
 
 import torch
 
-from analysis import metrics as M
+from analysis.core import metrics as M
 from trainables.branch_points import kept_path
 from trainables.checkpoint import STATE_FILE
 from trainables.config import TrialConfig

@@ -7,7 +7,7 @@ import os
 import pytest
 import torch
 
-from analysis import metrics as M
+from analysis.core import metrics as M
 from orchestrator.cli import main
 from trainables import compiling
 from trainables.checkpoint import STATE_FILE

@@ -1,7 +1,7 @@
 import numpy as np
 import pytest
 
-from analysis import metrics as M
+from analysis.core import metrics as M
 from trainables.config import TrialConfig
 from trainables.data import DatasetError, load_dataset
 from trainables.trial import run_local

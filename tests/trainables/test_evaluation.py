@@ -11,7 +11,7 @@ import torch
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from analysis.bins import bin_of, timestep_bins
+from analysis.core.bins import bin_of, timestep_bins
 from trainables.data import load_dataset
 from trainables.diffusion import NUM_TIMESTEPS, make_scheduler, per_example_loss
 from trainables.evaluation import EVAL_SEED, HeldOutEval

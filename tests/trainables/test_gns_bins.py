@@ -19,8 +19,8 @@ import pytest
 import torch
 from torch import nn
 
-from analysis import metrics as M
-from analysis.gns import from_subbatch_grads
+from analysis.core import metrics as M
+from analysis.core.gns import from_subbatch_grads
 from trainables.config import TrialConfig
 from trainables.diffusion import make_scheduler, per_example_loss
 from trainables.gns_bins import BinGNS, draw_examples, measurement_key, sub_batch_sq_norms
@@ -119,7 +119,7 @@ def test_per_bin_estimates_unbiased_against_exact_population() -> None:
 
 
 def test_sub_batch_norms_equal_from_subbatch_grads() -> None:
-    """The streaming group statistics equal ``analysis.gns.from_subbatch_grads`` on explicit group gradients."""
+    """The streaming group statistics equal ``analysis.core.gns.from_subbatch_grads`` on explicit group gradients."""
     model, data, sched = Toy(), FakeData(), make_scheduler()
     params = list(model.parameters())
     batch = draw_examples(data, 123, 12, 0, 999, 0.3)
@@ -236,7 +236,7 @@ def test_measurement_depends_on_the_seed() -> None:
 
 
 def _explicit_group_norms(model, batch, b: int, ctx=contextlib.nullcontext) -> tuple[float, float]:
-    """``(|G_b|^2, |G_B|^2)`` from explicitly computed group gradients (``analysis.gns.from_subbatch_grads``)."""
+    """``(|G_b|^2, |G_B|^2)`` from explicitly computed group gradients (``analysis.core.gns.from_subbatch_grads``)."""
     params = list(model.parameters())
     x, y, t, noise = batch
     rows = []

@@ -20,7 +20,7 @@ import torch
 import torch.distributed as dist
 from ddp_group import run_group
 
-from analysis import metrics as M
+from analysis.core import metrics as M
 from trainables.config import TrialConfig
 from trainables.data import load_dataset
 from trainables.diffusion import NUM_TIMESTEPS, make_scheduler, per_example_loss
@@ -188,7 +188,7 @@ def test_global_gns_on_off_identical_losses() -> None:
     off = run_local(TrialConfig(**base, gns=False))
     assert _losses(on) == _losses(off) and len(_losses(on)) == 6
     assert _losses(on, M.EVAL_LOSS) == _losses(off, M.EVAL_LOSS)
-    # B_simple needs >= 2 measurements in its window (analysis.gns.GNSWindow), which never reaches back past half
+    # B_simple needs >= 2 measurements in its window (analysis.core.gns.GNSWindow), which never reaches back past half
     # the steps so far (gns_window_half): logged from step 3 on (steps 2..3); without the half rule from step 2
     assert [s for s, _ in _losses(on, M.GNS_B_SIMPLE)] == [3, 4, 5, 6] and not _losses(off, M.GNS_B_SIMPLE)
     plain = run_local(TrialConfig(**base, gns=True, gns_window_half=False))

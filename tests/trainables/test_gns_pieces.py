@@ -6,7 +6,7 @@ are known exactly. A step is simulated as the trial runs it: disjoint pieces (A 
 of one micro-batch, odd sizes included), one backward each of ``sum(losses) / N`` into ``.grad``, ``PieceNorms``
 reading the pieces' gradients in between. Checked: each draw equals the brute-force value of the documented
 estimator, and over many draws the two-batch estimates of ``tr(Sigma)`` and ``|G|^2`` (McCandlish et al. 2018,
-App. A.1; ``analysis.gns``) are unbiased within statistical error.
+App. A.1; ``analysis.core.gns``) are unbiased within statistical error.
 """
 
 from __future__ import annotations
@@ -15,7 +15,7 @@ import numpy as np
 import pytest
 import torch
 
-from analysis.gns import g2_unbiased, trace_unbiased
+from analysis.core.gns import g2_unbiased, trace_unbiased
 from trainables.gns_stats import PieceNorms, sq_norm
 
 POP = 24  # examples in the population

@@ -7,7 +7,7 @@ import numpy as np
 import pytest
 import torch
 
-from analysis import metrics as M
+from analysis.core import metrics as M
 from trainables.config import TrialConfig
 from trainables.data import load_dataset
 from trainables.data.pipeline import MicroBatches

@@ -11,7 +11,7 @@ import pytest
 import torch
 from test_data import make_latents
 
-from analysis import metrics as M
+from analysis.core import metrics as M
 from trainables.config import TrialConfig
 from trainables.data import DatasetError, load_dataset
 from trainables.data.latent_store import LABELS, LATENTS, MANIFEST, open_store, pack

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from analysis import metrics as M
+from analysis.core import metrics as M
 from trainables.nqm_trial import QuadraticConfig, train_loop
 from trainables.trial import LocalSession
 
@@ -29,7 +29,7 @@ def test_binned_noise_sampler_resumes_exactly_and_logs_its_allocation(tmp_path):
     import numpy as np
     import pytest
 
-    from analysis.nqm_alloc import bin_noise, noise_allocation
+    from analysis.core.nqm_noise import bin_noise, noise_allocation
     from trainables.config import ConfigError
 
     base = dict(dim=8, batch_size=4, micro_batch_size=4, lr=0.3, max_steps=20, eval_every=1, report_every=5,

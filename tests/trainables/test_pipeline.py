@@ -14,8 +14,8 @@ import torch.distributed as dist
 from ddp_group import run_group
 from test_data import make_latents
 
-from analysis import metrics as M
-from analysis.bins import timestep_bins
+from analysis.core import metrics as M
+from analysis.core.bins import timestep_bins
 from trainables.config import TrialConfig
 from trainables.data import DatasetError, load_dataset
 from trainables.data.latent_store import pack

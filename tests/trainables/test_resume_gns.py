@@ -19,7 +19,7 @@ import torch
 import torch.distributed as dist
 from ddp_group import run_group
 
-from analysis import metrics as M
+from analysis.core import metrics as M
 from trainables.config import TrialConfig
 from trainables.loop import train_loop
 from trainables.trial import run_local

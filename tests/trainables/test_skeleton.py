@@ -10,8 +10,8 @@ from dataclasses import dataclass, field, replace
 
 import pytest
 
-from analysis import metrics as M
-from analysis.stages import BatchStages
+from analysis.core import metrics as M
+from analysis.core.stages import BatchStages
 from trainables.branch_points import kept_path
 from trainables.skeleton import Learner, StepOutcome, TrialSkeleton
 from trainables.trial import LocalSession

@@ -9,7 +9,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from analysis import metrics as M
+from analysis.core import metrics as M
 from trainables.config import TrialConfig
 from trainables.stopping import eval_status, status_after_step
 from trainables.trial import run_local

@@ -4,7 +4,7 @@ import resource
 
 import pytest
 
-from analysis import metrics as M
+from analysis.core import metrics as M
 from trainables import timing
 from trainables.config import TrialConfig
 from trainables.sys_metrics import GIB, SysMetrics, peak_mem_gb

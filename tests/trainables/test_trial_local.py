@@ -4,7 +4,7 @@ import numpy as np
 import pytest
 import torch
 
-from analysis import metrics as M
+from analysis.core import metrics as M
 from trainables.config import TrialConfig
 from trainables.trial import run_local
 

@@ -5,7 +5,7 @@ import os
 import pytest
 import torch
 
-from analysis import metrics as M
+from analysis.core import metrics as M
 from trainables.config import TrialConfig
 from trainables.trial import build_trainer, run_local
 

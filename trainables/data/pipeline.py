@@ -18,7 +18,7 @@ import weakref
 
 import torch
 
-from analysis.stages import BatchStages
+from analysis.core.stages import BatchStages
 from trainables.randomness import global_batch_indices, local_slice
 
 _POLL_S = 0.1  # how often a blocked producer checks whether it was stopped
@@ -37,7 +37,7 @@ def _close_all() -> None:
 class MicroBatches:
     """``get(step, m)`` -> ``(x float32 (micro, C, H, W), y int64 (micro,))`` on ``device``.
 
-    ``stages`` (a batch-size schedule, `analysis.stages`): step ``s`` takes ``B(s)`` examples from stream position
+    ``stages`` (a batch-size schedule, `analysis.core.stages`): step ``s`` takes ``B(s)`` examples from stream position
     ``examples(s)`` in ``A(s) = B(s) / (micro x W)`` micro-batches; ``None``: ``batch_size`` and ``accum`` always."""
 
     def __init__(self, data, seed: int, batch_size: int, world: int, rank: int, accum: int, micro: int, device,

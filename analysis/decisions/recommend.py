@@ -1,0 +1,293 @@
+"""How to train: the fastest and the cheapest split ``(micro, A, W)`` to reach a target loss (``bcrit recommend``).
+
+For every candidate split, with ``B = micro·A·W``:
+
+- steps to the target ``S(B) = S_min + E_min/B``, the sweep's own fit at that target (:mod:`analysis.fits.pareto`,
+  the same best-setting points and bootstrap as ``bcrit analyze``, lack of fit included);
+- seconds per step from the sweep's ``sys/`` measurements, or the fitted throughput model for a split nobody ran
+  (:mod:`analysis.fits.throughput`);
+- **time-to-target** ``S(B) · T_step`` (training seconds: start-up and evaluation excluded) and **cost**
+  ``time · W`` in device-hours (GPU-hours on GPUs, CPU-worker-hours on CPUs).
+
+Intervals are percentiles of the product of paired replicates: the steps fit's bootstrap (R replicates of
+``(S_min, E_min)``) times the step time's bootstrap (over trials of the split, or the refitted model with its
+residual scatter). The fastest, the cheapest and the Pareto front between them are taken among candidates that
+are not excluded (predicted memory above ``device_mem_gb``). A candidate is *extrapolated* when its batch size
+lies outside the fitted batch sizes or, not measured itself, its micro-batch, accumulation or workers lie outside
+the measured ones.
+
+The Pollux comparison (Qiao et al. OSDI 2021): Pollux maximises goodput ``= B/T_step · (φ + M₀)/(φ + B)`` with
+``φ`` the gradient noise scale (here ``B_simple`` at the target, :mod:`analysis.fits.gns_view`). That is the time model
+above with ``S(B) ∝ 1 + φ/B``, i.e. ``B_crit`` replaced by ``B_simple``; :func:`pollux_times` anchors it to the
+measured steps (one scale, fitted in log space) so both predictions can be set against measured times.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+import numpy as np
+
+from analysis.core import metrics as m
+from analysis.fits import pareto, throughput
+from analysis.fits.steps import (
+    aggregate_seeds,
+    best_per_batch,
+    pool_splits,
+    settings_of,
+    steps_to_target,
+    trial_extent,
+    usable,
+)
+from analysis.sources.loaders import Runs
+
+HOUR = 3600.0
+
+
+class RecommendError(ValueError):
+    """The sweep cannot support a recommendation at this target; the message names why and the fix."""
+
+
+@dataclass(frozen=True)
+class StepsFit:
+    """``S(B) = S_min + E_min/B`` at one target, with bootstrap replicates of ``(S_min, E_min)``."""
+
+    target: float
+    batch_sizes: np.ndarray  # fitted batch sizes (finite best steps)
+    steps: np.ndarray  # their best steps
+    s_min: float
+    e_min: float
+    rep_s_min: np.ndarray  # (R,)
+    rep_e_min: np.ndarray  # (R,)
+
+    def predict(self, b: np.ndarray) -> np.ndarray:
+        return self.s_min + self.e_min / np.asarray(b, dtype=np.float64)
+
+    def replicates(self, b: np.ndarray) -> np.ndarray:
+        """(R, len(b)) replicates of S(b); rows with a failed replicate fit are nan."""
+        return self.rep_s_min[:, None] + self.rep_e_min[:, None] / np.asarray(b, dtype=np.float64)[None, :]
+
+
+def fit_steps(runs: Runs, metric: str, target: float, n_boot: int = 1000, seed: int = 0) -> StepsFit:
+    """The steps fit of ``bcrit analyze`` (analysis.fits.sweep_fit.analyze_metric) at one target, keeping the
+    replicates,
+    with the splits of one batch size pooled (:func:`analysis.fits.steps.pool_splits`)."""
+    series = runs.series(metric)
+    n = len(runs.trial_ids)
+    steps = steps_to_target(series, n, [target])
+    last, _ = trial_extent(series, n)
+    pooled, steps, last, ok = pool_splits(runs, steps, last, usable(runs))
+    steps[:, ~ok] = np.nan
+    st = settings_of(pooled, ok)
+    rng = np.random.default_rng(seed)
+    boot = pareto.bootstrap_best(steps, last, st, max(n_boot, 1), rng, pareto.ci_resamples(st))[1][0]
+    val, low = aggregate_seeds(steps[0], last, st)
+    best = best_per_batch(val, low, st)
+    pareto.check_enough(float(target), metric, best.batch_sizes, best.steps, best.censored)
+    fit = pareto.fit_pareto(best.batch_sizes, best.steps)
+    fitted = np.isfinite(best.steps)
+    reps = np.where(fitted[None, :], boot, np.nan)
+    tau2 = pareto.lack_of_fit_var(best.batch_sizes[fitted], best.steps[fitted], fit, reps[:, fitted])
+    reps = pareto.with_lack_of_fit(reps, tau2, rng)
+    s_min, e_min = pareto.fit_pareto_batched(best.batch_sizes, reps, np.log([fit.s_min, fit.e_min]))
+    return StepsFit(float(target), best.batch_sizes[fitted], best.steps[fitted], fit.s_min, fit.e_min, s_min, e_min)
+
+
+def candidate_splits(
+    measured: np.ndarray, b_range: tuple[float, float], max_workers: int | None = None, max_accum: int | None = None
+) -> np.ndarray:
+    """(n, 3) splits to consider: micro over the measured micro-batch sizes and the powers of two between them,
+    ``A`` and ``W`` over powers of two up to the largest measured (or ``max_accum`` / ``max_workers``), the
+    measured splits always; only ``B = micro·A·W`` within ``b_range``."""
+    measured = np.asarray(measured, dtype=np.int64).reshape(-1, 3)
+    lo_u, hi_u = measured[:, 0].min(), measured[:, 0].max()
+    pow2 = 2 ** np.arange(0, 31)
+    micros = np.union1d(measured[:, 0], pow2[(pow2 >= lo_u) & (pow2 <= hi_u)])
+    a_max = int(max_accum or measured[:, 1].max())
+    w_max = int(max_workers or measured[:, 2].max())
+    accums = np.union1d(measured[:, 1], pow2[pow2 <= a_max])
+    workers = np.union1d(measured[:, 2], pow2[pow2 <= w_max])
+    grid = np.array(np.meshgrid(micros, accums, workers, indexing="ij")).reshape(3, -1).T
+    grid = np.unique(np.concatenate([grid, measured]), axis=0)
+    b = grid.prod(axis=1)
+    return grid[(b >= b_range[0]) & (b <= b_range[1])]
+
+
+def pareto_front(time: np.ndarray, cost: np.ndarray) -> np.ndarray:
+    """Indices of the points no other point beats in both time and cost (ties kept once), by ascending time."""
+    order = np.lexsort((cost, time))
+    front, best_cost = [], np.inf
+    for i in order:
+        if cost[i] < best_cost:
+            front.append(int(i))
+            best_cost = cost[i]
+    return np.array(front, dtype=np.int64)
+
+
+@dataclass
+class Plan:
+    """Every candidate split with its predictions; ``fastest``/``cheapest``/``front`` index ``splits``."""
+
+    target: float
+    metric: str
+    unit: str  # "GPU-hours" / "CPU-worker-hours" / "device-hours"
+    level: float
+    splits: np.ndarray  # (n, 3) micro, A, W
+    steps: np.ndarray  # (n,)
+    step_s: np.ndarray  # (n,)
+    time_s: np.ndarray  # (n,)
+    cost_h: np.ndarray  # (n,)
+    steps_ci: np.ndarray  # (n, 2)
+    step_ci: np.ndarray  # (n, 2)
+    time_ci: np.ndarray  # (n, 2)
+    cost_ci: np.ndarray  # (n, 2)
+    mem_gb: np.ndarray  # (n,) predicted peak memory, nan if unknown
+    measured: np.ndarray  # (n,) bool: this split was run
+    extrapolated: list[str]  # per candidate: why it is extrapolated ("" if not)
+    excluded: list[str]  # per candidate: why it is excluded ("" if eligible)
+    fastest: int = -1
+    cheapest: int = -1
+    front: np.ndarray = field(default_factory=lambda: np.zeros(0, np.int64))
+    notes: list[str] = field(default_factory=list)
+
+    @property
+    def batch_size(self) -> np.ndarray:
+        return self.splits.prod(axis=1)
+
+    @property
+    def eligible(self) -> np.ndarray:
+        return np.array([not e for e in self.excluded], dtype=bool)
+
+
+def _extrapolation(split: np.ndarray, measured: np.ndarray, fit: StepsFit, is_measured: bool) -> str:
+    micro, accum, workers = (int(x) for x in split)
+    why = []
+    b = micro * accum * workers
+    if not fit.batch_sizes.min() <= b <= fit.batch_sizes.max():
+        why.append(f"B={b} outside the fitted batch sizes {int(fit.batch_sizes.min())}-{int(fit.batch_sizes.max())}")
+    if not is_measured:
+        if not measured[:, 0].min() <= micro <= measured[:, 0].max():
+            why.append(f"micro {micro} outside the measured {measured[:, 0].min()}-{measured[:, 0].max()}")
+        if accum > measured[:, 1].max():
+            why.append(f"accumulation {accum} above the measured {measured[:, 1].max()}")
+        if workers > measured[:, 2].max():
+            why.append(f"{workers} workers, above the measured {measured[:, 2].max()}")
+    return "; ".join(why)
+
+
+def _ci(reps: np.ndarray, level: float) -> np.ndarray:
+    """(n, 2) percentile interval of each column of ``reps`` (R, n) over its finite rows."""
+    return np.array([pareto.percentile_ci(reps[:, j], level) for j in range(reps.shape[1])]).reshape(-1, 2)
+
+
+def plan(
+    fit: StepsFit,
+    times: throughput.SplitTimes,
+    splits: np.ndarray,
+    metric: str = m.EVAL_LOSS,
+    unit: str = "device-hours",
+    device_mem_gb: float | None = None,
+    level: float = 0.9,
+    seed: int = 0,
+) -> Plan:
+    """Predict time-to-target and cost of every split in ``splits`` and pick the fastest, cheapest and front."""
+    splits = np.asarray(splits, dtype=np.int64).reshape(-1, 3)
+    model = throughput.fit_step_time(times.splits, times.step_s)
+    index = {tuple(s): i for i, s in enumerate(times.splits.tolist())}
+    is_meas = np.array([tuple(s) in index for s in splits.tolist()], dtype=bool)
+    b = splits.prod(axis=1).astype(np.float64)
+    estimable = model.estimable(splits)
+    step_s = np.where(is_meas, np.nan, model.predict(splits))
+    step_s[is_meas] = [times.step_s[index[tuple(s)]] for s in splits[is_meas].tolist()]
+    n_boot = len(fit.rep_s_min)
+    rng = np.random.default_rng(seed)
+    t_reps = throughput.step_time_replicates(times, model, splits, n_boot, rng)  # (R, n)
+    s_reps = fit.replicates(b)  # (R, n), paired draws by index
+    steps = fit.predict(b)
+    time_s = steps * step_s
+    cost_h = time_s * splits[:, 2] / HOUR
+    mem_model = throughput.fit_memory(times)
+    mem = np.full(len(splits), np.nan) if mem_model is None else mem_model.predict(splits[:, 0])
+    mem[is_meas] = [times.peak_gb[index[tuple(s)]] for s in splits[is_meas].tolist()]
+    excluded = []
+    for i in range(len(splits)):
+        why = ""
+        if not is_meas[i] and not estimable[i]:
+            why = (
+                "step time not predictable: no measured split varies what this one changes (accumulation, "
+                "workers or micro-batch); add such a split to the sweep"
+            )
+        elif not (np.isfinite(step_s[i]) and step_s[i] > 0):
+            why = f"predicted step time {step_s[i]:.3g} s is not positive: the throughput model does not hold here"
+        elif device_mem_gb is not None and np.isfinite(mem[i]) and mem[i] > device_mem_gb:
+            why = f"predicted peak memory {mem[i]:.3g} GiB > device {device_mem_gb:g} GiB"
+        excluded.append(why)
+    with np.errstate(invalid="ignore"):
+        time_reps = s_reps * t_reps
+    out = Plan(
+        target=fit.target, metric=metric, unit=unit, level=level, splits=splits, steps=steps, step_s=step_s,
+        time_s=time_s, cost_h=cost_h, steps_ci=_ci(s_reps, level), step_ci=_ci(t_reps, level),
+        time_ci=_ci(time_reps, level), cost_ci=_ci(time_reps * splits[None, :, 2] / HOUR, level), mem_gb=mem,
+        measured=is_meas, extrapolated=[_extrapolation(s, times.splits, fit, bool(k)) for s, k in zip(splits, is_meas,
+                                                                                                      strict=True)],
+        excluded=excluded,
+    )  # fmt: skip
+    if device_mem_gb is None:
+        out.notes.append("memory not checked: pass --device-mem-gb to exclude splits that would not fit")
+    if not estimable.all():
+        out.notes.append(f"{int((~estimable).sum())} candidate split(s) not predictable from the measured splits")
+    choose(out)
+    return out
+
+
+def choose(p: Plan) -> None:
+    """Set ``fastest`` (least time; cost breaks ties), ``cheapest`` (least cost; time breaks ties) and ``front``
+    among the eligible candidates."""
+    ok = np.flatnonzero(p.eligible)
+    if len(ok) == 0:
+        raise RecommendError("every candidate split is excluded: " + "; ".join(sorted(set(p.excluded))))
+    t, c = p.time_s[ok], p.cost_h[ok]
+    p.fastest = int(ok[np.lexsort((c, t))[0]])
+    p.cheapest = int(ok[np.lexsort((t, c))[0]])
+    p.front = ok[pareto_front(t, c)]
+
+
+def pollux_choice(p: Plan, b_simple: float, m0: float | None = None) -> int:
+    """The eligible candidate of largest Pollux goodput ``B/T_step · (φ + M₀)/(φ + B)``, ``φ = b_simple``."""
+    b = p.batch_size.astype(np.float64)
+    m0 = float(b.min()) if m0 is None else m0
+    goodput = b / p.step_s * (b_simple + m0) / (b_simple + b)
+    goodput = np.where(p.eligible, goodput, -np.inf)
+    return int(np.argmax(goodput))
+
+
+def pollux_times(fit: StepsFit, b_simple: float, batch: np.ndarray, step_s: np.ndarray) -> np.ndarray:
+    """Pollux's time-to-target ``c·(1 + φ/B)·T_step`` with ``c`` fitted to the measured best steps in log space."""
+    c = np.exp(np.mean(np.log(fit.steps) - np.log1p(b_simple / fit.batch_sizes)))
+    return c * (1.0 + b_simple / np.asarray(batch, dtype=np.float64)) * np.asarray(step_s)
+
+
+def recommend(
+    runs: Runs,
+    target: float,
+    metric: str = m.EVAL_LOSS,
+    *,
+    unit: str = "device-hours",
+    device_mem_gb: float | None = None,
+    max_workers: int | None = None,
+    max_accum: int | None = None,
+    max_batch: int | None = None,
+    n_boot: int = 1000,
+    seed: int = 0,
+    level: float = 0.9,
+) -> tuple[Plan, StepsFit, throughput.SplitTimes]:
+    """The whole recommendation in one call (what ``bcrit recommend`` and a batch-size schedule build on): the steps
+    fit at ``target``, the measured splits, and the plan over the candidate splits with ``B`` from the smallest
+    fitted batch size to ``max_batch`` (default the largest fitted)."""
+    times = throughput.measured_splits(runs)
+    fit = fit_steps(runs, metric, target, n_boot, seed)
+    hi = max_batch or int(fit.batch_sizes.max())
+    splits = candidate_splits(times.splits, (int(fit.batch_sizes.min()), hi), max_workers, max_accum)
+    if len(splits) == 0:
+        raise RecommendError(f"no candidate split has a batch size in [{int(fit.batch_sizes.min())}, {hi}]")
+    return plan(fit, times, splits, metric, unit, device_mem_gb, level, seed), fit, times

@@ -1,0 +1,68 @@
+"""Why a B_crit may not be trustworthy: the flags every target entry of ``bcrit.json`` carries, defined once.
+
+A target entry's ``"flags"`` is a list of the names below; an empty list means the analysis found nothing that
+makes the number untrustworthy, and only such targets enter the headline (the summary line of ``bcrit analyze``,
+the first table of ``report.md``). The flag table of docs/analysis.md is generated from :data:`FLAG_DOCS`
+(``python -m analysis.fits.flags``). The thresholds the rules use are named here too.
+"""
+
+from __future__ import annotations
+
+EXTRAPOLATED = "extrapolated"
+CENSORED_BATCH_SIZES = "censored_batch_sizes"
+COARSE_STEPS = "coarse_steps"
+NEAR_FLOOR = "near_floor"
+LR_AT_EDGE = "lr_at_edge"
+
+# a fitted point is coarse when its crossing comes after fewer than this many evaluation intervals: linear
+# interpolation between evaluations (and integer optimizer steps) then moves the steps by up to 1/10
+COARSE_MIN_INTERVALS = 10
+# near the floor: the best trial's loss, around its crossing, fluctuates so much relative to its descent that
+# the band ±NEAR_FLOOR_Z·scatter maps to more than NEAR_FLOOR_FRAC of the crossing step (or does not descend)
+NEAR_FLOOR_Z = 2.0
+NEAR_FLOOR_FRAC = 0.12
+
+# what the bootstrap interval resamples (the target entry's "ci_resamples"; a statement, not a flag)
+CI_SEEDS = "seeds"  # seeds within each (batch size, nuisance setting), the best setting re-taken
+CI_TRIALS = "trials"  # trials (one seed per setting) within each batch size: seed-to-seed noise is not in it
+
+FLAG_DOCS: dict[str, tuple[str, str]] = {
+    EXTRAPOLATED: (
+        "B_crit lies outside [smallest, largest] batch size of the fitted points: the fit extrapolates",
+        "add batch sizes on that side of B_crit",
+    ),
+    CENSORED_BATCH_SIZES: (
+        "at some batch size a setting stopped (global target, budget, still running) before the best known "
+        "steps without reaching this target, so that batch size's minimum is unknown; it is left out of the "
+        "fit and listed in `censored_batch_sizes` with the reason",
+        "lower the sweep's `stopping.target_loss` below this target or raise `max_steps`",
+    ),
+    COARSE_STEPS: (
+        f"a fitted point reaches the target within fewer than {COARSE_MIN_INTERVALS} evaluation intervals, so "
+        "the interpolation between evaluations (and integer steps) is not negligible",
+        "evaluate more often (`eval_every`) or use a lower target",
+    ),
+    NEAR_FLOOR: (
+        "the best trial of some batch size crosses the target by fluctuation near its noise floor: its loss "
+        f"scatter around the crossing (x{NEAR_FLOOR_Z:g}) spans more than {NEAR_FLOOR_FRAC:.0%} of the crossing step; "
+        "single runs then cross early and B_crit is biased",
+        "use a higher target, or reduce the eval noise floor (smaller lr / learning-rate decay, more seeds)",
+    ),
+    LR_AT_EDGE: (
+        "the best learning rate at some fitted batch size is the smallest or largest one tried there (diverged "
+        "trials count as tried): the optimum may lie outside the searched range",
+        "widen the learning-rate range on that side for those batch sizes",
+    ),
+}
+FLAGS = tuple(FLAG_DOCS)
+
+
+def markdown_table() -> str:
+    """The flag table of docs/analysis.md."""
+    lines = ["| flag | meaning | what to change in the sweep |", "| --- | --- | --- |"]
+    lines += [f"| `{name}` | {what} | {fix} |" for name, (what, fix) in FLAG_DOCS.items()]
+    return "\n".join(lines)
+
+
+if __name__ == "__main__":
+    print(markdown_table())

@@ -1,0 +1,124 @@
+"""The fit of one metric of a sweep: steps-to-target per trial, the best setting per batch size, the Pareto fit
+``S = S_min + E_min/B`` and ``B_crit = E_min/S_min`` with its bootstrap interval and trust flags, per target
+(steps 1-4 of the pipeline in ``analysis.reporting.report``; docs/analysis.md, docs/intervals.md)."""
+
+from __future__ import annotations
+
+import numpy as np
+
+from analysis.fits import flags as fl
+from analysis.fits import pareto
+from analysis.fits.steps import (
+    aggregate_seeds,
+    best_per_batch,
+    final_losses,
+    pool_splits,
+    refine_lr,
+    settings_of,
+    steps_to_target,
+    trial_extent,
+    usable,
+)
+from analysis.fits.trust import PointChecks
+from analysis.sources.loaders import Runs
+
+
+def analyze_metric(
+    runs: Runs,
+    metric: str,
+    targets: list[float] | None = None,
+    bootstrap: int = 1000,
+    seed: int = 0,
+    level: float = 0.9,
+    n_targets: int = 8,
+    strict: bool = True,
+    notes: list[str] | None = None,
+) -> list[dict]:
+    """Per target: ``{"target", "b_crit", "b_crit_ci", "s_min", "e_min", "flags", "ci_resamples",
+    "b_crit_refined", "points", "censored", "censored_batch_sizes", "unreached_batch_sizes"}``.
+
+    ``flags`` (names from :mod:`analysis.fits.flags`; empty = trustworthy) say why a number should not be taken at
+    face value. ``strict``: a given target with fewer than 3 known batch sizes raises
+    :class:`pareto.TooFewBatchSizesError`; otherwise (and for automatic targets: the lowest can fall below where
+    trials stopped at the sweep's own target) it is skipped with a line in ``notes``.
+    """
+    series = runs.series(metric)
+    n = len(runs.trial_ids)
+    ok, bs = usable(runs), runs.batch_size
+    if len(series.trial) == 0:
+        raise pareto.TooFewBatchSizesError(f"no trial reported {metric!r} (have {runs.metric_names()[:8]})")
+    if targets is None:  # automatic targets: one that too few batch sizes reach is skipped with a note, not fatal
+        targets, strict = list(pareto.auto_targets(bs, ok, *final_losses(series, n), n=n_targets)), False
+    steps = steps_to_target(series, n, targets)  # (T, n)
+    steps[:, ~ok] = np.nan
+    last, spacing = trial_extent(series, n)
+    runs, steps, last, ok = pool_splits(runs, steps, last, ok)  # the splits of one seed are one repeat
+    st = settings_of(runs, ok)
+    resample = pareto.ci_resamples(st)
+    rng = np.random.default_rng(seed)
+    boot = None
+    if bootstrap > 0 and len(st.members):
+        boot = pareto.bootstrap_best(steps, last, st, bootstrap, rng, resample)[1]
+    ctx = PointChecks(runs, series, st, last, spacing)
+    out = []
+    for j, y in enumerate(targets):
+        val, low = aggregate_seeds(steps[j], last, st)
+        best = best_per_batch(val, low, st)
+        try:
+            pareto.check_enough(float(y), metric, best.batch_sizes, best.steps, best.censored)
+        except pareto.TooFewBatchSizesError as e:
+            if strict:
+                raise
+            (notes if notes is not None else []).append(str(e))
+            continue
+        fit = pareto.fit_pareto(best.batch_sizes, best.steps)
+        ci = _b_crit_interval(best, fit, None if boot is None else boot[j], rng, level)
+        out.append(_target_result(runs, ctx, float(y), steps[j], val, st, best, fit, ci, ok, resample))
+    return out
+
+
+def _b_crit_interval(best, fit, boot: np.ndarray | None, rng, level: float) -> tuple[float, float]:
+    """The percentile interval of ``B_crit`` at one target: the bootstrap's best steps per batch size (``boot``,
+    (R, n_B); None: no bootstrap) at the point estimate's batch sizes, the points' scatter about the fit beyond
+    what the replicates show added (analysis.fits.pareto.lack_of_fit_var), each replicate refitted."""
+    if boot is None:
+        return (float("nan"), float("nan"))
+    fitted = np.isfinite(best.steps)
+    reps = np.where(fitted[None, :], boot, np.nan)  # the batch sizes of the point estimate only
+    tau2 = pareto.lack_of_fit_var(best.batch_sizes[fitted], best.steps[fitted], fit, reps[:, fitted])
+    reps = pareto.with_lack_of_fit(reps, tau2, rng)
+    s_min, e_min = pareto.fit_pareto_batched(best.batch_sizes, reps, np.log([fit.s_min, fit.e_min]))
+    return pareto.percentile_ci(e_min / s_min, level)
+
+
+def _target_result(runs, ctx, y: float, steps: np.ndarray, val, st, best, fit, ci, ok: np.ndarray, resample) -> dict:
+    """One target's entry of `analyze_metric`: the fit, the interval, the fit with
+    the learning rate refined, the points with their checks, the flags, what was censored."""
+    fitted = np.isfinite(best.steps)
+    ref_steps, ref_lr = refine_lr(val, st, best)
+    refined = pareto.fit_pareto(best.batch_sizes[fitted], ref_steps[fitted]).b_crit
+    points = [ctx.point(int(i), best, steps, ref_steps[i], ref_lr[i]) for i in np.flatnonzero(fitted)]
+    flags = {f for p in points for f in p["flags"]}
+    if not best.batch_sizes[fitted].min() <= fit.b_crit <= best.batch_sizes[fitted].max():
+        flags.add(fl.EXTRAPOLATED)
+    censored_b = [ctx.censored_reason(int(i), best, steps) for i in np.flatnonzero(best.censored)]
+    if censored_b:
+        flags.add(fl.CENSORED_BATCH_SIZES)
+    return {
+        "target": y,
+        "b_crit": fit.b_crit,
+        "b_crit_ci": [_num(ci[0]), _num(ci[1])],
+        "s_min": fit.s_min,
+        "e_min": fit.e_min,
+        "flags": [f for f in fl.FLAGS if f in flags],
+        "ci_resamples": resample,
+        "b_crit_refined": refined,
+        "points": points,
+        "censored": [runs.trial_ids[r] for r in np.flatnonzero(ok & np.isinf(steps))],
+        "censored_batch_sizes": censored_b,
+        "unreached_batch_sizes": [int(b) for b, k in zip(best.batch_sizes, best.setting, strict=True) if k < 0],
+    }
+
+
+def _num(x: float) -> float | None:
+    return None if not np.isfinite(x) else float(x)
