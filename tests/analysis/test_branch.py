@@ -12,6 +12,7 @@ import numpy as np
 import pytest
 
 from analysis.core import metrics as m
+from analysis.core.lr_rules import lr_factor
 from analysis.fits import branched as br
 from analysis.sources.loaders import runs_from_tables
 from analysis.sources.schema import RunsTableError, metrics_table, trials_table
@@ -206,9 +207,9 @@ def test_bad_studies_are_refused():
 
 
 def test_lr_rules():
-    assert br.lr_factor("sqrt", 4) == 2 and br.lr_factor("linear", 4) == 4 and br.lr_factor("constant", 4) == 1
+    assert lr_factor("sqrt", 4) == 2 and lr_factor("linear", 4) == 4 and lr_factor("constant", 4) == 1
     with pytest.raises(ValueError):
-        br.lr_factor("cubic", 2)
+        lr_factor("cubic", 2)
 
 
 def test_seeds_are_averaged_before_the_rule():
