@@ -34,14 +34,17 @@ test: $(STAMP)
 	if [ $$rc -eq 5 ]; then echo "make test: pytest collected no tests" >&2; exit 1; fi; exit $$rc
 
 # The `numerics` tests (floats compared after torch/numpy kernels) once more under other kernels than `make test`
-# picked: ATen's portable code path (no AVX2/AVX-512/NEON), one intra-op thread, oneDNN off, and numpy's
-# runtime-dispatched SIMD loops off. A test that holds on one CPU's kernels only fails here (docs/testing.md).
-KERNEL_ENV := ATEN_CPU_CAPABILITY=default OMP_NUM_THREADS=1 BCRIT_TEST_THREADS=1 BCRIT_TEST_MKLDNN=0
+# picked: ATen's portable code path (no AVX2/AVX-512/NEON), one intra-op thread, oneDNN off, MKL's BLAS held to
+# SSE4.2 code (x86; ignored elsewhere), and numpy's runtime-dispatched SIMD loops off. A test that holds on one CPU's
+# kernels only fails here (docs/testing.md).
+KERNEL_ENV := ATEN_CPU_CAPABILITY=default OMP_NUM_THREADS=1 BCRIT_TEST_THREADS=1 BCRIT_TEST_MKLDNN=0 \
+	MKL_ENABLE_INSTRUCTIONS=SSE4_2
 NPY_DISPATCH := from numpy._core._multiarray_umath import __cpu_features__ as f, __cpu_dispatch__ as d; \
 	print(" ".join(x for x in d if f.get(x)))
+PYTEST_FLAGS ?=
 test-kernels: $(STAMP)
 	NPY_DISABLE_CPU_FEATURES="$$($(PY) -c '$(NPY_DISPATCH)')" $(KERNEL_ENV) \
-	$(PY) -m pytest -m "numerics and not slow" -q; rc=$$?; \
+	$(PY) -m pytest -m "numerics and not slow" -q $(PYTEST_FLAGS); rc=$$?; \
 	if [ $$rc -eq 5 ]; then echo "make test-kernels: pytest collected no tests" >&2; exit 1; fi; exit $$rc
 
 test-all: $(STAMP)
