@@ -5,7 +5,7 @@ PY     := $(VENV)/bin/python
 BCRIT  := $(VENV)/bin/bcrit
 STAMP  := $(VENV)/.installed
 
-.PHONY: install demo demo-figure test test-all lint bench bench-gpu clean mutate cluster-up
+.PHONY: install demo demo-figure test test-kernels test-all lint bench bench-gpu clean mutate cluster-up
 
 # torch first, pinned to the local CPU wheel: an unpinned torch pulls a multi-GB CUDA build.
 $(STAMP): pyproject.toml
@@ -32,6 +32,20 @@ demo-figure:
 test: $(STAMP)
 	$(PY) -m pytest -m "not slow" -q; rc=$$?; \
 	if [ $$rc -eq 5 ]; then echo "make test: pytest collected no tests" >&2; exit 1; fi; exit $$rc
+
+# The `numerics` tests (floats compared after torch/numpy kernels) once more under other kernels than `make test`
+# picked: ATen's portable code path (no AVX2/AVX-512/NEON), one intra-op thread, oneDNN off, MKL's BLAS held to
+# SSE4.2 code (x86; ignored elsewhere), and numpy's runtime-dispatched SIMD loops off. A test that holds on one CPU's
+# kernels only fails here (docs/testing.md).
+KERNEL_ENV := ATEN_CPU_CAPABILITY=default OMP_NUM_THREADS=1 BCRIT_TEST_THREADS=1 BCRIT_TEST_MKLDNN=0 \
+	MKL_ENABLE_INSTRUCTIONS=SSE4_2
+NPY_DISPATCH := from numpy._core._multiarray_umath import __cpu_features__ as f, __cpu_dispatch__ as d; \
+	print(" ".join(x for x in d if f.get(x)))
+PYTEST_FLAGS ?=
+test-kernels: $(STAMP)
+	NPY_DISABLE_CPU_FEATURES="$$($(PY) -c '$(NPY_DISPATCH)')" $(KERNEL_ENV) \
+	$(PY) -m pytest -m "numerics and not slow" -q $(PYTEST_FLAGS); rc=$$?; \
+	if [ $$rc -eq 5 ]; then echo "make test-kernels: pytest collected no tests" >&2; exit 1; fi; exit $$rc
 
 test-all: $(STAMP)
 	$(PY) -m pytest -q; rc=$$?; if [ $$rc -eq 5 ]; then exit 1; fi; exit $$rc

@@ -13,6 +13,37 @@ CHECKOUT = Path(__file__).resolve().parents[1]
 WRITTEN_BY_DEFAULT = ("mlruns", "mlartifacts", "mlflow.db", "runs")
 
 
+def pytest_configure(config):
+    """`make test-kernels` (docs/testing.md) reruns the `numerics` tests under other torch kernels:
+    ``BCRIT_TEST_THREADS=N`` runs torch's intra-op work on N threads, ``BCRIT_TEST_MKLDNN=0`` turns oneDNN off
+    (``ATEN_CPU_CAPABILITY`` and ``NPY_DISABLE_CPU_FEATURES`` are read by torch and numpy themselves)."""
+    missing = sorted(str(p.relative_to(CHECKOUT)) for p in NUMERICS_FILES if not p.is_file())
+    if missing:  # a renamed file would silently leave `make test-kernels`
+        raise pytest.UsageError(f"tests/conftest.py NUMERICS names missing files {missing}: update the list")
+    threads, mkldnn = os.environ.get("BCRIT_TEST_THREADS"), os.environ.get("BCRIT_TEST_MKLDNN")
+    if threads is None and mkldnn is None:
+        return
+    import torch
+
+    if threads is not None:
+        torch.set_num_threads(int(threads))
+    if mkldnn is not None:
+        torch.backends.mkldnn.enabled = mkldnn not in ("0", "false", "off")
+
+
+def pytest_report_header(config):
+    """Under `make test-kernels`, the kernels the run really got (a setting torch ignored shows here)."""
+    if not any(k in os.environ for k in ("BCRIT_TEST_THREADS", "BCRIT_TEST_MKLDNN", "ATEN_CPU_CAPABILITY")):
+        return None
+    import torch
+
+    return (
+        f"kernels: torch CPU capability {torch.backends.cpu.get_cpu_capability()}, {torch.get_num_threads()} "
+        f"thread(s), oneDNN {'on' if torch.backends.mkldnn.enabled else 'off'}; numpy dispatch off: "
+        f"{os.environ.get('NPY_DISABLE_CPU_FEATURES') or '-'}"
+    )
+
+
 @pytest.fixture(scope="session", autouse=True)
 def nothing_written_in_the_checkout():
     """Tests write only under their tmp dirs: none of MLflow's default store / artifact roots or a default sweep
@@ -45,8 +76,32 @@ def ray_local():
     ray.shutdown()
 
 
+# Test files that compare floats computed by torch or numpy kernels (docs/testing.md, "What the suite assumes about
+# the machine"): marked `numerics`, so `make test-kernels` reruns them under other kernels. A new such file goes here
+# (or marks itself: `pytestmark = pytest.mark.numerics`).
+NUMERICS = {
+    "trainables": (
+        "test_step.py test_gns_stats.py test_gns_pieces.py test_gns_bins.py test_gns_collection.py "
+        "test_trial_local.py test_timestep_sampler.py test_batch_schedule.py test_optimizer_foreach.py "
+        "test_resume_gns.py test_pipeline.py test_compile.py test_evaluation.py test_nqm_trial.py "
+        "test_latent_store.py test_randomness.py"
+    ),
+    "analysis": (
+        "test_gns.py test_gns_view.py test_steps.py test_pareto.py test_nqm.py test_nqm_reference.py "
+        "test_branched_nqm.py test_nqm_alloc.py test_nqm_schedule.py test_pool_splits.py test_interval_coverage.py "
+        "test_allocation.py test_recommend.py test_band.py test_branch.py"
+    ),
+}
+NUMERICS_FILES = {CHECKOUT / "tests" / d / f for d, names in NUMERICS.items() for f in names.split()}
+
+
 def pytest_collection_modifyitems(config, items):
-    """Tests marked `gpu` need CUDA: skipped (and said so) on CPU-only machines such as CI."""
+    """Tests of the NUMERICS files are marked `numerics`. Tests marked `gpu` need CUDA: skipped (and said so) on
+    CPU-only machines such as CI."""
+    numerics = pytest.mark.numerics
+    for item in items:
+        if Path(str(item.fspath)) in NUMERICS_FILES:
+            item.add_marker(numerics)
     import torch
 
     if torch.cuda.is_available():

@@ -8,12 +8,14 @@ from __future__ import annotations
 
 import contextlib
 import copy
+import math
 
 import pytest
 import torch
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+import trainables.step as step_module
 from trainables.config import TrialConfig
 from trainables.data import load_dataset
 from trainables.diffusion import NUM_TIMESTEPS, make_scheduler, per_example_loss
@@ -136,19 +138,51 @@ def test_global_gns_availability() -> None:
     assert mode(micro_batch_size=4, num_workers=2) == "ranks" and mode(micro_batch_size=2, num_workers=2) == "ranks"
 
 
-def test_loss_is_summed_in_float64(parts) -> None:
-    """The reported loss is the float64 sum of the float32 per-example losses over B (one micro-batch here, so the
-    per-example values are those of the same forward): a float32 accumulator would round it."""
+def _capture_losses(monkeypatch, values=None) -> list[torch.Tensor]:
+    """Wrap the ``per_example_loss`` the step calls: record each piece's float32 per-example losses (the same
+    forward the step ran). With ``values`` (one per example, in order), the step sees those values instead, with
+    the real losses' gradient (``v + (l - l.detach())``: exactly ``v``)."""
+    seen: list[torch.Tensor] = []
+
+    def wrapped(*args, **kwargs):
+        losses = per_example_loss(*args, **kwargs)
+        if values is not None:
+            v = values[sum(len(p) for p in seen) :][: len(losses)]
+            losses = v.to(losses.dtype) + (losses - losses.detach())  # exactly v, with the gradient of l
+        seen.append(losses.detach().clone())
+        return losses
+
+    monkeypatch.setattr(step_module, "per_example_loss", wrapped)
+    return seen
+
+
+def test_loss_is_summed_in_float64(parts, monkeypatch) -> None:
+    """The reported loss is the float64 sum of the float32 per-example losses of the step's own forward (here the
+    two GNS halves of one micro-batch of 16), over B. Values chosen so that every float32 accumulation is inexact on
+    any CPU: fifteen 1.0 and one 3 * 2^-24 sum to 15 + 3 * 2^-24, which float64 holds exactly (so any summation
+    order gives it, ``==`` is exact) and float32 cannot (its spacing at 8..16 is 2^-20)."""
     model, _, data, sched = parts
     cfg = TrialConfig(batch_size=16, micro_batch_size=16, seed=3)
+    values = torch.ones(16, dtype=torch.float32)
+    values[-1] = 3 * 2.0**-24
+    seen = _capture_losses(monkeypatch, values)
     s, _ = _run(cfg, model, data, sched, 2)
-    idx = global_batch_indices(cfg.seed, 2, 16, data.info.train_size)
-    x, y = data.get(idx)
-    t, u, noise = step_draws(cfg.seed, 2, 16, x.shape[1:], NUM_TIMESTEPS)
-    y = torch.where(u < cfg.class_dropout, data.info.num_classes, y)
-    with torch.no_grad():
-        each = per_example_loss(model, sched, x, y, t, noise)  # float32, (16,)
-    assert s.loss == float(each.double().sum()) / 16
+    assert [len(p) for p in seen] == [8, 8]  # the step's pieces: the two halves
+    assert s.loss == (15 + 3 * 2.0**-24) / 16
+    assert float(values.sum()) != 15 + 3 * 2.0**-24  # (the values do tell a float32 accumulator apart)
+
+
+def test_loss_is_the_mean_of_the_forward_it_ran(parts, monkeypatch) -> None:
+    """The real losses: the reported loss is the mean of the per-example losses the step's forward produced (not
+    of another forward of the same examples: a different split runs different float32 kernels). Tolerance: 16
+    float64 additions, each rounding by at most 2^-53 of the running sum."""
+    model, _, data, sched = parts
+    cfg = TrialConfig(batch_size=16, micro_batch_size=8, seed=3)
+    seen = _capture_losses(monkeypatch)
+    s, _ = _run(cfg, model, data, sched, 2)
+    each = torch.cat(seen)
+    assert len(each) == 16 and each.dtype == torch.float32
+    assert s.loss == pytest.approx(math.fsum(each.tolist()) / 16, rel=16 * 2.0**-53, abs=0)
 
 
 def test_every_micro_batch_counts_in_the_small_batch(parts) -> None:
