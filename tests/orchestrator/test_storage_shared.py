@@ -77,3 +77,19 @@ def test_shared_storage_passes_and_a_blind_node_is_refused(two_nodes, tmp_path):
     msg = str(e.value)
     assert "\n" not in msg and "is not shared" in msg and "1 of 1 other nodes" in msg and str(d) in msg
     assert os.listdir(d) == []
+
+
+@pytest.mark.slow
+def test_check_spec_on_a_cluster_checks_the_storage(two_nodes, tmp_path, monkeypatch):
+    """`check_spec` without resources (the RAY_ADDRESS path) runs the shared-storage check before validating."""
+    import orchestrator.storage
+    from orchestrator.spec import parse_spec
+    from orchestrator.sweep_checks import check_spec
+
+    monkeypatch.setenv("MLFLOW_TRACKING_URI", f"sqlite:///{tmp_path / 'mlflow.db'}")
+    spec = parse_spec(quadratic_spec(tmp_path))
+    checked = []
+    real = orchestrator.storage.check_shared_storage
+    monkeypatch.setattr(orchestrator.storage, "check_shared_storage", lambda d: checked.append(real(d)) or checked[-1])
+    assert len(check_spec(spec)) == 4
+    assert checked == [1]  # one other node, and it sees the sweep dir
