@@ -336,6 +336,9 @@ def _parse_where(data: dict, track: dict, name: str, sweep_dir: str | None) -> d
     storage = data.get("storage") or os.path.join("runs", name)
     if not isinstance(storage, str):
         raise UserError("storage must be a directory path, e.g. storage: ./runs/branched-tiny")
+    from orchestrator.storage import check_storage_value
+
+    check_storage_value(storage)
     sweep_dir = os.path.abspath(sweep_dir or storage)
     uri = track.get("mlflow_uri") or os.environ.get("MLFLOW_TRACKING_URI") or local_mlflow_uri(sweep_dir)
     experiment = track.get("experiment") or "bcrit"

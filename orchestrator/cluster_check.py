@@ -13,7 +13,9 @@ Checks, each a one-line refusal (exit 2) naming the key and the fix:
 2. every node type names a security group (``SecurityGroupIds``), not the ``sg-XXXXXXXX`` placeholder;
 3. ``provider.security_group.IpPermissions`` opens SSH (tcp 22) only, from valid CIDRs set by the user; the whole
    internet (``0.0.0.0/0``, ``::/0``) only with ``--allow-world-ssh``;
-4. MLflow and the Ray dashboard listen on loopback only (reached through ``ray attach -p`` / ``ray dashboard``).
+4. MLflow and the Ray dashboard listen on loopback only (reached through ``ray attach -p`` / ``ray dashboard``);
+5. with ``--spec SPEC``: the spec's ``storage`` is an absolute path on a volume ``docker.run_options`` mounts on every
+   node (``/mnt/bcrit``), where the GPU nodes can write their checkpoints.
 """
 
 from __future__ import annotations
@@ -21,6 +23,7 @@ from __future__ import annotations
 import copy
 import ipaddress
 import logging
+import posixpath
 import re
 import shlex
 import sys
@@ -59,20 +62,70 @@ def register(sub) -> None:
         action="store_true",
         help="accept SSH from 0.0.0.0/0 or ::/0 (key-only SSH open to the whole internet)",
     )
+    p.add_argument(
+        "--spec",
+        action="append",
+        default=[],
+        metavar="SPEC",
+        help="also check that this sweep or branched-study spec's storage is on a mount every node shares (repeatable)",
+    )
     p.set_defaults(func=check_cluster_command)
 
 
 def check_cluster_command(args) -> int:
     cfg = load_config(args.config)
     summary = check_config(cfg, allow_world_ssh=args.allow_world_ssh)
+    for spec in args.spec:
+        check_spec_storage(cfg, spec)
     if summary["world"]:
         print("bcrit check-cluster: warning: SSH is open to the whole internet (--allow-world-ssh)", file=sys.stderr)
     print(
         f"bcrit check-cluster: {args.config} ok: Ray's validation passes; SSH (22) only, from "
         f"{', '.join(summary['cidrs'])} via {', '.join(summary['groups'])}; MLflow and the dashboard on 127.0.0.1 "
-        "(ray attach -p 5000, ray dashboard)"
+        "(ray attach -p 5000, ray dashboard)" + "".join(f"; {spec}: storage on the shared mount" for spec in args.spec)
     )
     return 0
+
+
+def shared_mounts(cfg: dict) -> list[str]:
+    """Container paths of the ``-v HOST:CONTAINER`` volumes that ``docker.run_options`` gives every node (cluster.yaml:
+    the EFS mount ``/mnt/bcrit``)."""
+    toks = [t for opt in (cfg.get("docker") or {}).get("run_options") or [] for t in tokens(str(opt))]
+    out = []
+    for i, tok in enumerate(toks):
+        vol = toks[i + 1] if tok in ("-v", "--volume") and i + 1 < len(toks) else None
+        vol = vol or (tok.split("=", 1)[1] if tok.startswith(("-v=", "--volume=")) else None)
+        if vol and ":" in vol:
+            out.append(vol.split(":")[1].rstrip("/") or "/")
+    return out
+
+
+def check_spec_storage(cfg: dict, spec_path: str) -> str:
+    """The spec's ``storage`` is an absolute path under a mount every node shares (its Ray Train checkpoints are
+    written from the GPU nodes); else one UserError line. Returns the storage path."""
+    from orchestrator.overrides import load_yaml
+
+    data = load_yaml(spec_path)
+    if not isinstance(data, dict):
+        raise UserError(f"{spec_path} is not a spec (expected a mapping at the top level)")
+    mounts = shared_mounts(cfg)
+    if not mounts:
+        raise UserError("docker.run_options mounts no shared file system (-v /mnt/bcrit:/mnt/bcrit) on every node")
+    name = data.get("name", "<name>")
+    fix = f"set storage: {mounts[0]}/runs/{name} (or pass --set storage=... to bcrit sweep)"
+    storage = data.get("storage")
+    if not isinstance(storage, str) or not storage.startswith("/"):
+        where = "unset (./runs/<name>)" if storage is None else repr(storage)
+        raise UserError(
+            f"{spec_path}: storage is {where}, relative to wherever the driver starts, not a shared mount; {fix}"
+        )
+    norm = posixpath.normpath(storage)
+    if not any(norm == m or norm.startswith(m.rstrip("/") + "/") for m in mounts):
+        raise UserError(
+            f"{spec_path}: storage {storage} is not on a mount every node shares ({', '.join(mounts)}): the GPU "
+            f"nodes' checkpoints would fail; {fix}"
+        )
+    return storage
 
 
 def load_config(path: str) -> dict:

@@ -239,6 +239,9 @@ def parse_spec(data: dict, *, sweep_dir: str | None = None, source: str = "spec"
     storage = os.path.join("runs", name) if storage is None else storage
     if not isinstance(storage, str) or not storage.strip():
         raise UserError("storage must be a directory path, e.g. storage: ./runs/tiny")
+    from orchestrator.storage import check_storage_value
+
+    check_storage_value(storage)
     sweep_dir = os.path.abspath(sweep_dir or storage)
     uri = track.get("mlflow_uri")
     uri = (os.environ.get("MLFLOW_TRACKING_URI") or local_mlflow_uri(sweep_dir)) if uri is None else uri

@@ -45,6 +45,9 @@ def check_spec(spec: SweepSpec, resources: dict | None = None) -> list[dict[str,
     if resources is None:
         import ray
 
+        from orchestrator.storage import check_shared_storage
+
+        check_shared_storage(spec.sweep_dir)  # a cluster: every node must see the storage (one line if not)
         resources = ray.cluster_resources()
         where = f"the Ray cluster ({int(resources.get('CPU', 0))} CPUs, {int(resources.get('GPU', 0))} GPUs)"
     else:

@@ -117,8 +117,10 @@ def _run(spec, resume: bool, verbose: bool = False) -> int:
         print(f"[bcrit] {errors} trial(s) failed: their errors are in {spec.sweep_dir}/tune/<trial_id>/error.txt")
     print(f"[bcrit] results: {spec.sweep_dir}/trials.parquet, {spec.sweep_dir}/metrics.parquet")
     print(f"[bcrit] next: bcrit analyze {spec.sweep_dir}  (writes {spec.sweep_dir}/analysis)")
-    print(f"[bcrit] browse: mlflow ui --backend-store-uri {spec.mlflow_uri}")
-    page = parent_run_page(spec.sweep_dir)
+    server = spec.mlflow_uri.startswith(("http://", "https://"))
+    if not server:
+        print(f"[bcrit] browse: mlflow ui --backend-store-uri {spec.mlflow_uri}")
+    page = parent_run_page(spec.sweep_dir, spec.mlflow_uri.rstrip("/") if server else "http://127.0.0.1:5000")
     if page:
         print(f"[bcrit] then open {page}")
     return 0

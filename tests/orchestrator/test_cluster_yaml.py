@@ -105,9 +105,11 @@ def violations(text: str) -> list[str]:
         store = option(args, 0, "--backend-store-uri") or ""
         if not store.startswith("sqlite:////home/ray/mlflow/"):
             bad.append(f"mlflow backend store {store!r} is not sqlite:////home/ray/mlflow/...")
-        art = option(args, 0, "--default-artifact-root") or ""
+        if option(args, 0, "--default-artifact-root") is not None or "--no-serve-artifacts" in args:
+            bad.append("mlflow server: clients would write artifacts themselves; proxy them (--artifacts-destination)")
+        art = option(args, 0, "--artifacts-destination") or ""
         if not (art.startswith("/mnt/") or art.startswith("s3://")):
-            bad.append(f"mlflow artifact root {art!r} is not on shared storage")
+            bad.append(f"mlflow --artifacts-destination {art!r} is not on shared storage")
 
     # 3. Ray dashboard / Jobs API on loopback (`ray start --dashboard-host`; Ray's default is localhost).
     for key, lst in cmds.items():
@@ -265,6 +267,13 @@ MUTATIONS = {
         "pip install",
     ),
     "package install unconstrained": (_drop_constraint, "constrained"),
+    "mlflow artifacts written by each client": (
+        lambda c: c.__setitem__(
+            "head_start_ray_commands",
+            [x.replace("--artifacts-destination", "--default-artifact-root") for x in c["head_start_ray_commands"]],
+        ),
+        "proxy them",
+    ),
     "repo not synced": (lambda c: c.__setitem__("file_mounts", {}), "pip install"),
 }
 
@@ -497,3 +506,86 @@ def test_make_cluster_up_checks_before_ray_up():
     check = next(i for i, ln in enumerate(recipe) if "check-cluster" in ln)
     up = next(i for i, ln in enumerate(recipe) if "ray up" in ln)
     assert check < up
+
+
+# --- a spec's storage on the shared mount (bcrit check-cluster --spec) ---------------------------------------------
+def test_example_spec_storage_is_on_the_shared_mount(tmp_path, capsys, text):
+    rc, out, err = _check(tmp_path, capsys, _fill(text), "--spec", str(ROOT / "examples/dit-s2-imagenet.yaml"))
+    assert rc == 0, err
+    assert "dit-s2-imagenet.yaml: storage on the shared mount" in out
+    spec = yaml.safe_load((ROOT / "examples/dit-s2-imagenet.yaml").read_text())
+    assert spec["fixed"]["dataset"].startswith("/mnt/bcrit/")  # the data every node reads, on the EFS mount too
+
+
+@pytest.mark.parametrize(
+    ("storage", "expect"),
+    [
+        ("/mnt/shared/bcrit/x", "is not on a mount every node shares (/mnt/bcrit)"),
+        ("/mnt/bcrit-other/x", "is not on a mount every node shares"),
+        ("/home/ray/runs/x", "is not on a mount every node shares"),
+        ("./runs/x", "relative to wherever the driver starts"),
+        (None, "unset (./runs/<name>)"),
+    ],
+)
+def test_spec_storage_off_the_shared_mount_is_refused(tmp_path, capsys, text, storage, expect):
+    spec = yaml.safe_load((ROOT / "examples/dit-s2-imagenet.yaml").read_text())
+    spec.pop("storage")
+    if storage is not None:
+        spec["storage"] = storage
+    path = tmp_path / "spec.yaml"
+    path.write_text(yaml.safe_dump(spec))
+    line = _refused(tmp_path, capsys, _fill(text), "--spec", str(path))
+    assert expect in line and "set storage: /mnt/bcrit/runs/dit-s2-imagenet" in line
+
+
+def test_shared_mounts_come_from_the_docker_volumes(text):
+    from orchestrator.cluster_check import shared_mounts
+
+    cfg = yaml.safe_load(text)
+    assert shared_mounts(cfg) == ["/mnt/bcrit"]
+    cfg["docker"]["run_options"] = ["--volume=/efs:/data/", "-v /a:/b:ro"]
+    assert shared_mounts(cfg) == ["/data", "/b"]
+
+
+# --- the torch / ray pins of the setup (orchestrator/constraints.py) -----------------------------------------------
+def test_setup_pins_distribution_versions_not_dunder_version(text):
+    cfg = yaml.safe_load(text)
+    setup = " ".join(cfg["setup_commands"])
+    assert "orchestrator/constraints.py > /tmp/bcrit-constraints.txt" in setup and "__version__" not in setup
+
+
+@pytest.mark.parametrize("dist", ["2.13.0+cu128", "2.13.0"])
+def test_torch_pin_matches_a_cuda_wheel_with_a_local_tag(dist):
+    """A CUDA wheel: ``torch.__version__`` is ``2.13.0+cu128`` while the distribution pip sees may or may not carry
+    the local tag. The pin is the distribution's, so pip's constraint always admits what is installed."""
+    from importlib import metadata
+
+    from packaging.requirements import Requirement
+
+    from orchestrator.constraints import constraint_lines
+
+    versions = {"ray": "2.60.0", "torch": dist}
+
+    def version(name):
+        if name not in versions:
+            raise metadata.PackageNotFoundError(name)
+        return versions[name]
+
+    lines = constraint_lines(version, ("ray", "torch", "not-installed"))
+    assert lines == ["ray==2.60.0", f"torch=={dist}"]
+    pin = Requirement(lines[1])
+    assert pin.specifier.contains(dist)
+    if "+" not in dist:  # the old pin on torch.__version__ admits no installed distribution here
+        assert not Requirement("torch==2.13.0+cu128").specifier.contains(dist)
+
+
+def test_constraints_script_runs_standalone(tmp_path):
+    import subprocess
+    import sys
+    from importlib import metadata
+
+    out = subprocess.run(
+        [sys.executable, str(ROOT / "orchestrator/constraints.py")], capture_output=True, text=True, check=True,
+        cwd=tmp_path,
+    ).stdout.split()  # fmt: skip
+    assert f"ray=={metadata.version('ray')}" in out and f"torch=={metadata.version('torch')}" in out

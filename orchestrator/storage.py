@@ -1,0 +1,79 @@
+"""Where a sweep stores its files, checked before launch: a URI that bcrit cannot use yet, and, on a Ray cluster of
+more than one node, a directory that the other nodes do not see.
+
+Ray Train writes each trial's checkpoints from the node the trial runs on, into the spec's ``storage``; a path that
+only the driver's node has fails at the first checkpoint upload, inside Train's retries. `check_shared_storage`
+finds that before launch: the driver writes a marker file into the directory and a zero-CPU task pinned to every
+other alive node (``NodeAffinitySchedulingStrategy``, hard) reads it back.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+import uuid
+from collections.abc import Callable
+
+from orchestrator.overrides import UserError
+
+URI_RE = re.compile(r"^[A-Za-z][A-Za-z0-9+.-]*://")
+SHARED_FIX = "put storage on a file system every node mounts (on the ray up cluster: storage: /mnt/bcrit/runs/<name>)"
+PROBE_TIMEOUT_S = 60.0
+
+
+def is_uri(storage: str) -> bool:
+    """``s3://...``, ``gs://...``, ``file://...``: a URI rather than a path of this machine."""
+    return bool(URI_RE.match(storage))
+
+
+def check_storage_value(storage: str) -> None:
+    """One UserError line for a ``storage`` URI: bcrit keeps its tables, sweep state and MLflow record in the sweep
+    directory with POSIX calls, so a URI (which ``os.path.abspath`` would turn into a local ``./s3:/...``
+    directory) is refused rather than silently written on the driver's disk."""
+    if is_uri(storage):
+        raise UserError(f"storage {storage!r} is a URI; bcrit needs a directory path every node sees: {SHARED_FIX}")
+
+
+def read_marker(path: str) -> str | None:
+    """The marker's text as this node sees it (None: not visible). Runs on each node."""
+    try:
+        with open(path) as f:
+            return f.read()
+    except OSError:
+        return None
+
+
+def check_shared_storage(sweep_dir: str, probe: Callable[[str], str | None] = read_marker) -> int:
+    """On a connected Ray cluster of several alive nodes, refuse (UserError) a ``sweep_dir`` that some other node
+    cannot see; returns how many other nodes were checked (0 on a one-node cluster). ``probe(marker_path)`` runs on
+    each other node and returns the marker's text as it sees it (a parameter so that tests can make one node blind)."""
+    import ray
+    from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
+
+    here = ray.get_runtime_context().get_node_id()
+    others = [n for n in ray.nodes() if n.get("Alive") and n["NodeID"] != here]
+    if not others:
+        return 0
+    token = uuid.uuid4().hex
+    marker = os.path.join(os.path.abspath(sweep_dir), f".bcrit-shared-{token}")
+    os.makedirs(os.path.dirname(marker), exist_ok=True)
+    with open(marker, "w") as f:
+        f.write(token)
+    try:
+        task = ray.remote(num_cpus=0, max_retries=0)(probe)
+        refs = [
+            task.options(scheduling_strategy=NodeAffinitySchedulingStrategy(n["NodeID"], soft=False)).remote(marker)
+            for n in others
+        ]
+        seen = ray.get(refs, timeout=PROBE_TIMEOUT_S)
+    finally:
+        os.remove(marker)
+    blind = [n for n, s in zip(others, seen, strict=True) if s != token]
+    if blind:
+        n = blind[0]
+        raise UserError(
+            f"storage {sweep_dir!r} is not shared: node {n.get('NodeManagerAddress')} ({len(blind)} of "
+            f"{len(others)} other nodes) cannot see a file the driver wrote there; {SHARED_FIX}, or a path all "
+            "nodes mount"
+        )
+    return len(others)

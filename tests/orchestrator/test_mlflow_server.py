@@ -1,0 +1,109 @@
+"""A sweep and ``bcrit analyze`` tracked to a real ``mlflow server`` over ``http://`` with
+proxied artifacts (``--artifacts-destination``), as cluster.yaml starts it on the head: every artifact a client
+logs goes through the server into its destination directory, none into the client's own disk. (``bcrit recommend``
+needs the ``sys/`` step-time metrics that only the DiT workload reports, so it is not run on this quadratic sweep.)"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import signal
+import socket
+import subprocess
+import sys
+import time
+import urllib.request
+
+import pytest
+
+from tests.orchestrator.conftest import quadratic_spec, write_spec
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+@pytest.fixture
+def mlflow_server(tmp_path_factory):
+    """``mlflow server`` on a free loopback port, SQLite store and proxied artifacts; killed at the end."""
+    root = tmp_path_factory.mktemp("mlflow-server")
+    port = _free_port()
+    cmd = [
+        sys.executable, "-m", "mlflow", "server", "--host", "127.0.0.1", "--port", str(port), "--workers", "1",
+        "--backend-store-uri", f"sqlite:///{root / 'mlflow.db'}", "--artifacts-destination", str(root / "artifacts"),
+    ]  # fmt: skip
+    log = open(root / "server.log", "w")  # noqa: SIM115 - closed in the finalizer
+    proc = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT, cwd=root, start_new_session=True)
+    uri = f"http://127.0.0.1:{port}"
+    try:
+        deadline = time.monotonic() + 120
+        while True:
+            try:
+                with urllib.request.urlopen(uri + "/health", timeout=2) as r:
+                    if r.status == 200:
+                        break
+            except OSError:
+                pass
+            assert proc.poll() is None, (root / "server.log").read_text()[-2000:]
+            assert time.monotonic() < deadline, "mlflow server did not answer /health"
+            time.sleep(0.5)
+        yield uri, root / "artifacts"
+    finally:
+        with contextlib.suppress(ProcessLookupError):
+            os.killpg(proc.pid, signal.SIGTERM)
+        try:
+            proc.wait(30)
+        except subprocess.TimeoutExpired:
+            os.killpg(proc.pid, signal.SIGKILL)
+            proc.wait(30)
+        log.close()
+
+
+@pytest.mark.slow
+def test_sweep_analyze_recommend_tracked_to_a_server(tmp_path, monkeypatch, capsys, mlflow_server):
+    import ray
+    from mlflow.tracking import MlflowClient
+
+    from orchestrator.cli import main
+
+    uri, artifacts = mlflow_server
+    monkeypatch.delenv("RAY_ADDRESS", raising=False)
+    monkeypatch.setenv("MLFLOW_TRACKING_URI", uri)
+    monkeypatch.chdir(tmp_path)  # a client writing artifacts itself would leave ./mlruns or ./mlartifacts here
+    spec = quadratic_spec(tmp_path)
+    spec["scientific"]["batch_sizes"] = [16, 32, 64]  # the fit needs >= 3 batch sizes
+    path = write_spec(tmp_path, spec)
+    try:
+        assert main(["sweep", path]) == 0
+    finally:
+        ray.shutdown()
+    printed = capsys.readouterr().out
+    assert f"then open {uri}/#/experiments/" in printed and "mlflow ui --backend-store-uri" not in printed
+    sweep = tmp_path / "sweep"
+    assert not (sweep / "mlflow.db").exists()  # tracked to the server, not the embedded store
+
+    client = MlflowClient(uri)
+    exp = client.get_experiment_by_name("test")
+    assert exp.artifact_location.startswith("mlflow-artifacts:")  # proxied: the server decides where
+    runs = client.search_runs([exp.experiment_id])
+    parents = [r for r in runs if "mlflow.parentRunId" not in r.data.tags]
+    children = [r for r in runs if "mlflow.parentRunId" in r.data.tags]
+    assert len(parents) == 1 and len(children) == 6  # 3 batch sizes x 2 lrs
+    assert all(r.info.status == "FINISHED" for r in runs)
+    parent = parents[0].info.run_id
+    on_disk = {p.name for p in artifacts.rglob("*") if p.is_file()}
+    assert {"sweep_spec.yaml", "summary.json", "trial_config.json"} <= on_disk
+
+    out = tmp_path / "analysis"
+    assert main(["analyze", str(sweep), "--out", str(out), "--bootstrap", "20", "--no-plots"]) == 0
+    logged = {f.path for f in client.list_artifacts(parent, "analysis")}
+    assert "analysis/bcrit.json" in logged
+    assert (artifacts / exp.experiment_id / parent / "artifacts" / "analysis" / "bcrit.json").is_file()
+    # the same sweep read back from the server alone
+    out2 = tmp_path / "analysis-from-server"
+    rc = main(["analyze", "--mlflow-experiment", "test", "--tracking-uri", uri, "--out", str(out2), "--bootstrap",
+               "20", "--no-plots", "--no-mlflow"])  # fmt: skip
+    assert rc == 0 and (out2 / "bcrit.json").is_file()
+    assert not any((tmp_path / d).exists() for d in ("mlruns", "mlartifacts"))
