@@ -22,7 +22,8 @@ targets not yet met, divided by its expected examples (an estimate from the tria
 
 Candidates, and their rows:
 
-- ``seed``: another seed of a batch size's best setting (up to ``Space.max_seeds``): the row ``g(B)``.
+- ``seed``: another seed of a batch size's best setting (up to ``Space.max_seeds``), then of the tried settings
+  next to it (the bootstrap re-takes the best setting, so a close neighbour can be it): the row ``g(B)``.
 - ``lr_edge``: the next grid learning rate beyond the tried edge where the point is ``lr_at_edge``: until it is
   tried the point may be biased, so its value is the point's whole weight (the narrowing from its row).
 - ``lr_refine``: an untried grid learning rate between the best and its tried neighbour: the row ``g(B)``.
@@ -337,6 +338,13 @@ def _beyond_edge(space: Space, tried: list[Trial], b: int, lr: float) -> float |
     return above[0] if above else None
 
 
+def _neighbours(tried: list[Trial], b: int, lr: float) -> list[float]:
+    """The tried lrs next to ``lr`` at b (the best may be either of them once seeds are averaged)."""
+    got = _lrs_at(tried, b)
+    i = next(k for k, x in enumerate(got) if _same_lr(x, lr))
+    return got[max(i - 1, 0) : i] + got[i + 1 : i + 2]
+
+
 def _refine(space: Space, tried: list[Trial], b: int, lr: float) -> list[float]:
     """Untried grid lrs between ``lr`` and its tried neighbours at b (the nearest on each side)."""
     got = _lrs_at(tried, b)
@@ -397,6 +405,12 @@ def _best_candidate(runs, space, goal, fits, tried, cost, metric) -> Choice | No
                 seen.add((b, lr, "s"))
                 s = _next_seed(tried, b, lr)
                 out.append(Choice(Trial(b, lr, s), "seed", gain / e, e, f"{k} seed(s) at the best setting"))
+            for x in _neighbours(tried, b, lr) if k >= space.max_seeds else []:
+                kn = sum(1 for t in tried if t.batch_size == b and _same_lr(t.lr, x))
+                if kn < space.max_seeds and (b, x, "s") not in seen:
+                    seen.add((b, x, "s"))
+                    s = _next_seed(tried, b, x)
+                    out.append(Choice(Trial(b, x, s), "seed", gain / e, e, f"{kn} seed(s) at a neighbour of the best"))
             for x in _refine(space, tried, b, lr):
                 if (b, x, "r") not in seen:
                     seen.add((b, x, "r"))
