@@ -1,0 +1,456 @@
+"""The adaptive sweep's decision rule: from the runs so far, which trials to run next, or why to stop.
+
+A pure function of the runs (analysis ``Runs``), the candidate space, the pending trials, the goal and the budget
+(:func:`next_trials`); the Tune searcher and the offline NQM loop (analysis.decisions.nqm_adaptive) both call it.
+
+**The fit is the analysis's own**: every decision refits with :func:`analysis.fits.sweep_fit.analyze_metric`
+(bootstrap included) at the goal's targets; the *goal* is met when, at every goal target, the relative half-width
+``(hi - lo) / (2 B_crit)`` of the B_crit interval is at most ``rel_ci``, the best setting of every fitted batch size
+has at least ``min_seeds`` seeds (the minimum design; it guards the interval against stopping on a lucky draw), and
+no fitted point has its best learning rate at an edge of what was tried while the grid goes further there.
+
+**Expected narrowing (the documented proxy).** In log space the fit ``log S(B) = log(S_min + E_min/B)`` is, near
+its optimum, linear in ``p = (log S_min, log E_min)`` with the row ``g(B) = (S_min, E_min/B) / S(B)`` per point;
+``log B_crit = a·p`` with ``a = (-1, 1)``. A point holding ``k`` seeds of per-seed log-variance ``σ²`` has weight
+``k/σ²``, so ``Var log B_crit ≈ v = a' F⁻¹ a`` with ``F = Σ w g g'``. A candidate trial adds a row (rank one):
+``v' = v - (a'F⁻¹g)² / (σ² + g'F⁻¹g)``, and its expected narrowing at one target is ``w_now (1 - sqrt(v'/v))``,
+where ``w_now`` is the bootstrap interval's measured relative half-width (the linearization only scales it).
+``σ²`` is the pooled seed-to-seed variance of log steps over the settings with two or more seeds (else the fit's
+mean squared log residual), floored at ``SIGMA2_FLOOR``. A candidate's score is its narrowing summed over the goal
+targets not yet met, divided by its expected examples (an estimate from the trials at that batch size, or
+``B · S(B)`` from the fit scaled by the measured ratio of examples spent to ``B · S(B)``).
+
+Candidates, and their rows:
+
+- ``seed``: another seed of a batch size's best setting (up to ``Space.max_seeds``), then of the tried settings
+  next to it (the bootstrap re-takes the best setting, so a close neighbour can be it): the row ``g(B)``.
+- ``lr_edge``: the next grid learning rate beyond the tried edge where the point is ``lr_at_edge``: until it is
+  tried the point may be biased, so its value is the point's whole weight (the narrowing from its row).
+- ``lr_refine``: an untried grid learning rate between the best and its tried neighbour: the row ``g(B)``.
+- ``batch_size``: an untried batch size of the space (between the fitted ones, or beyond them: most valuable where
+  the answer is ``extrapolated``), at the grid lr nearest the log-log interpolation of its neighbours' best lrs:
+  the row ``g(B)``, costed as ``NEW_B_TRIALS`` trials (a new batch size needs its learning rate bracketed).
+- ``bracket``: a batch size without a fitted point (none reached the target): the next untried lr, below the
+  tried ones if all diverged, above otherwise. Ranked before every scored candidate (the fit needs the point).
+
+Pending trials are counted as done (their rows added to ``F``) before candidates are scored, and several trials
+are chosen greedily, each added as pending before the next is picked, so concurrency stays full.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+import numpy as np
+import pyarrow as pa
+import pyarrow.compute as pc
+
+from analysis.core import metrics as m
+from analysis.fits import flags as fl
+from analysis.fits import pareto
+from analysis.fits.steps import final_losses, steps_to_target
+from analysis.fits.sweep_fit import analyze_metric
+from analysis.sources.loaders import Runs
+
+SIGMA2_FLOOR = 1e-4  # per-seed variance of log steps never taken below (1% sd): no candidate is worth nothing
+DESIGN_BATCH_SIZES = 4  # the initial design spans the space with this many batch sizes
+NEW_B_TRIALS = 3  # a new batch size is costed as this many trials (its lr bracketed)
+GOAL_MET, BUDGET_EXAMPLES, BUDGET_TRIALS, EXHAUSTED = "goal_met", "budget_examples", "budget_trials", "space_exhausted"
+
+
+@dataclass(frozen=True)
+class Space:
+    """What may be run: batch sizes, one learning-rate grid shared by them (ascending), seeds per setting."""
+
+    batch_sizes: tuple[int, ...]
+    lrs: tuple[float, ...]
+    max_seeds: int = 3
+
+    def __post_init__(self):
+        if len(self.batch_sizes) < 3 or len(self.lrs) < 1 or self.max_seeds < 1:
+            raise ValueError("the adaptive space needs >= 3 batch sizes, >= 1 learning rate and max_seeds >= 1")
+        object.__setattr__(self, "batch_sizes", tuple(sorted(int(b) for b in self.batch_sizes)))
+        object.__setattr__(self, "lrs", tuple(sorted(float(x) for x in self.lrs)))
+
+
+@dataclass(frozen=True)
+class Goal:
+    """Stop when every target's relative half-width <= ``rel_ci`` (with ``min_seeds`` at every fitted point)."""
+
+    targets: tuple[float, ...]
+    rel_ci: float = 0.15
+    min_seeds: int = 2
+    level: float = 0.9
+
+
+@dataclass(frozen=True)
+class Budget:
+    """Stop when the examples spent (finished + pending estimates) or the trials reach these (None: no limit)."""
+
+    examples: float | None = None
+    trials: int | None = None
+
+
+@dataclass(frozen=True)
+class Trial:
+    batch_size: int
+    lr: float
+    seed: int
+
+
+@dataclass(frozen=True)
+class Choice:
+    trial: Trial
+    kind: str  # seed | lr_edge | lr_refine | batch_size | bracket | design
+    score: float  # expected narrowing (sum over unmet targets of relative half-width) per example; inf: first
+    examples: float  # expected examples of the trial
+    reason: str
+
+
+@dataclass
+class Decision:
+    stop: str | None  # GOAL_MET | BUDGET_EXAMPLES | BUDGET_TRIALS | EXHAUSTED | None (go on)
+    choices: list[Choice]
+    widths: dict[float, float]  # goal target -> relative half-width of the B_crit interval (inf: no fit)
+    fits: list[dict] = field(default_factory=list)  # analyze_metric's entries at the goal targets
+    examples_spent: float = 0.0
+    trials_spent: int = 0
+
+    def summary(self) -> str:
+        w = ", ".join(f"{t:g}: +-{v:.0%}" if np.isfinite(v) else f"{t:g}: no fit" for t, v in self.widths.items())
+        nxt = "; ".join(f"{c.kind} B={c.trial.batch_size} lr={c.trial.lr:g} seed={c.trial.seed}" for c in self.choices)
+        return f"B_crit at {w}" + (f" -> stop: {self.stop}" if self.stop else f"; next: {nxt or '-'}")
+
+
+def initial_design(space: Space) -> list[Trial]:
+    """Seed 0 at the three middle learning rates of the grid (fewer if it is smaller), at ``DESIGN_BATCH_SIZES``
+    batch sizes spanning the space (its smallest, its largest, evenly spaced between them by index)."""
+    mid = len(space.lrs) // 2
+    lrs = space.lrs[max(mid - 1, 0) : mid + 2]
+    n = len(space.batch_sizes)
+    idx = np.unique(np.round(np.linspace(0, n - 1, min(n, DESIGN_BATCH_SIZES))).astype(int))
+    return [Trial(space.batch_sizes[i], lr, 0) for i in idx for lr in lrs]
+
+
+def spent_examples(runs: Runs) -> np.ndarray:
+    """Examples each trial of ``runs`` processed (its largest reported ``examples``; 0 without rows)."""
+    out = np.zeros(len(runs.trial_ids))
+    if runs.metrics.num_rows == 0:
+        return out
+    g = runs.metrics.group_by("trial_id").aggregate([("examples", "max")])
+    row = {t: i for i, t in enumerate(runs.trial_ids)}
+    for t, e in zip(g.column("trial_id").to_pylist(), g.column("examples_max").to_pylist(), strict=True):
+        if t in row and e is not None:
+            out[row[t]] = float(e)
+    return out
+
+
+def _tried(runs: Runs | None, pending: list[Trial]) -> list[Trial]:
+    out = list(pending)
+    if runs is not None and len(runs.trial_ids):
+        lr = runs.trials.column("lr").to_numpy().astype(float)
+        seed = pc.cast(runs.trials.column("seed"), pa.int64()).to_numpy()
+        out += [Trial(int(b), float(x), int(s)) for b, x, s in zip(runs.batch_size, lr, seed, strict=True)]
+    return out
+
+
+def _same_lr(a: float, b: float) -> bool:
+    return abs(a - b) <= 1e-9 * max(abs(a), abs(b))
+
+
+def _next_seed(tried: list[Trial], b: int, lr: float) -> int:
+    used = {t.seed for t in tried if t.batch_size == b and _same_lr(t.lr, lr)}
+    return next(s for s in range(len(used) + 1) if s not in used)
+
+
+class _Model:
+    """The linearized fit of one target (module docstring): rows, weights, ``Var log B_crit``."""
+
+    def __init__(self, fit: dict, sigma2: float):
+        self.s_min, self.e_min, self.sigma2 = fit["s_min"], fit["e_min"], sigma2
+        self.width = _rel_width(fit)
+        self.F = np.zeros((2, 2))
+        for p in fit["points"]:
+            self.add(p["batch_size"], p["seeds"])
+
+    def row(self, b: float) -> np.ndarray:
+        return np.array([self.s_min, self.e_min / b]) / (self.s_min + self.e_min / b)
+
+    def add(self, b: float, k: float = 1.0) -> None:
+        g = self.row(b)
+        self.F += k / self.sigma2 * np.outer(g, g)
+
+    def var(self, F: np.ndarray | None = None) -> float:
+        F = self.F if F is None else F
+        a = np.array([-1.0, 1.0])
+        if abs(np.linalg.det(F)) < 1e-12 * max(float(np.trace(F)) ** 2, 1e-300):
+            return np.inf
+        return float(a @ np.linalg.solve(F, a))
+
+    def narrowing(self, b: float, k: float = 1.0, remove: bool = False) -> float:
+        """Expected drop of the relative half-width from adding (or, ``remove``: the value of) ``k`` seeds at b."""
+        g = self.row(b)
+        dF = k / self.sigma2 * np.outer(g, g)
+        v = self.var()
+        if remove:  # the point's value: the width with it vs without it
+            v_without = self.var(self.F - dF)
+            return self.width if not np.isfinite(v_without) else self.width * (1 - np.sqrt(v / v_without))
+        if not np.isfinite(v):
+            return self.width if np.isfinite(self.width) else 1.0
+        return self.width * (1 - np.sqrt(self.var(self.F + dF) / v))
+
+
+def _rel_width(fit: dict) -> float:
+    lo, hi = fit["b_crit_ci"]
+    if lo is None or hi is None:
+        return np.inf
+    return (hi - lo) / (2 * fit["b_crit"])
+
+
+def _sigma2(runs: Runs, fit: dict, metric: str) -> float:
+    """Pooled per-seed variance of log steps at this target over settings with >= 2 seeds (else the fit's mean
+    squared log residual), floored at SIGMA2_FLOOR."""
+    n = len(runs.trial_ids)
+    steps = steps_to_target(runs.series(metric), n, [fit["target"]])[0]
+    ss, dof = 0.0, 0
+    for p in fit["points"]:
+        rows = [runs.trial_ids.index(t) for t in p["trial_ids"]]
+        x = np.log(steps[rows])
+        if len(x) >= 2 and np.all(np.isfinite(x)):
+            ss, dof = ss + float(((x - x.mean()) ** 2).sum()), dof + len(x) - 1
+    if dof == 0:
+        b = np.array([p["batch_size"] for p in fit["points"]], float)
+        s = np.array([p["steps"] for p in fit["points"]], float)
+        r = np.log(s) - np.log(fit["s_min"] + fit["e_min"] / b)
+        return max(float(np.mean(r**2)) * len(r) / max(len(r) - 2, 1), SIGMA2_FLOOR)
+    return max(ss / dof, SIGMA2_FLOOR)
+
+
+def next_trials(
+    runs: Runs | None,
+    space: Space,
+    goal: Goal,
+    budget: Budget,
+    pending: tuple[Trial, ...] | list[Trial] = (),
+    n: int = 1,
+    metric: str = m.EVAL_LOSS,
+    bootstrap: int = 200,
+    seed: int = 0,
+) -> Decision:
+    """Refit the runs at the goal targets and choose up to ``n`` next trials, or say why the sweep stops."""
+    pending = list(pending)
+    tried = _tried(runs, pending)
+    spent = spent_examples(runs) if runs is not None else np.zeros(0)
+    cost = _Cost(runs, spent, space)
+    n_done = len(spent)
+    fits: list[dict] = []
+    if runs is not None and n_done:
+        fits = _fits(runs, goal, metric, bootstrap, seed)
+    widths = {float(t): np.inf for t in goal.targets}
+    for f in fits:
+        widths[float(f["target"])] = _rel_width(f)
+    dec = Decision(None, [], widths, fits, float(spent.sum()), n_done)
+    committed = dec.examples_spent + sum(cost.of(t.batch_size, fits) for t in pending)
+    if budget.trials is not None and n_done + len(pending) >= budget.trials:
+        dec.stop = BUDGET_TRIALS if n_done >= budget.trials else None
+        return dec
+    if budget.examples is not None and committed >= budget.examples:
+        dec.stop = BUDGET_EXAMPLES if dec.examples_spent >= budget.examples else None
+        return dec
+    design = [t for t in initial_design(space) if t not in tried]
+    if design:
+        dec.choices = [Choice(t, "design", np.inf, cost.of(t.batch_size, fits), "initial design") for t in design[:n]]
+        return dec
+    if _goal_met(fits, goal, space, tried):
+        dec.stop = GOAL_MET
+        if not pending:
+            return dec
+        dec.stop = None  # met on the finished trials, but pending ones may change the fit: wait for them
+        return dec
+    for _ in range(n):
+        c = _best_candidate(runs, space, goal, fits, tried, cost, metric)
+        if c is None:
+            break
+        dec.choices.append(c)
+        tried.append(c.trial)
+    if not dec.choices and not pending:
+        dec.stop = EXHAUSTED
+    return dec
+
+
+def _fits(runs: Runs, goal: Goal, metric: str, bootstrap: int, seed: int) -> list[dict]:
+    notes: list[str] = []
+    try:
+        return analyze_metric(runs, metric, list(goal.targets), bootstrap, seed, goal.level, strict=False, notes=notes)
+    except pareto.TooFewBatchSizesError:
+        return []
+
+
+class _Cost:
+    """Expected examples of a trial at batch size b (module docstring)."""
+
+    def __init__(self, runs: Runs | None, spent: np.ndarray, space: Space):
+        self.by_b: dict[int, float] = {}
+        self.mean = float(np.mean(spent[spent > 0])) if np.any(spent > 0) else 1.0
+        self.runs, self.spent = runs, spent
+        if runs is not None:
+            for b in np.unique(runs.batch_size):
+                e = spent[(runs.batch_size == b) & (spent > 0)]
+                if len(e):
+                    self.by_b[int(b)] = float(np.mean(e))
+
+    def of(self, b: int, fits: list[dict]) -> float:
+        if b in self.by_b:
+            return self.by_b[b]
+        if not fits:
+            return self.mean
+        f = max(fits, key=lambda f: f["s_min"] + f["e_min"] / b)  # the hardest target sets the trial's length
+        ratio = [self.by_b[p["batch_size"]] / (p["batch_size"] * p["steps"]) for p in f["points"]
+                 if p["batch_size"] in self.by_b]  # fmt: skip
+        return float(b * (f["s_min"] + f["e_min"] / b) * (np.median(ratio) if ratio else 1.0))
+
+
+def _goal_met(fits: list[dict], goal: Goal, space: Space, tried: list[Trial]) -> bool:
+    if len(fits) < len(goal.targets):
+        return False
+    for f in fits:
+        if not _rel_width(f) <= goal.rel_ci:
+            return False
+        for p in f["points"]:
+            if p["seeds"] < goal.min_seeds:
+                return False
+            if fl.LR_AT_EDGE in p["flags"] and _beyond_edge(space, tried, p["batch_size"], p["lr"]) is not None:
+                return False
+    return True
+
+
+def _lrs_at(tried: list[Trial], b: int) -> list[float]:
+    return sorted({t.lr for t in tried if t.batch_size == b})
+
+
+def _beyond_edge(space: Space, tried: list[Trial], b: int, lr: float) -> float | None:
+    """The next grid lr beyond the tried range at b on the side where ``lr`` sits; None if none is left."""
+    got = _lrs_at(tried, b)
+    if _same_lr(lr, got[0]):
+        below = [x for x in space.lrs if x < got[0] * (1 - 1e-9)]
+        return below[-1] if below else None
+    above = [x for x in space.lrs if x > got[-1] * (1 + 1e-9)]
+    return above[0] if above else None
+
+
+def _neighbours(tried: list[Trial], b: int, lr: float) -> list[float]:
+    """The tried lrs next to ``lr`` at b (the best may be either of them once seeds are averaged)."""
+    got = _lrs_at(tried, b)
+    i = next(k for k, x in enumerate(got) if _same_lr(x, lr))
+    return got[max(i - 1, 0) : i] + got[i + 1 : i + 2]
+
+
+def _refine(space: Space, tried: list[Trial], b: int, lr: float) -> list[float]:
+    """Untried grid lrs between ``lr`` and its tried neighbours at b (the nearest on each side)."""
+    got = _lrs_at(tried, b)
+    i = next(k for k, x in enumerate(got) if _same_lr(x, lr))
+    out = []
+    if i > 0:
+        mid = [x for x in space.lrs if got[i - 1] * (1 + 1e-9) < x < lr * (1 - 1e-9)]
+        out += mid[-1:]
+    if i + 1 < len(got):
+        mid = [x for x in space.lrs if lr * (1 + 1e-9) < x < got[i + 1] * (1 - 1e-9)]
+        out += mid[:1]
+    return out
+
+
+def _lr_for_new_b(space: Space, fit: dict, b: int) -> float:
+    """The grid lr nearest the log-log interpolation (or extrapolation from the two nearest) of the fitted best lrs."""
+    pb = np.array([p["batch_size"] for p in fit["points"]], float)
+    plr = np.array([p["lr"] for p in fit["points"]], float)
+    order = np.argsort(np.abs(np.log(pb / b)))[:2]
+    x, y = np.log(pb[order]), np.log(plr[order])
+    guess = y[0] if len(x) < 2 or x[0] == x[1] else y[0] + (y[1] - y[0]) / (x[1] - x[0]) * (np.log(b) - x[0])
+    grid = np.array(space.lrs)
+    return float(grid[int(np.argmin(np.abs(np.log(grid) - guess)))])
+
+
+def _best_candidate(runs, space, goal, fits, tried, cost, metric) -> Choice | None:  # long: one list, five kinds
+    out: list[Choice] = []
+    fitted = {p["batch_size"] for f in fits for p in f["points"]}
+    for b in space.batch_sizes:  # bracket: a batch size without a fitted point
+        if b in fitted or not _lrs_at(tried, b):
+            continue
+        lr = _bracket_lr(runs, space, tried, b, metric)
+        if lr is not None:
+            out.append(Choice(Trial(b, lr, 0), "bracket", np.inf, cost.of(b, fits), "no fitted point at this B"))
+    if out:
+        return min(out, key=lambda c: c.examples)
+    unmet = [f for f in fits if not _rel_width(f) <= goal.rel_ci] or fits
+    models = [_Model(f, _sigma2(runs, f, metric)) for f in unmet]
+    done = set(_tried(runs, []))
+    for mdl in models:  # pending trials count as done
+        for t in tried:
+            if t.batch_size in fitted and t not in done:
+                mdl.add(t.batch_size)
+    seen: set[tuple[int, float, str]] = set()
+    for f in unmet:
+        for p in f["points"]:
+            b, lr = p["batch_size"], p["lr"]
+            e = cost.of(b, fits)
+            if fl.LR_AT_EDGE in p["flags"]:
+                x = _beyond_edge(space, tried, b, lr)
+                if x is not None and (b, x, "e") not in seen:
+                    seen.add((b, x, "e"))
+                    gain = sum(mdl.narrowing(b, p["seeds"], remove=True) for mdl in models)
+                    out.append(Choice(Trial(b, x, 0), "lr_edge", gain / e, e, f"best lr {lr:g} at the edge"))
+            k = p["seeds"] + sum(1 for t in tried if t.batch_size == b and _same_lr(t.lr, lr) and t not in done)
+            gain = sum(mdl.narrowing(b) for mdl in models)
+            if k < space.max_seeds and (b, lr, "s") not in seen:
+                seen.add((b, lr, "s"))
+                s = _next_seed(tried, b, lr)
+                out.append(Choice(Trial(b, lr, s), "seed", gain / e, e, f"{k} seed(s) at the best setting"))
+            for x in _neighbours(tried, b, lr) if k >= space.max_seeds else []:
+                kn = sum(1 for t in tried if t.batch_size == b and _same_lr(t.lr, x))
+                if kn < space.max_seeds and (b, x, "s") not in seen:
+                    seen.add((b, x, "s"))
+                    s = _next_seed(tried, b, x)
+                    out.append(Choice(Trial(b, x, s), "seed", gain / e, e, f"{kn} seed(s) at a neighbour of the best"))
+            for x in _refine(space, tried, b, lr):
+                if (b, x, "r") not in seen:
+                    seen.add((b, x, "r"))
+                    out.append(Choice(Trial(b, x, 0), "lr_refine", gain / e, e, f"grid lr between {lr:g} and tried"))
+    ref = max(fits, key=lambda f: len(f["points"])) if fits else None
+    for b in space.batch_sizes:
+        if ref is None or _lrs_at(tried, b):
+            continue
+        e = NEW_B_TRIALS * cost.of(b, fits)
+        gain = sum(mdl.narrowing(b) for mdl in models)
+        out.append(Choice(Trial(b, _lr_for_new_b(space, ref, b), 0), "batch_size", gain / e, e, "untried batch size"))
+    if not out:
+        return None
+    return max(out, key=lambda c: (c.score, c.kind == "seed"))
+
+
+def _bracket_lr(runs: Runs | None, space: Space, tried: list[Trial], b: int, metric: str) -> float | None:
+    """At a batch size without a fitted point: the untried grid lr next to the tried lr whose trial got lowest
+    (diverged trials count as the worst), on the side away from the others (below the smallest or above the
+    largest tried; an interior best: the nearer untried grid lr on either side); None when nothing is left."""
+    got = _lrs_at(tried, b)
+    low = _lowest_by_lr(runs, b, metric)
+    best = min(low, key=low.get) if low else got[-1]
+    below = [x for x in space.lrs if x < best * (1 - 1e-9) and not any(_same_lr(x, g) for g in got)]
+    above = [x for x in space.lrs if x > best * (1 + 1e-9) and not any(_same_lr(x, g) for g in got)]
+    if _same_lr(best, got[0]) and len(got) > 1:
+        return below[-1] if below else None
+    if _same_lr(best, got[-1]):
+        return above[0] if above else (below[-1] if below else None)
+    return (below[-1:] + above[:1] or [None])[0]
+
+
+def _lowest_by_lr(runs: Runs | None, b: int, metric: str) -> dict[float, float]:
+    """Per tried lr at b, the lowest evaluated loss of its finished trials (inf for diverged or unevaluated)."""
+    if runs is None or not len(runs.trial_ids):
+        return {}
+    _, lowest = final_losses(runs.series(metric), len(runs.trial_ids))
+    lr = runs.trials.column("lr").to_numpy().astype(float)
+    out: dict[float, float] = {}
+    for i in np.flatnonzero(runs.batch_size == b):
+        v = np.inf if runs.status[i] == m.STATUS_DIVERGED or not np.isfinite(lowest[i]) else float(lowest[i])
+        out[float(lr[i])] = min(out.get(float(lr[i]), np.inf), v)
+    return out

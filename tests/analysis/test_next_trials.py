@@ -1,0 +1,102 @@
+"""The adaptive sweep's decision rule (analysis.decisions.next_trials) on NQM runs with a known closed form."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from analysis.decisions import next_trials as nt
+from analysis.decisions.nqm_adaptive import adaptive_sweep, concat, run_trial
+from analysis.quadratic.nqm import closed_form_b_crit
+
+H = np.arange(1, 1001.0) ** -0.5
+THETA0 = np.ones(1000)
+LRS = (0.2, 0.3, 0.5, 0.8, 1.2, 1.6, 1.85, 1.95, 2.1)
+STOP = dict(max_steps=2000, target_loss=0.3, eval_every=1, divergence_factor=10.0)
+SPACE = nt.Space((16, 64, 256, 1024), LRS, max_seeds=3)
+GOAL = nt.Goal((0.5,), rel_ci=0.15)
+
+
+def _runs(trials, sweep_seed=0):
+    runs = None
+    for t in trials:
+        runs = concat(runs, run_trial(H, H, THETA0, t, sweep_seed, **STOP))
+    return runs
+
+
+def test_initial_design_spans_the_batch_sizes_at_the_middle_lrs():
+    dec = nt.next_trials(None, SPACE, GOAL, nt.Budget(trials=50), n=100)
+    got = [c.trial for c in dec.choices]
+    assert got == [nt.Trial(b, lr, 0) for b in (16, 64, 256, 1024) for lr in (0.8, 1.2, 1.6)]
+    assert dec.stop is None and all(c.kind == "design" for c in dec.choices)
+    wide = nt.Space(tuple(2**k for k in range(3, 12)), LRS)  # 9 batch sizes: 4 spanning them
+    assert sorted({t.batch_size for t in nt.initial_design(wide)}) == [8, 64, 256, 2048]
+
+
+def test_pending_trials_are_not_chosen_again():
+    first = nt.next_trials(None, SPACE, GOAL, nt.Budget(trials=50), n=2).choices
+    later = nt.next_trials(None, SPACE, GOAL, nt.Budget(trials=50), pending=[c.trial for c in first], n=2).choices
+    assert not {c.trial for c in first} & {c.trial for c in later} and len(later) == 2
+
+
+def test_budget_of_trials_and_examples_stop_and_say_which():
+    design = nt.initial_design(SPACE)
+    runs = _runs(design)
+    dec = nt.next_trials(runs, SPACE, GOAL, nt.Budget(trials=len(design)), bootstrap=50)
+    assert dec.stop == nt.BUDGET_TRIALS and dec.trials_spent == len(design) and not dec.choices
+    spent = float(nt.spent_examples(runs).sum())
+    assert spent > 0
+    dec = nt.next_trials(runs, SPACE, GOAL, nt.Budget(examples=spent), bootstrap=50)
+    assert dec.stop == nt.BUDGET_EXAMPLES and dec.examples_spent == pytest.approx(spent)
+    # pending trials fill the budget without stopping: the sweep waits for them
+    dec = nt.next_trials(runs, SPACE, GOAL, nt.Budget(trials=len(design) + 1), pending=[nt.Trial(64, 0.5, 0)])
+    assert dec.stop is None and not dec.choices
+
+
+def test_unreached_batch_size_is_bracketed_towards_the_closed_form_best_lr():
+    """At B=16 the lrs 0.8-1.6 sit on a noise floor above the target (closed form: best lr 0.3): the rule goes
+    below them, then past the edge while the best stays at the edge."""
+    truth = closed_form_b_crit(H, H, THETA0**2, 0.5, np.array(SPACE.batch_sizes), lrs=np.array(LRS))
+    assert truth.best_lr[0] == pytest.approx(0.3)
+    runs = _runs(nt.initial_design(SPACE))
+    dec = nt.next_trials(runs, SPACE, GOAL, nt.Budget(trials=100), bootstrap=50)
+    c = dec.choices[0]
+    assert (c.kind, c.trial.batch_size, c.trial.lr) == ("bracket", 16, 0.5)
+    runs = concat(runs, run_trial(H, H, THETA0, c.trial, 0, **STOP))
+    c = nt.next_trials(runs, SPACE, GOAL, nt.Budget(trials=100), bootstrap=50).choices[0]
+    assert (c.kind, c.trial.batch_size, c.trial.lr) == ("lr_edge", 16, 0.3)
+
+
+def test_goal_needs_min_seeds_and_no_lr_edge_with_room():
+    runs = _runs(nt.initial_design(SPACE))
+    loose = nt.Goal((0.5,), rel_ci=100.0, min_seeds=1)
+    dec = nt.next_trials(runs, SPACE, loose, nt.Budget(trials=100), bootstrap=50)
+    assert dec.fits and any("lr_at_edge" in p["flags"] for p in dec.fits[0]["points"])
+    assert dec.stop is None  # interval narrow enough, but a best lr at an edge the grid can still pass
+
+
+def test_narrowing_is_the_rank_one_update_of_the_linearized_fit():
+    fit = {"s_min": 20.0, "e_min": 2000.0, "b_crit_ci": [80.0, 120.0], "b_crit": 100.0,
+           "points": [{"batch_size": b, "seeds": 1} for b in (16, 64, 256)]}  # fmt: skip
+    mdl = nt._Model(fit, 0.01)
+    a = np.array([-1.0, 1.0])
+
+    def var(rows):
+        J = np.array([[20 / (20 + 2000 / b), 2000 / b / (20 + 2000 / b)] for b in rows])
+        return a @ np.linalg.inv(J.T @ J / 0.01) @ a
+
+    v0, v1 = var([16, 64, 256]), var([16, 64, 256, 1024])
+    assert mdl.narrowing(1024) == pytest.approx(0.2 * (1 - np.sqrt(v1 / v0)), rel=1e-9)
+    assert mdl.narrowing(16, remove=True) == pytest.approx(0.2 * (1 - np.sqrt(v0 / var([64, 256]))), rel=1e-9)
+    # a new batch size on either side narrows; a point removed widens (its value is positive)
+    assert mdl.narrowing(1024) > 0 and mdl.narrowing(4) > 0 and mdl.narrowing(64, remove=True) > 0
+
+
+def test_adaptive_sweep_ends_with_a_reason_within_budget_and_covers_the_closed_form():
+    truth = closed_form_b_crit(H, H, THETA0**2, 0.5, np.array(SPACE.batch_sizes), lrs=np.array(LRS)).b_crit
+    runs, dec, hist = adaptive_sweep(H, H, THETA0, SPACE, GOAL, nt.Budget(trials=40), 1, bootstrap=100, **STOP)
+    assert dec.stop in (nt.GOAL_MET, nt.BUDGET_TRIALS, nt.EXHAUSTED)
+    assert len(runs.trial_ids) <= 40 and len(set(runs.trial_ids)) == len(runs.trial_ids)
+    lo, hi = dec.fits[0]["b_crit_ci"]
+    assert lo < truth < hi  # seed 1: covered (coverage over many sweeps: benchmarks/bench_adaptive.py)
+    assert all(d.widths for d in hist)
