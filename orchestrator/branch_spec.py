@@ -4,7 +4,7 @@ configs of its reference and branches. Run by orchestrator.branch (``bcrit branc
 ```yaml
 kind: branched                    # marks the spec (bcrit sweep refuses it and points here)
 name: branched-quadratic
-workload: quadratic               # dit (default) | quadratic
+workload: quadratic               # dit (default) | quadratic | module:attr (orchestrator.spec)
 reference:                        # the trial branched from, trained first (one Tune trial)
   batch_size: 8                   # B0
   lr: 0.1
@@ -53,6 +53,8 @@ from orchestrator.spec import (
     local_mlflow_uri,
     name_and_workload,
 )
+from trainables.config import ConfigError
+from trainables.workloads import get_workload
 
 KIND = "branched"
 TOP_KEYS = ("kind", "name", "workload", "reference", "branches", "analysis", "fixed", "stopping", "tracking", "storage")
@@ -76,8 +78,7 @@ OWNED = (
     "use_gpu",
     "cpus_per_worker",
     "divergence_factor",
-    "noise_unit",
-)
+)  # and the workload's noise_key (trainables.workloads.Workload)
 STUDY_FILE = "branched_spec.yaml"  # the resolved spec in the study dir (what --resume reads)
 KEEP_DIR = "reference_checkpoints"
 REFERENCE_ID = "reference_trial.txt"  # the reference's Tune trial id, once it has finished
@@ -123,8 +124,9 @@ class BranchSpec:
     # --- trial configs -----------------------------------------------------------------------------------
     def _common(self) -> dict[str, Any]:
         out = {**self.fixed, "use_gpu": self.use_gpu, "cpus_per_worker": self.cpus_per_worker}
-        if self.workload == "quadratic":  # the NQM's common random numbers across batch sizes (its noise_unit)
-            out["noise_unit"] = self.b0
+        key = get_workload(self.workload).noise_key  # common random numbers across batch sizes (the NQM's)
+        if key:
+            out[key] = self.b0
         if self.divergence_factor is not None:
             out["divergence_factor"] = self.divergence_factor
         return out
@@ -169,9 +171,7 @@ class BranchSpec:
             "init_from": branch_checkpoint(self.keep_dir, point),
             "extra": {**self.fixed.get("extra", {}), "parent_trial_id": parent_trial_id, "branch_step": point, "k": k},
         }
-        if self.workload == "dit":
-            cfg["warmup_steps"] = 0  # the reference's warm-up is behind it; the branch's lr is constant
-        return cfg
+        return {**cfg, **get_workload(self.workload).branch_keys}  # the DiT: no warm-up (the reference's is behind it)
 
     def branches(self) -> list[tuple[int, float, int]]:
         return [(p, k, s) for p in self.points for k in self.multipliers for s in self.seeds]
@@ -219,25 +219,26 @@ def parse_branch_spec(data: dict, *, sweep_dir: str | None = None, source: str =
     if data.get("kind") != KIND:
         raise UserError(f"{source}: kind must be {KIND!r} for bcrit branch (a sweep spec goes to bcrit sweep)")
     name, workload = name_and_workload(data, source, example="branched-tiny")
+    w = get_workload(workload)
     ref = _section(data, "reference", REFERENCE_KEYS, required=True)
     br = _section(data, "branches", BRANCH_KEYS, required=True)
     an = _section(data, "analysis", ANALYSIS_KEYS)
     fixed = dict(_section(data, "fixed", None))
     stop = _section(data, "stopping", STOPPING_KEYS)
     track = _section(data, "tracking", TRACKING_KEYS)
-    for key in OWNED:
+    for key in (*OWNED, *([w.noise_key] if w.noise_key else [])):
         if key in fixed:
             raise UserError(f"fixed.{key} is set by the branched study (reference/branches sections); remove it")
     if "seeds" in fixed:
         raise UserError("fixed.seeds: a branched study takes reference.seed and branches.seeds; remove it")
     reference = _parse_reference(ref)
-    branches = _parse_branches(br, reference["b0"], workload)
+    branches = _parse_branches(br, reference["b0"], w.lr_rule)
     analysis = _parse_analysis(an)
     div = stop.get("divergence_factor")
     div = None if div is None else _number(div, "stopping.divergence_factor")
     name = name.strip()
     where = _parse_where(data, track, name, sweep_dir)
-    checkpoints = _check_checkpoints(reference.pop("checkpoints"), branches["points"], workload)
+    checkpoints = _check_checkpoints(reference.pop("checkpoints"), branches["points"], w.check_kept)
     return BranchSpec(
         name=name,
         workload=workload,
@@ -273,9 +274,10 @@ def _parse_reference(ref: dict) -> dict[str, Any]:
     return {"b0": b0, "lr0": lr0, "ref_seed": ref_seed, "ref_split": ref_split, "checkpoints": checkpoints}
 
 
-def _parse_branches(br: dict, b0: int, workload: str) -> dict[str, Any]:
-    """The ``branches`` section: points, multipliers k (1 added), how k x B0 is reached, the lr rule, the examples
-    each branch trains and its evaluations (the same example counts for every k), seeds."""
+def _parse_branches(br: dict, b0: int, default_lr_rule: str) -> dict[str, Any]:
+    """The ``branches`` section: points, multipliers k (1 added), how k x B0 is reached, the lr rule (default: the
+    workload's, `trainables.workloads.Workload.lr_rule`), the examples each branch trains and its evaluations (the
+    same example counts for every k), seeds."""
     points = _int_list(br.get("points"), "branches.points", minimum=1)
     raw_k = br.get("multipliers")
     if not isinstance(raw_k, list) or not raw_k:
@@ -289,7 +291,7 @@ def _parse_branches(br: dict, b0: int, workload: str) -> dict[str, Any]:
             raise UserError(f"branches.multipliers: k={k:g} x B0 {b0} is not an integer batch size")
         if scale_by != "micro_batch_size" and abs(k - round(k)) > 1e-9:
             raise UserError(f"branches.multipliers: k={k:g} must be an integer with scale_by: {scale_by}")
-    lr_rule = br.get("lr_rule", "linear" if workload == "quadratic" else "sqrt")
+    lr_rule = br.get("lr_rule", default_lr_rule)
     if lr_rule not in LR_RULES:
         raise UserError(f"branches.lr_rule must be one of {list(LR_RULES)}, got {lr_rule!r}")
     delta = _pos_int(br.get("examples"), "branches.examples")
@@ -347,8 +349,9 @@ def _parse_where(data: dict, track: dict, name: str, sweep_dir: str | None) -> d
     return {"mlflow_uri": uri, "experiment": experiment, "sweep_dir": sweep_dir}
 
 
-def _check_checkpoints(checkpoints: str | None, points: tuple[int, ...], workload: str) -> str | None:
-    """``reference.checkpoints`` as an absolute path holding a checkpoint at every branch point (None: none)."""
+def _check_checkpoints(checkpoints: str | None, points: tuple[int, ...], check_kept) -> str | None:
+    """``reference.checkpoints`` as an absolute path holding a checkpoint at every branch point (None: none), each
+    passing the workload's ``check_kept``."""
     if checkpoints is None:
         return None
     checkpoints = os.path.abspath(checkpoints)
@@ -358,8 +361,11 @@ def _check_checkpoints(checkpoints: str | None, points: tuple[int, ...], workloa
             f"reference.checkpoints {checkpoints!r} has no checkpoint for branch point(s) {missing}; "
             "branch only from kept steps"
         )
-    if workload == "dit":
-        _check_data_only(checkpoints, points)
+    for p in points if check_kept else ():
+        try:
+            check_kept(branch_checkpoint(checkpoints, p))
+        except ConfigError as e:
+            raise UserError(f"reference.checkpoints: {e}") from None
     return checkpoints
 
 
@@ -368,8 +374,6 @@ def check_branch_spec(spec: BranchSpec, resources: dict | None = None) -> tuple[
     """Every trial config through its config class and the workload's check; the reference's cadence against the
     branch points. Returns (reference config, branch configs with a placeholder parent). Raises UserError."""
     from orchestrator.sweep_checks import check_storage, check_tracking
-    from orchestrator.tune_trainable import get_workload
-    from trainables.config import ConfigError
 
     check_storage(spec.sweep_dir)
     check_tracking(spec.mlflow_uri)
@@ -406,17 +410,3 @@ def check_branch_spec(spec: BranchSpec, resources: dict | None = None) -> tuple[
             raise UserError(f"branch k={k:g} at step {p}: {e}") from None
         out.append(cfg.to_dict())
     return ref.to_dict(), out
-
-
-def _check_data_only(checkpoints: str, points) -> None:
-    """Every kept DiT checkpoint a branch starts from loads as data (trainables.checkpoint.read): a state holding
-    Python objects is refused here, before Ray starts, rather than in every branch trial."""
-    from trainables.checkpoint import STATE_FILE, UnsafeCheckpoint, read
-
-    for p in points:
-        path = os.path.join(branch_checkpoint(checkpoints, p), STATE_FILE)
-        if os.path.isfile(path):
-            try:
-                read(path, mmap=True)
-            except UnsafeCheckpoint as e:
-                raise UserError(f"reference.checkpoints: {e}") from None

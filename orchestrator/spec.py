@@ -2,7 +2,8 @@
 
 ```yaml
 name: tiny                        # sweep name: MLflow parent run, default storage ./runs/<name>
-workload: dit                     # dit (default) | quadratic (the noisy quadratic model, seconds per trial)
+workload: dit                     # dit (default) | quadratic (the noisy quadratic model, seconds per trial) |
+                                  # module:attr of your own trainables.workloads.Workload
 scientific:                       # the variable under study: effective batch size B = micro x A x W
   batch_sizes: [16, 32, 64, 128]
   splits: [{grad_accum: 1, num_workers: 0}]  # every B runs these; micro_batch_size = B / (A x W) when omitted
@@ -34,6 +35,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from orchestrator.overrides import UserError, apply_overrides, load_yaml
+from trainables import workloads
 
 TOP_KEYS = ("name", "workload", "scientific", "nuisance", "fixed", "stopping", "tracking", "storage")
 SCIENTIFIC_KEYS = ("batch_sizes", "splits", "per_batch_size", "use_gpu", "cpus_per_worker", "timestep_sampling")
@@ -52,7 +54,6 @@ OWNED = {
     **{k: f"stopping.{k}" for k in STOPPING_KEYS},
     "seed": "fixed.seeds",
 }
-WORKLOADS = ("dit", "quadratic")
 # fixed keys that may be given per batch size ({batch size: value}): the evaluation cadence, so that every batch size
 # has >= 10 evaluations before its crossing (flag coarse_steps) without evaluating the small, slow ones every step
 PER_BATCH_SIZE_FIXED = ("eval_every",)
@@ -181,13 +182,19 @@ def load_spec(path: str, overrides: list[str] | None = None, *, sweep_dir: str |
 
 
 def name_and_workload(data: dict, source: str, example: str) -> tuple[str, str]:
-    """The spec's ``name`` (one path component) and ``workload`` (a key of WORKLOADS), or one UserError line."""
+    """The spec's ``name`` (one path component) and ``workload`` (a name of `trainables.workloads.BUILTIN` or
+    ``module:attr``, imported here: a mistake is found before any compute), or one UserError line."""
     name = data.get("name")
     if not isinstance(name, str) or not name.strip() or "/" in name:
         raise UserError(f"{source}: 'name' must be a non-empty string without '/', e.g. name: {example}")
-    workload = data.get("workload", "dit")
-    if workload not in WORKLOADS:
-        raise UserError(f"workload {workload!r} is unknown; choose one of {list(WORKLOADS)}")
+    workload = data.get("workload", workloads.DEFAULT)
+    if not workloads.known(workload):
+        raise UserError(workloads.unknown_message(workload))
+    if workload not in workloads.BUILTIN:
+        try:
+            workloads.get_workload(workload)
+        except workloads.ConfigError as e:
+            raise UserError(str(e)) from None
     return name, workload
 
 

@@ -12,47 +12,15 @@ A trial always ends itself (target, budget, divergence), never by Tune: the plac
 from __future__ import annotations
 
 import contextlib
-import functools
 import math
 import os
 from collections.abc import Callable
-from dataclasses import dataclass
-from typing import Any
 
 from analysis.core import metrics as M
+from trainables.workloads import Workload, get_workload  # noqa: F401 (Workload: its public home here before)
 
 OBJECTIVE = "objective"  # what the searcher minimises (see `objective`)
 TRAIN_DIR = "train"  # Ray Train runs of the sweep live in <sweep_dir>/train/<trial_id>
-
-
-@dataclass(frozen=True)
-class Workload:
-    """What a sweep can train: its config class (``from_dict``), pre-launch check, per-worker function."""
-
-    name: str
-    config_cls: type
-    check: Callable[[Any, dict | None], None]
-    loop: Callable[[Any, Any], dict]  # train_loop(cfg, session): in-process, and in every Ray Train worker
-
-    @property
-    def train_func(self) -> Callable[[dict], Any]:
-        """The Ray Train per-worker function taking ``{"trial": cfg_dict}`` (trainables.trial.train_func)."""
-        from trainables.trial import train_func
-
-        return functools.partial(train_func, config_cls=self.config_cls, loop=self.loop)
-
-
-def get_workload(name: str) -> Workload:
-    if name == "quadratic":
-        from trainables import nqm_trial
-
-        q = nqm_trial
-        return Workload(name, q.QuadraticConfig, q.check_quadratic, q.train_loop)
-    from trainables.config import TrialConfig
-    from trainables.loop import train_loop
-    from trainables.trial import check_trial
-
-    return Workload("dit", TrialConfig, check_trial, train_loop)
 
 
 def objective(metrics: dict, target_loss: float | None, max_steps: int) -> float:
@@ -115,8 +83,10 @@ def objective_report_callback(target_loss: float | None, max_steps: int):
 def make_trainable(
     workload: str, sweep_dir: str, worker_failures: int = 3, verbose: bool = False
 ) -> Callable[[dict], None]:
-    """The function Tune runs per trial. ``config["trial"]`` is the full trial-config dict. Not ``verbose``:
-    the trial's INFO logs (a line per checkpoint, Train's worker-group set-up) stay out of the driver's output."""
+    """The function Tune runs per trial. ``config["trial"]`` is the full trial-config dict; ``workload`` names it
+    (`trainables.workloads.get_workload`, resolved in the worker: an unknown name fails, never runs the DiT). Not
+    ``verbose``: the trial's INFO logs (a line per checkpoint, Train's worker-group set-up) stay out of the driver's
+    output."""
     train_storage = os.path.join(os.path.abspath(sweep_dir), TRAIN_DIR)
 
     def bcrit_trial(config: dict) -> None:

@@ -8,7 +8,7 @@ import functools
 import math
 import os
 from dataclasses import dataclass, field, fields
-from typing import Any
+from typing import Any, ClassVar
 
 from analysis.core.allocation import SAMPLERS
 from analysis.core.gns import DEFAULT_WINDOW
@@ -24,11 +24,12 @@ class ConfigError(ValueError):
 
 
 @dataclass(frozen=True)
-class TrialConfig:
-    # --- model and data --------------------------------------------------------------------------------
-    preset: str = "tiny"  # key of trainables.presets.PRESETS
-    dataset: str = "digits"  # "digits" (ships with the package), a packed latent store or a fast-DiT latent folder
-    eval_size: int = 297  # held-out examples (digits: the last 297 of a seeded shuffle; latents: last files)
+class BaseConfig:
+    """The fields every workload's trial config shares: the batch size and its split, the learning rate and seed,
+    the step budget and stop rules, the evaluation / report / checkpoint cadence (what the skeleton reads,
+    `trainables.skeleton.ScheduleConfig`), the branched study's keys, the resources, and free-form tags. A workload's
+    config subclasses it (re-declaring a field only to change its default) and extends `validate`."""
+
     # --- the scientific variable and how it is split ------------------------------------------------------
     batch_size: int = 32  # effective B = micro_batch_size * grad_accum * num_workers
     micro_batch_size: int = 32  # examples per forward/backward on one worker
@@ -37,8 +38,89 @@ class TrialConfig:
     batch_schedule: list = field(default_factory=list)  # [[step, B], ...]: from `step` steps done on, batch B, by
     # accumulation (micro and W fixed); [] = batch_size throughout (analysis.core.stages, docs/schedule.md)
     schedule_lr_rule: str = "sqrt"  # a later stage's lr = lr x sqrt(B / batch_size) (Adam); linear | constant
-    # --- optimisation (nuisance hyper-parameters) ---------------------------------------------------------
-    lr: float = 1e-3  # AdamW peak learning rate
+    lr: float = 1e-3  # peak learning rate
+    seed: int = 0
+    # --- budget and stopping (decided inside the loop: REFERENCE.md, placement-group leak) ---------------
+    max_steps: int = 200  # step budget
+    target_loss: float | None = None  # stop once eval/loss <= this
+    divergence_factor: float = 3.0  # diverged once eval/loss > factor * first eval/loss (or any non-finite loss)
+    eval_every: int = 10  # steps between held-out evaluations
+    # --- reporting and checkpoints ------------------------------------------------------------------------
+    report_every: int = 0  # steps between reports to Ray; 0 = eval_every
+    checkpoint_every: int = 0  # steps between checkpoints (a multiple of report_every); 0 = only at the end
+    # --- branched study (trainables.branch_points) -------------------------------------------------------------
+    init_from: str | None = None  # start from this checkpoint (weights, optimizer state; counters reset)
+    keep_dir: str | None = None  # copy the checkpoints at keep_steps to <keep_dir>/step<N> (branch points)
+    keep_steps: list = field(default_factory=list)  # steps whose checkpoints are kept (multiples of checkpoint_every)
+    # --- resources ----------------------------------------------------------------------------------------
+    use_gpu: bool = False  # one GPU per worker
+    cpus_per_worker: int = 1
+    extra: dict = field(default_factory=dict, compare=False, repr=False)  # free-form tags (not used by training)
+
+    BOUNDS: ClassVar[dict[str, Bound]]  # every field's row (a subclass: BASE_BOUNDS plus its own fields)
+    WHAT: ClassVar[str] = "config"  # how its errors name it ("unknown <WHAT> key ...")
+
+    def __post_init__(self) -> None:
+        self.validate()
+
+    def validate(self) -> None:
+        """One ConfigError for the first impossible shared setting: each field against its row of ``BOUNDS``, the
+        split, the batch schedule, the checkpoint cadence. A subclass adds its own checks after these."""
+        check_bounds(self, type(self).BOUNDS)
+        per_step = self.micro_batch_size * self.world_size
+        if self.batch_size % per_step:
+            raise ConfigError(
+                f"batch_size {self.batch_size} is not divisible by micro_batch_size x workers = {per_step}; "
+                f"pick a batch size that is a multiple of {per_step}"
+            )
+        if self.grad_accum is not None and self.grad_accum != self.accum:
+            raise ConfigError(
+                f"batch_size {self.batch_size} != micro_batch_size {self.micro_batch_size} x grad_accum "
+                f"{self.grad_accum} x workers {self.world_size}; fix one of them (or drop grad_accum to derive it)"
+            )
+        check_schedule(self)
+        if self.checkpoint_every and self.checkpoint_every % self.report_interval:
+            raise ConfigError(
+                f"checkpoint_every {self.checkpoint_every} must be a multiple of report_every {self.report_interval}"
+            )
+
+    @property
+    def world_size(self) -> int:
+        return max(1, self.num_workers)
+
+    @property
+    def accum(self) -> int:
+        return self.batch_size // (self.micro_batch_size * self.world_size)
+
+    @property
+    def report_interval(self) -> int:
+        return self.report_every or self.eval_every
+
+    @functools.cached_property
+    def stages(self) -> BatchStages:
+        """The batch-size stages (`analysis.core.stages`): one stage at ``batch_size`` without a ``batch_schedule``."""
+        return BatchStages.from_schedule(self.batch_size, self.batch_schedule, self.micro_batch_size * self.world_size)
+
+    def to_dict(self) -> dict[str, Any]:
+        """What travels to the workers and is logged (MLflow params, checkpoints): every field, ``grad_accum``
+        resolved."""
+        return {**dataclasses.asdict(self), "grad_accum": self.accum}
+
+    @classmethod
+    def from_dict(cls, data: dict[str, Any]):
+        return config_from_dict(cls, data, cls.WHAT)
+
+
+@dataclass(frozen=True)
+class TrialConfig(BaseConfig):
+    """The DiT trial (`trainables.loop`): the shared fields of `BaseConfig` and the model's, data's, optimiser's,
+    evaluation's, GNS's and timestep sampler's own."""
+
+    # --- model and data --------------------------------------------------------------------------------
+    preset: str = "tiny"  # key of trainables.presets.PRESETS
+    dataset: str = "digits"  # "digits" (ships with the package), a packed latent store or a fast-DiT latent folder
+    eval_size: int = 297  # held-out examples (digits: the last 297 of a seeded shuffle; latents: last files)
+    # --- optimisation (nuisance hyper-parameters; lr in BaseConfig: the AdamW peak learning rate) -----------
     warmup_steps: int = 0  # linear warm-up, then constant
     beta1: float = 0.9
     beta2: float = 0.999
@@ -47,13 +129,7 @@ class TrialConfig:
     grad_clip: float = 0.0  # max global grad norm; 0 = no clipping
     ema_decay: float = 0.0  # EMA of weights (diffusers EMAModel); 0 = off
     class_dropout: float = 0.1  # classifier-free guidance label dropout probability
-    # --- budget and stopping (decided inside the loop: REFERENCE.md, placement-group leak) ---------------
-    seed: int = 0
-    max_steps: int = 200  # step budget
-    target_loss: float | None = None  # stop once eval/loss <= this
-    divergence_factor: float = 3.0  # diverged once eval/loss > factor * first eval/loss (or any non-finite loss)
     # --- evaluation for steps-to-target ------------------------------------------------------------------
-    eval_every: int = 10  # steps between held-out evaluations
     eval_repeats: int = 2  # fixed noise draws per held-out example (more = lower-noise eval loss)
     eval_ema: bool = False  # evaluate the EMA weights instead of the training weights
     timestep_bins: int = 10  # K equal bins partitioning 0..999
@@ -74,42 +150,11 @@ class TrialConfig:
     alloc_every: int = 50  # steps between re-estimations of the allocation (noise / loss)
     alloc_floor: float = 0.1  # uniform share mixed into the allocation so no bin starves
     alloc_history: int = 10  # loss: recent per-bin losses kept (uniform until every bin has this many)
-    # --- reporting and checkpoints ------------------------------------------------------------------------
-    report_every: int = 0  # steps between reports to Ray; 0 = eval_every
-    checkpoint_every: int = 0  # steps between checkpoints (a multiple of report_every); 0 = only at the end
-    # --- branched study (trainables.branch_points) -------------------------------------------------------------
-    init_from: str | None = None  # start from this checkpoint (weights, optimizer state; counters reset)
-    keep_dir: str | None = None  # copy the checkpoints at keep_steps to <keep_dir>/step<N> (branch points)
-    keep_steps: list = field(default_factory=list)  # steps whose checkpoints are kept (multiples of checkpoint_every)
-    # --- resources ----------------------------------------------------------------------------------------
-    use_gpu: bool = False  # one GPU per worker, NCCL, bf16 autocast
+    # --- resources (use_gpu, cpus_per_worker in BaseConfig; use_gpu: NCCL, bf16 autocast) ------------------
     bf16: bool = True  # bf16 autocast when on GPU (ignored on CPU)
-    cpus_per_worker: int = 1
     threads_per_worker: int = 0  # torch intra-op threads per worker; 0 = cpus_per_worker
     prefetch: int = 2  # micro-batches gathered ahead by a background thread; 0 = in the step (same results)
     compile: bool = False  # torch.compile the model (inductor; trainables.compiling): same math, other kernels
-    extra: dict = field(default_factory=dict, compare=False, repr=False)  # free-form tags (not used by training)
-
-    # ---------------------------------------------------------------------------------------------------
-    def __post_init__(self) -> None:
-        validate(self)
-
-    @property
-    def world_size(self) -> int:
-        return max(1, self.num_workers)
-
-    @property
-    def accum(self) -> int:
-        return self.batch_size // (self.micro_batch_size * self.world_size)
-
-    @property
-    def report_interval(self) -> int:
-        return self.report_every or self.eval_every
-
-    @functools.cached_property
-    def stages(self) -> BatchStages:
-        """The batch-size stages (`analysis.core.stages`): one stage at ``batch_size`` without a ``batch_schedule``."""
-        return BatchStages.from_schedule(self.batch_size, self.batch_schedule, self.micro_batch_size * self.world_size)
 
     @property
     def gns_steps(self) -> int:
@@ -130,14 +175,11 @@ class TrialConfig:
         return self.gns_bin_examples or self.micro_batch_size
 
     def to_dict(self) -> dict[str, Any]:
-        d = dataclasses.asdict(self)
-        d["grad_accum"] = self.accum
-        d["gns_window"] = self.gns_steps
-        return d
+        return {**super().to_dict(), "gns_window": self.gns_steps}
 
-    @classmethod
-    def from_dict(cls, data: dict[str, Any]) -> TrialConfig:
-        return config_from_dict(cls, data)
+    def validate(self) -> None:
+        super().validate()
+        validate(self)
 
     @classmethod
     def from_saved(cls, data: dict[str, Any]) -> TrialConfig:
@@ -271,11 +313,8 @@ MAX_INT = 2**31 - 1
 POS = Bound("int", 1, MAX_INT)  # a positive count
 COUNT = Bound("int", 0, MAX_INT)  # a count where 0 means off / default
 UNIT = Bound("float", 0, 1, hi_open=True)  # a probability or decay in [0, 1)
-# Every TrialConfig field; a field without a row is a bug (tests/trainables/test_config.py checks the table is full).
-BOUNDS: dict[str, Bound] = {
-    "preset": Bound("str"),
-    "dataset": Bound("str"),
-    "eval_size": POS,
+# Every field of every config class has a row (tests/trainables/test_config.py checks the tables are full).
+BASE_BOUNDS: dict[str, Bound] = {
     "batch_size": POS,
     "micro_batch_size": POS,
     "num_workers": Bound("int", 0, 4096),
@@ -283,6 +322,26 @@ BOUNDS: dict[str, Bound] = {
     "batch_schedule": Bound("stages"),
     "schedule_lr_rule": Bound("str"),
     "lr": Bound("float", 0, lo_open=True),
+    "seed": Bound("int", 0, 2**32 - 1),  # numpy's seed range
+    "max_steps": POS,
+    "target_loss": Bound("float", 0, lo_open=True, optional=True),
+    "divergence_factor": Bound("float", 1, lo_open=True),
+    "eval_every": POS,
+    "report_every": COUNT,
+    "checkpoint_every": COUNT,
+    "init_from": Bound("str", optional=True),
+    "keep_dir": Bound("str", optional=True),
+    "keep_steps": Bound("list"),
+    "use_gpu": Bound("bool"),
+    "cpus_per_worker": Bound("int", 1, 1024),
+    "extra": Bound("dict"),
+}
+BaseConfig.BOUNDS = BASE_BOUNDS
+BOUNDS: dict[str, Bound] = {  # TrialConfig's
+    **BASE_BOUNDS,
+    "preset": Bound("str"),
+    "dataset": Bound("str"),
+    "eval_size": POS,
     "warmup_steps": COUNT,
     "beta1": UNIT,
     "beta2": UNIT,
@@ -291,11 +350,6 @@ BOUNDS: dict[str, Bound] = {
     "grad_clip": Bound("float", 0),
     "ema_decay": UNIT,
     "class_dropout": UNIT,
-    "seed": Bound("int", 0, 2**32 - 1),  # numpy's seed range
-    "max_steps": POS,
-    "target_loss": Bound("float", 0, lo_open=True, optional=True),
-    "divergence_factor": Bound("float", 1, lo_open=True),
-    "eval_every": POS,
     "eval_repeats": POS,
     "eval_ema": Bound("bool"),
     "timestep_bins": Bound("int", 1, 1000),
@@ -309,19 +363,12 @@ BOUNDS: dict[str, Bound] = {
     "alloc_every": POS,
     "alloc_floor": Bound("float", 0, 1, lo_open=True),
     "alloc_history": POS,
-    "report_every": COUNT,
-    "checkpoint_every": COUNT,
-    "use_gpu": Bound("bool"),
     "bf16": Bound("bool"),
-    "cpus_per_worker": Bound("int", 1, 1024),
     "threads_per_worker": Bound("int", 0, 1024),
     "prefetch": Bound("int", 0, 64),  # micro-batches gathered ahead (0 = no background gather)
     "compile": Bound("bool"),
-    "init_from": Bound("str", optional=True),
-    "keep_dir": Bound("str", optional=True),
-    "keep_steps": Bound("list"),
-    "extra": Bound("dict"),
 }
+TrialConfig.BOUNDS = BOUNDS
 
 
 def check_bounds(config: Any, bounds: dict[str, Bound]) -> None:
@@ -355,24 +402,11 @@ def check_sampling(c: TrialConfig) -> None:
 
 
 def validate(c: TrialConfig) -> None:
-    """Raise one ConfigError for the first impossible setting, before any worker starts: each field against its
-    row of `BOUNDS`, then the settings that depend on each other."""
-    check_bounds(c, BOUNDS)
+    """The DiT's own checks, after the shared ones of `BaseConfig.validate` (each field against its row of `BOUNDS`,
+    the split, the schedule, the checkpoint cadence): one ConfigError for the first impossible setting, before any
+    worker starts."""
     if c.preset not in PRESETS:
         raise ConfigError(f"unknown preset {c.preset!r}; choose one of {list(PRESETS)}")
-    per_step = c.micro_batch_size * c.world_size
-    if c.batch_size % per_step:
-        raise ConfigError(
-            f"batch_size {c.batch_size} is not divisible by micro_batch_size x workers = {per_step}; "
-            f"pick a batch size that is a multiple of {per_step}"
-        )
-    if c.grad_accum is not None:
-        if c.grad_accum != c.accum:
-            raise ConfigError(
-                f"batch_size {c.batch_size} != micro_batch_size {c.micro_batch_size} x grad_accum {c.grad_accum}"
-                f" x workers {c.world_size}; fix one of them (or drop grad_accum to derive it)"
-            )
-    check_schedule(c)
     if c.gns_window and 0 < c.gns_every <= c.max_steps and c.gns_window < 2 * c.gns_every:
         raise ConfigError(
             f"gns_window {c.gns_window} steps holds fewer than 2 per-bin GNS measurements (gns_every "
@@ -382,10 +416,6 @@ def validate(c: TrialConfig) -> None:
         raise ConfigError("per-bin GNS needs gns_bin_examples >= 2 (two halves of at least one example)")
     if c.gns_every and c.bin_examples % 2:
         raise ConfigError(f"gns_bin_examples must be even (two equal halves), got {c.bin_examples}")
-    if c.checkpoint_every and c.checkpoint_every % c.report_interval:
-        raise ConfigError(
-            f"checkpoint_every {c.checkpoint_every} must be a multiple of report_every {c.report_interval}"
-        )
     check_sampling(c)
     if c.eval_size < c.timestep_bins:
         raise ConfigError(f"eval_size {c.eval_size} must be >= timestep_bins {c.timestep_bins}")

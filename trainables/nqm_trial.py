@@ -11,82 +11,58 @@ computes the same update from the same seeded generator, so multi-worker trials 
 
 from __future__ import annotations
 
-import functools
 import json
 import math
 import os
 import time
-from dataclasses import asdict, dataclass, field
-from typing import Any
+from dataclasses import dataclass
+from typing import ClassVar
 
 import numpy as np
 
 from analysis.core import metrics as M
 from analysis.core.nqm_noise import bin_noise, noise_allocation, weighted_noise
-from analysis.core.stages import BatchStages
 from trainables.branch_points import start_quadratic
-from trainables.config import BOUNDS, COUNT, Bound, ConfigError, check_bounds, check_schedule, config_from_dict
+from trainables.config import BASE_BOUNDS, COUNT, BaseConfig, Bound, ConfigError
 from trainables.skeleton import Learner, Session, StepOutcome, TrialSkeleton
 
 STATE_FILE = "quadratic_state.json"
 
 
 @dataclass(frozen=True)
-class QuadraticConfig:
+class QuadraticConfig(BaseConfig):
+    """The NQM trial: the shared fields of `trainables.config.BaseConfig` (five with their own defaults here) and
+    the problem's own."""
+
     # --- the problem -------------------------------------------------------------------------------------------
     dim: int = 100  # coordinates; more = expected loss closer to any single run
     h_decay: float = 1.0  # Hessian spectrum h_i = i^-h_decay, i = 1..dim (Zhang et al. 2019)
     noise_scale: float = 1.0  # per-example gradient noise covariance c = noise_scale * h
     theta0: float = 1.0  # every coordinate starts here
-    # --- the scientific variable and its split (same keys as the DiT trial) ---------------------------------
-    batch_size: int = 32
-    micro_batch_size: int = 32
-    num_workers: int = 0
-    grad_accum: int | None = None
-    batch_schedule: list = field(default_factory=list)  # [[step, B], ...] as in the DiT trial (analysis.core.stages)
+    # --- shared fields with the NQM's defaults ------------------------------------------------------------------
     schedule_lr_rule: str = "linear"  # a later stage's lr = lr x B / batch_size (SGD); sqrt | constant
-    # --- optimisation and stopping -----------------------------------------------------------------------------
     lr: float = 0.1  # plain SGD; stable for lr < 2 / h_max = 2
-    seed: int = 0
     max_steps: int = 1000
-    target_loss: float | None = None
-    divergence_factor: float = 3.0
     eval_every: int = 1
-    report_every: int = 0  # 0 = eval_every
-    checkpoint_every: int = 0  # 0 = only at the end
+    # --- its own -----------------------------------------------------------------------------------------------
     step_seconds: float = 0.0  # artificial delay per step (tests use it to kill a worker mid-trial)
-    init_from: str | None = None  # branched study: start from this checkpoint's theta (counters reset)
-    keep_dir: str | None = None  # branched study: keep the checkpoints at keep_steps under <keep_dir>/step<N>
-    keep_steps: list = field(default_factory=list)
     # examples per independent noise draw; 0 = one draw of N(0, c/B) per step. With u > 0 a step draws B/u unit
     # noises N(0, c/u) and averages them, so a batch of k·u sees the same unit noises, in the same order, as k
     # steps at u (common random numbers across batch sizes, like a data stream; the branched study sets u = B0)
     noise_unit: int = 0
-    # --- timestep bins of different noise (analysis.quadratic.nqm_alloc; docs/allocation.md)
-    # -----------------------------
+    # --- timestep bins of different noise (analysis.quadratic.nqm_alloc; docs/allocation.md) ----------------------
     timestep_bins: int = 1  # K equal bins; an example of bin k has noise covariance s_k c, s of mean 1
     bin_noise_ratio: float = 1.0  # s_{K-1} / s_0 (geometric in k); 1 = every bin the plain NQM's noise
     timestep_sampling: str = "uniform"  # uniform (today's draws) | noise (p_k ∝ sqrt(s_k), weights q_k / p_k)
     alloc_floor: float = 0.1  # uniform share mixed into the noise allocation
-    # --- resources -----------------------------------------------------------------------------------------------
-    use_gpu: bool = False
-    cpus_per_worker: int = 1
-    extra: dict = field(default_factory=dict, compare=False, repr=False)
 
-    def __post_init__(self) -> None:
-        check_bounds(self, QUADRATIC_BOUNDS)
-        per = self.micro_batch_size * max(1, self.num_workers)
-        if self.batch_size % per or (self.grad_accum is not None and self.grad_accum * per != self.batch_size):
-            raise ConfigError(
-                f"batch_size {self.batch_size} != micro_batch_size {self.micro_batch_size} x grad_accum "
-                f"{self.grad_accum} x workers {max(1, self.num_workers)}; fix the split"
-            )
-        check_schedule(self)
+    WHAT: ClassVar[str] = "quadratic config"
+
+    def validate(self) -> None:
+        super().validate()
         for b in self.stages.sizes:
             if self.noise_unit and b % self.noise_unit:
                 raise ConfigError(f"noise_unit {self.noise_unit} must divide every batch size, got {b}")
-        if self.checkpoint_every and self.checkpoint_every % self.report_interval:
-            raise ConfigError(f"checkpoint_every must be a multiple of report_every {self.report_interval}")
         self._check_sampling()
 
     def _check_sampling(self) -> None:
@@ -98,40 +74,15 @@ class QuadraticConfig:
         if self.timestep_sampling == "noise" and (self.timestep_bins < 2 or self.noise_unit):
             raise ConfigError("timestep_sampling: noise needs timestep_bins >= 2 and noise_unit: 0")
 
-    @property
-    def accum(self) -> int:
-        return self.batch_size // (self.micro_batch_size * max(1, self.num_workers))
-
-    @property
-    def report_interval(self) -> int:
-        return self.report_every or self.eval_every
-
-    @functools.cached_property
-    def stages(self) -> BatchStages:
-        """The batch-size stages (`analysis.core.stages`); one stage without a ``batch_schedule``."""
-        per = self.micro_batch_size * max(1, self.num_workers)
-        return BatchStages.from_schedule(self.batch_size, self.batch_schedule, per)
-
     def problem(self) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
         """``(h, c, theta0)`` arrays of the NQM, as analysis.quadratic.nqm takes them."""
         h = np.arange(1, self.dim + 1, dtype=np.float64) ** -self.h_decay
         return h, self.noise_scale * h, np.full(self.dim, self.theta0)
 
-    def to_dict(self) -> dict[str, Any]:
-        return {**asdict(self), "grad_accum": self.accum}
 
-    @classmethod
-    def from_dict(cls, data: dict[str, Any]) -> QuadraticConfig:
-        return config_from_dict(cls, data, "quadratic config")
-
-
-# the trial config's bounds (trainables.config.BOUNDS) for the shared keys, plus the problem's own
+# the shared fields' bounds (trainables.config.BASE_BOUNDS), plus the problem's own
 QUADRATIC_BOUNDS: dict[str, Bound] = {
-    **{k: BOUNDS[k] for k in ("batch_size", "micro_batch_size", "num_workers", "grad_accum", "lr", "seed")},
-    **{k: BOUNDS[k] for k in ("batch_schedule", "schedule_lr_rule")},
-    **{k: BOUNDS[k] for k in ("max_steps", "target_loss", "divergence_factor", "eval_every", "report_every")},
-    **{k: BOUNDS[k] for k in ("checkpoint_every", "use_gpu", "cpus_per_worker", "extra")},
-    **{k: BOUNDS[k] for k in ("init_from", "keep_dir", "keep_steps")},
+    **BASE_BOUNDS,
     "noise_unit": COUNT,  # 0 = one noise draw per step
     "dim": Bound("int", 1, 10**7),
     "h_decay": Bound("float", 0),
@@ -143,6 +94,7 @@ QUADRATIC_BOUNDS: dict[str, Bound] = {
     "timestep_sampling": Bound("str"),
     "alloc_floor": Bound("float", 0, 1, lo_open=True),
 }
+QuadraticConfig.BOUNDS = QUADRATIC_BOUNDS
 
 
 def check_quadratic(cfg: QuadraticConfig, resources: dict | None = None) -> None:
