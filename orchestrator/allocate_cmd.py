@@ -3,7 +3,8 @@ samplers (``scientific.timestep_sampling``), the measured gain beside it (docs/a
 
 ``bcrit allocate SWEEP_DIR [--target LOSS] [--floor 0.1] [--bootstrap N] [--seed S] [--out DIR]`` prints the tables
 and writes ``allocation.json``, ``allocation.md`` and ``allocation.png`` to ``--out`` (default ``SWEEP_DIR/analysis``).
-Without ``--target``: the one ``bcrit analyze`` quotes, else the lowest trustworthy target of the uniform trials. User
+Without ``--target``: the one ``bcrit analyze`` quotes, else the lowest trustworthy target of the uniform trials, else
+(fewer than 3 batch sizes, as in a paired sweep) the lowest loss every trial reached. User
 mistakes print one line ``bcrit allocate: error: ...`` and exit with status 2.
 """
 
@@ -31,8 +32,7 @@ def register(subparsers) -> argparse.ArgumentParser:
 
 
 def run(args: argparse.Namespace) -> int:
-    from analysis.core import metrics as M
-    from analysis.decisions.allocation_report import UNIFORM, compare, samplers_of, subset
+    from analysis.decisions.allocation_report import compare
     from analysis.reporting.allocation_view import plot, render_markdown
     from analysis.sources.loaders import load_sweep_dir
     from analysis.sources.schema import RunsTableError
@@ -51,8 +51,7 @@ def run(args: argparse.Namespace) -> int:
     check_out_dir(str(out))
     target = args.target
     if target is None:
-        uniform = subset(runs, samplers_of(runs) == UNIFORM)  # bcrit analyze fits B_crit on these
-        target, how = options.default_target(uniform, M.EVAL_LOSS, str(out))
+        target, how = _default_target(runs, str(out))
         print(f"target {target:.4g}: {how}")
     result = compare(runs, target, args.floor, args.bootstrap, args.seed)
     out.mkdir(parents=True, exist_ok=True)
@@ -63,3 +62,24 @@ def run(args: argparse.Namespace) -> int:
     (out / "allocation.json").write_text(json.dumps(result, indent=1, default=float) + "\n")
     print(md)
     return 0
+
+
+def _default_target(runs, out: str) -> tuple[float, str]:
+    """``--target`` when not given: ``bcrit analyze``'s (options.default_target) where the uniform trials span enough
+    batch sizes for its fit; else (a paired sweep of one or two batch sizes) the lowest loss every trial reached."""
+    from analysis.core import metrics as M
+    from analysis.decisions.allocation_pairs import reached_by_all
+    from analysis.decisions.allocation_report import UNIFORM, samplers_of, subset
+    from analysis.fits.pareto import TooFewBatchSizesError
+
+    uniform = subset(runs, samplers_of(runs) == UNIFORM)  # bcrit analyze fits B_crit on these
+    try:
+        return options.default_target(uniform, M.EVAL_LOSS, out)
+    except TooFewBatchSizesError:
+        pass
+    target = reached_by_all(runs)
+    if target is None:
+        raise UserError(
+            "no loss is reached by every trial of the sweep below its first evaluations: pass --target LOSS"
+        )
+    return target, "the lowest eval/loss every trial reached (too few batch sizes for bcrit analyze's targets)"

@@ -153,9 +153,10 @@ def check_metric(runs, metric: str, targets: list[float] | None) -> None:
     have = np.unique(runs.batch_size[np.unique(s.trial[keep])])
     if len(have) < MIN_BATCH_SIZES:
         none = sorted(set(np.unique(runs.batch_size).tolist()) - set(have.tolist()))
+        missing = f"; {none} have none" if none else ""
         raise UsageError(
-            f"only batch sizes {have.tolist()} have a finite {metric} in a usable (not diverged or failed) trial; "
-            f"{none} have none (need >= {MIN_BATCH_SIZES} batch sizes)"
+            f"only batch sizes {have.tolist()} have a finite {metric} in a usable (not diverged or failed) trial"
+            f"{missing} (need >= {MIN_BATCH_SIZES} batch sizes)"
         )
     if targets:
         t, v = s.trial[keep], s.value[keep]
@@ -210,7 +211,13 @@ def _run(args: argparse.Namespace) -> int:
         return _run_branched(runs, args, parent, uri)
     runs = _constant_batch_only(runs)  # trials with a batch_schedule have no one batch size
     all_runs, runs = runs, _uniform_only(runs)  # a sweep comparing timestep samplers: B_crit of the uniform ones
-    check_metric(runs, args.metric, targets)
+    try:
+        check_metric(runs, args.metric, targets)
+    except UsageError as e:
+        if runs is all_runs or "batch sizes" not in str(e):
+            raise
+        hint = "this sweep compares timestep samplers: `bcrit allocate SWEEP_DIR` measures it"
+        raise UsageError(f"{e}; {hint}") from None
     with staging_dir(args.out) as tmp:
         result = report.analyze(
             runs, args.metric, targets, tmp, bootstrap=args.bootstrap, seed=args.seed, plots=not args.no_plots
