@@ -52,8 +52,11 @@ def run(args: argparse.Namespace) -> int:
     target = args.target
     if target is None:
         target, how = _default_target(runs, str(out))
-        print(f"target {target:.4g}: {how}")
     result = compare(runs, target, args.floor, args.bootstrap, args.seed)
+    if result["warning"]:
+        print(result["warning"])  # first: the measured B_crit this comparison quotes is flagged
+    if args.target is None:
+        print(f"target {target:.4g}: {how}")
     out.mkdir(parents=True, exist_ok=True)
     if result["ratios"]:
         plot(result, out / "allocation.png")

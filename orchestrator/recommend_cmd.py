@@ -93,6 +93,7 @@ def _run(args: argparse.Namespace) -> int:
     from pathlib import Path
 
     from analysis.decisions import recommend
+    from analysis.decisions.trust_note import flags_at, untrusted_line
     from analysis.fits import throughput
     from analysis.reporting import recommend_report as rr
     from analysis.sources import loaders
@@ -133,17 +134,22 @@ def _run(args: argparse.Namespace) -> int:
     )  # fmt: skip
     pollux = pollux_lines(runs, args.metric, fit, p)
     model = throughput.fit_step_time(times.splits, times.step_s)
-    rec = rr.to_json(p, {"target_from": how, "throughput_model": model_json(model, times), "pollux": pollux[1]})
+    flags = flags_at(runs, args.metric, target)
+    warning = untrusted_line({float(target): flags}, "this recommendation")
+    rec = rr.to_json(p, {"target_from": how, "throughput_model": model_json(model, times), "pollux": pollux[1],
+                         "flags": flags, "warning": warning})  # fmt: skip
     os.makedirs(out, exist_ok=True)
     with open(os.path.join(out, rr.JSON_FILE), "w", encoding="utf-8") as f:
         f.write(json.dumps(rec, indent=1, allow_nan=False) + "\n")
     rr.figure(p, Path(out))
-    sec = rr.section(p, model_lines(model, times), pollux[0])
+    sec = rr.section(p, model_lines(model, times), pollux[0], warning)
     write_section(out, sec, args.metric)
     if parent:
         from analysis.reporting.publish import log_recommendation
 
         log_recommendation(out, uri, parent, rec)
+    if warning:
+        print(warning)
     print(f"target: {args.metric} {target:.4g} ({how})")
     print("\n".join(rr.summary(p)))
     print("\n".join(rr.table(p)))

@@ -79,6 +79,7 @@ def throughput_per_batch(sweep: str | None) -> dict[int, float]:
 
 def schedule_command(args) -> int:
     from analysis.decisions.schedule import propose, segments_of
+    from analysis.decisions.trust_note import untrusted_line
     from orchestrator.analyze_cmd import check_out_dir
 
     path, sweep = analysis_file(args.sweep_dir)
@@ -99,13 +100,22 @@ def schedule_command(args) -> int:
         raise UserError(f"{path}: no target has a usable fit (S_min, E_min > 0); analyse more targets")
     proposal = propose(segments, sizes, args.reference)
     out = summary(proposal, tuned_lrs(result, segments), throughput_per_batch(sweep), notes)
+    used = [t for t in result["targets"] if _fitted(t)]  # the targets segments_of builds the segments from
+    out["flags"] = {f"{t['target']:g}": list(t.get("flags") or []) for t in used}
+    out["warning"] = untrusted_line({float(t): f for t, f in out["flags"].items()}, "this schedule")
     os.makedirs(out_dir, exist_ok=True)
     written = os.path.join(out_dir, SCHEDULE_FILE)
     with open(written, "w") as f:
         json.dump(out, f, indent=1)
+    if out["warning"]:
+        print(out["warning"])
     print(render(out, result.get("metric", "?"), path))
     print(f"wrote {written}")
     return 0
+
+
+def _fitted(t: dict) -> bool:
+    return all(isinstance(t.get(k), (int, float)) and math.isfinite(t[k]) for k in ("s_min", "e_min"))
 
 
 def tuned_lrs(result: dict, segments) -> list[dict[int, float]]:

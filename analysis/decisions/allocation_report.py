@@ -29,6 +29,7 @@ from analysis.core import metrics as M
 from analysis.core.allocation import bin_shares, noise_allocation, predict
 from analysis.core.bins import timestep_bins
 from analysis.decisions.allocation_pairs import paired_ratios
+from analysis.decisions.trust_note import untrusted_line
 from analysis.fits import gns_view
 from analysis.fits.steps import steps_to_target
 from analysis.fits.sweep_fit import analyze_metric
@@ -194,6 +195,9 @@ def compare(runs: Runs, target: float, floor: float = 0.1, bootstrap: int = 200,
     for name, m in result["measured"].items():
         m["b_simple"], m["b_simple_se"] = measured_b_simple(runs, target, name)
     result["ratios"] = _ratio_rows(result)
+    flags = sorted({f for m in result["measured"].values() for f in m.get("flags", [])})
+    result["flags"] = flags  # bcrit analyze's flags on any sampler's fit at this target (analysis.fits.flags)
+    result["warning"] = untrusted_line({float(target): flags}, "this comparison's measured B_crit and best steps")
     fitted = {r["sampler"] for r in result["ratios"]}
     kinds = samplers_of(runs)
     if UNIFORM in set(kinds):  # where a sampler's own fit failed (< 3 batch sizes): its trials paired with uniform's

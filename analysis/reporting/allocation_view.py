@@ -24,6 +24,8 @@ def _n(x, se=None) -> str:
 def render_markdown(result: dict, png: str | None = None) -> str:
     """The comparison as markdown: per-bin table, per-allocation prediction, predicted vs measured ratios."""
     lines = [f"## Timestep allocation at eval/loss {result['target']:g}", ""]
+    if result.get("warning"):
+        lines += [f"**{result['warning']}**", ""]
     pred = result["predicted"]
     if result["bins"]:
         names = list(pred["allocations"])

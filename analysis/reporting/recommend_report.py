@@ -94,14 +94,16 @@ def summary(p: Plan) -> list[str]:
     ]
 
 
-def section(p: Plan, model_lines: list[str], pollux: list[str]) -> str:
-    """The report.md section: summary, front table, the throughput model, exclusions, the Pollux comparison."""
+def section(p: Plan, model_lines: list[str], pollux: list[str], warning: str | None = None) -> str:
+    """The report.md section: the untrusted-B_crit warning if any, summary, front table, the throughput model,
+    exclusions, the Pollux comparison."""
     excl = sorted({e for e in p.excluded if e})
     n_ex = sum(1 for e in p.excluded if e)
     lines = [
         SECTION_START,
         "## How should I train? (`bcrit recommend`)",
         "",
+        *([f"**{warning}**", ""] if warning else []),
         *[f"    {s}" for s in summary(p)],
         "",
         f"{len(p.splits)} candidate splits, {int(p.measured.sum())} measured; time-to-target = steps S(B) of the fit "

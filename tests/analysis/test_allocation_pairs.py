@@ -62,7 +62,7 @@ def test_allocate_two_batch_sizes_without_target_and_analyze_points_to_it(tmp_pa
     assert main(["allocate", str(tmp_path / "s"), "--bootstrap", "0"]) == 0
     out = capsys.readouterr().out
     target = reached_by_all(runs)
-    assert f"target {target:.4g}: the lowest eval/loss every trial reached" in out
+    assert out.startswith(f"target {target:.4g}: the lowest eval/loss every trial reached")  # no fit, no flags
     res = json.loads((tmp_path / "s" / "analysis" / "allocation.json").read_text())
     assert {r["batch_size"] for r in res["ratios"]} == {8, 16}
     assert all(0.7 < r["measured"] < 0.9 for r in res["ratios"])
@@ -82,3 +82,20 @@ def test_allocate_uniform_only_sweep_leaves_the_measured_table_out(tmp_path, cap
     out = capsys.readouterr().out
     assert "| sampler | B | measured S/S_uniform" not in out
     assert "no measured S/S_uniform: every trial of the sweep is uniform" in out
+
+
+def test_allocate_on_a_flagged_fit_says_so_first(tmp_path, capsys):
+    from test_allocation_report import nqm_two_samplers
+
+    from analysis.decisions.allocation_report import measured
+
+    runs = nqm_two_samplers()
+    flags = sorted({f for m in measured(runs, 0.3, bootstrap=0).values() for f in m["flags"]})
+    assert flags  # bcrit analyze flags both samplers' fits at 0.3 (coarse evaluations of the simulated NQM)
+    write_sweep_dir(runs, tmp_path / "s")
+    assert main(["allocate", str(tmp_path / "s"), "--target", "0.3", "--bootstrap", "0"]) == 0
+    first = capsys.readouterr().out.splitlines()[0]
+    assert first.startswith("UNTRUSTED: this comparison") and ", ".join(flags) in first
+    res = json.loads((tmp_path / "s" / "analysis" / "allocation.json").read_text())
+    assert res["flags"] == flags and res["warning"] == first
+    assert f"**{first}**" in (tmp_path / "s" / "analysis" / "allocation.md").read_text()
