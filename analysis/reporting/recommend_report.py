@@ -123,6 +123,12 @@ def section(p: Plan, model_lines: list[str], pollux: list[str], warning: str | N
     return "\n".join(lines) + "\n"
 
 
+def section_in(report_md: str) -> str | None:
+    """The recommendation section of ``report_md`` (markers included), None when it has none."""
+    a, b = report_md.find(SECTION_START), report_md.find(SECTION_END)
+    return report_md[a : b + len(SECTION_END)] + "\n" if a >= 0 and b > a else None
+
+
 def replace_section(report_md: str, sec: str) -> str:
     """``report_md`` with its recommendation section replaced by ``sec`` (appended when it has none)."""
     a, b = report_md.find(SECTION_START), report_md.find(SECTION_END)

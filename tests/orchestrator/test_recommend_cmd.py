@@ -125,3 +125,18 @@ def test_a_recommendation_on_a_flagged_target_says_so_first(sweep, tmp_path, cap
         else:
             assert first.startswith("target: eval/loss 0.3") and rec["warning"] is None
             assert "UNTRUSTED" not in text
+
+
+def test_a_later_analyze_keeps_the_recommendation_section(sweep, tmp_path, capsys):
+    out = tmp_path / "an"
+    analyze = ["analyze", str(sweep), "--targets", "0.3,0.4", "--bootstrap", "20", "--no-mlflow", "--no-plots",
+               "--out", str(out)]  # fmt: skip
+    assert cli.main(analyze) == 0
+    assert _run(capsys, sweep, "--target", "0.3", "--bootstrap", "20", "--no-mlflow", "--out", out)[0] == 0
+    sec = (out / "recommend.md").read_text().strip()
+    assert cli.main(analyze) == 0
+    md = (out / "report.md").read_text()
+    assert md.count("## How should I train?") == 1 and sec in md
+    assert md.startswith("# Critical batch size")  # the new analysis, the kept section after it
+    html = (out / "report.html").read_text()
+    assert "How should I train?" in html and html.count("data:image/png") >= 1  # recommend.png embedded
