@@ -40,10 +40,7 @@ def parse_targets(text: str) -> list[float]:
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
-    options.sweep_dir(p, optional=True)
-    p.add_argument("--mlflow-experiment", help="read the sweep from this MLflow experiment instead")
-    p.add_argument("--tracking-uri", help="MLflow tracking URI (default: MLflow's own default)")
-    p.add_argument("--parent-run-id", help="the sweep's parent run (default: newest run with child runs)")
+    options.mlflow_source(p)
     options.metric(p)
     p.add_argument("--targets", help="comma-separated target values (default: automatic)")
     options.bootstrap(p)
@@ -153,9 +150,10 @@ def check_metric(runs, metric: str, targets: list[float] | None) -> None:
     have = np.unique(runs.batch_size[np.unique(s.trial[keep])])
     if len(have) < MIN_BATCH_SIZES:
         none = sorted(set(np.unique(runs.batch_size).tolist()) - set(have.tolist()))
+        missing = f"; {none} have none" if none else ""
         raise UsageError(
-            f"only batch sizes {have.tolist()} have a finite {metric} in a usable (not diverged or failed) trial; "
-            f"{none} have none (need >= {MIN_BATCH_SIZES} batch sizes)"
+            f"only batch sizes {have.tolist()} have a finite {metric} in a usable (not diverged or failed) trial"
+            f"{missing} (need >= {MIN_BATCH_SIZES} batch sizes)"
         )
     if targets:
         t, v = s.trial[keep], s.value[keep]
@@ -176,29 +174,15 @@ def _run(args: argparse.Namespace) -> int:
     from analysis.reporting.plots import ANSWER_PNG
     from analysis.reporting.publish import log_analysis
     from analysis.sources import loaders
-    from analysis.sources.mlflow_uri import check_tracking_uri
 
-    if (args.sweep_dir is None) == (args.mlflow_experiment is None):
-        raise UsageError("give exactly one of SWEEP_DIR or --mlflow-experiment NAME")
-    if args.out is None:
-        if args.sweep_dir is None:
-            raise UsageError("--mlflow-experiment needs --out DIR: where to write the results")
-        args.out = os.path.join(args.sweep_dir, DEFAULT_OUT)
+    if (args.sweep_dir is None) == (args.mlflow_experiment is None) or (args.out is None and not args.sweep_dir):
+        options.load_runs(args, DEFAULT_OUT)  # says which (one line), before any other check
     targets = None if args.targets is None else parse_targets(args.targets)
     if args.bootstrap < 0:
         raise UsageError(f"--bootstrap must be >= 0, got {args.bootstrap}")
     options.check_seed(args.seed)
-    check_out_dir(args.out)
-    if args.tracking_uri is not None:
-        check_tracking_uri(args.tracking_uri, create=False, what="--tracking-uri")
-    if args.mlflow_experiment is not None:
-        if args.tracking_uri is None:  # MLflow's default store: it must exist (MLflow would create an empty one)
-            import mlflow
-
-            check_tracking_uri(mlflow.get_tracking_uri(), create=False, what="MLflow's default tracking URI")
-        runs = loaders.load_mlflow(args.mlflow_experiment, args.tracking_uri, args.parent_run_id)
-    else:
-        runs = loaders.load_sweep_dir(args.sweep_dir)
+    check_out_dir(args.out or os.path.join(args.sweep_dir, DEFAULT_OUT))
+    runs = options.load_runs(args, DEFAULT_OUT)
     parent = None if args.no_mlflow else (args.parent_run_id or runs.parent_run_id)
     uri = None
     if parent is not None:
@@ -210,7 +194,13 @@ def _run(args: argparse.Namespace) -> int:
         return _run_branched(runs, args, parent, uri)
     runs = _constant_batch_only(runs)  # trials with a batch_schedule have no one batch size
     all_runs, runs = runs, _uniform_only(runs)  # a sweep comparing timestep samplers: B_crit of the uniform ones
-    check_metric(runs, args.metric, targets)
+    try:
+        check_metric(runs, args.metric, targets)
+    except UsageError as e:
+        if runs is all_runs or "batch sizes" not in str(e):
+            raise
+        hint = "this sweep compares timestep samplers: `bcrit allocate SWEEP_DIR` measures it"
+        raise UsageError(f"{e}; {hint}") from None
     with staging_dir(args.out) as tmp:
         result = report.analyze(
             runs, args.metric, targets, tmp, bootstrap=args.bootstrap, seed=args.seed, plots=not args.no_plots
@@ -219,6 +209,7 @@ def _run(args: argparse.Namespace) -> int:
             from analysis.reporting.allocation_view import add_to_report
 
             add_to_report(result, all_runs, tmp, bootstrap=min(args.bootstrap, 200))
+        keep_recommendation(args.out, tmp, args.metric)
         if parent is not None:
             log_analysis(tmp, uri, parent)
         publish(tmp, args.out, last=report.JSON_FILE)
@@ -235,6 +226,29 @@ def _run(args: argparse.Namespace) -> int:
     if os.path.exists(figure):
         print(f"figure: {os.path.abspath(figure)}")
     return 0
+
+
+def keep_recommendation(out: str, tmp: str, metric: str) -> None:
+    """Carry the ``bcrit recommend`` section of the report in ``out`` into the new one in ``tmp`` (with its
+    figure, so that ``report.html`` embeds it): a re-analysis does not drop a recommendation (it stays until the
+    next ``bcrit recommend`` replaces it)."""
+    from analysis.reporting.html_report import HTML_FILE, render_html
+    from analysis.reporting.recommend_report import FIGURE, replace_section, section_in
+    from analysis.reporting.report import REPORT_FILE
+
+    old, new = os.path.join(out, REPORT_FILE), os.path.join(tmp, REPORT_FILE)
+    if not (os.path.isfile(old) and os.path.isfile(new)):
+        return
+    sec = section_in(open(old, encoding="utf-8").read())
+    if sec is None:
+        return
+    if os.path.isfile(os.path.join(out, FIGURE)):
+        shutil.copy2(os.path.join(out, FIGURE), os.path.join(tmp, FIGURE))
+    md = replace_section(open(new, encoding="utf-8").read(), sec)
+    with open(new, "w", encoding="utf-8") as f:
+        f.write(md)
+    with open(os.path.join(tmp, HTML_FILE), "w", encoding="utf-8") as f:
+        f.write(render_html(md, tmp, title=f"Critical batch size: {metric}"))
 
 
 @contextlib.contextmanager

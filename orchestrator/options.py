@@ -26,6 +26,39 @@ def sweep_dir(p: argparse.ArgumentParser, *, optional: bool = False) -> None:
     )
 
 
+def mlflow_source(p: argparse.ArgumentParser) -> None:
+    """The optional ``SWEEP_DIR`` or ``--mlflow-experiment NAME`` (with ``--tracking-uri``, ``--parent-run-id``) of the
+    commands that read a finished sweep's runs: ``bcrit analyze``, ``recommend``, ``allocate``."""
+    sweep_dir(p, optional=True)
+    p.add_argument("--mlflow-experiment", help="read the sweep from this MLflow experiment instead")
+    p.add_argument("--tracking-uri", help="MLflow tracking URI (default: MLflow's own default)")
+    p.add_argument("--parent-run-id", help="the sweep's parent run (default: newest run with child runs)")
+
+
+def load_runs(args: argparse.Namespace, default_out: str = "analysis"):
+    """The runs of ``SWEEP_DIR`` or ``--mlflow-experiment`` (exactly one; from MLflow ``--out`` is required), checked
+    before any compute; sets ``args.out`` to ``SWEEP_DIR/<default_out>`` when not given. RunsTableError and
+    TrackingUriError say what is wrong in one line."""
+    from analysis.sources import loaders
+    from analysis.sources.mlflow_uri import check_tracking_uri
+
+    if (args.sweep_dir is None) == (args.mlflow_experiment is None):
+        raise UserError("give exactly one of SWEEP_DIR or --mlflow-experiment NAME")
+    if args.out is None:
+        if args.sweep_dir is None:
+            raise UserError("--mlflow-experiment needs --out DIR: where to write the results")
+        args.out = os.path.join(args.sweep_dir, default_out)
+    if args.tracking_uri is not None:
+        check_tracking_uri(args.tracking_uri, create=False, what="--tracking-uri")
+    if args.mlflow_experiment is None:
+        return loaders.load_sweep_dir(args.sweep_dir)
+    if args.tracking_uri is None:  # MLflow's default store: it must exist (MLflow would create an empty one)
+        import mlflow
+
+        check_tracking_uri(mlflow.get_tracking_uri(), create=False, what="MLflow's default tracking URI")
+    return loaders.load_mlflow(args.mlflow_experiment, args.tracking_uri, args.parent_run_id)
+
+
 def target(p: argparse.ArgumentParser) -> None:
     p.add_argument(
         "--target",

@@ -2,7 +2,9 @@
 
 ``bcrit recommend SWEEP_DIR [--target LOSS] [--metric eval/loss] [--device-mem-gb G] [--max-workers W]
 [--max-accum A] [--max-batch B] [--bootstrap N] [--seed S] [--no-mlflow] [--out DIR]`` (default
-``SWEEP_DIR/analysis``). Without ``--target``: the target ``bcrit analyze`` quotes (``bcrit.json``'s answer), else
+``SWEEP_DIR/analysis``); ``--mlflow-experiment NAME [--tracking-uri URI] [--parent-run-id ID] --out DIR`` instead of
+SWEEP_DIR reads the sweep from MLflow, as ``bcrit analyze`` does. Without ``--target``: the target ``bcrit analyze``
+quotes (``bcrit.json``'s answer), else
 the lowest trustworthy automatic target. Writes ``recommend.json``, ``recommend.png`` and ``recommend.md``, puts the
 same section into ``report.md``/``report.html`` when they exist, and logs them to the sweep's MLflow parent run.
 The science is in :mod:`analysis.decisions.recommend` (docs/recommend.md). User mistakes: one line, exit status 2.
@@ -23,7 +25,7 @@ PROG = "bcrit recommend"
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
-    options.sweep_dir(p)
+    options.mlflow_source(p)
     options.target(p)
     options.metric(p)
     p.add_argument(
@@ -93,21 +95,21 @@ def _run(args: argparse.Namespace) -> int:
     from pathlib import Path
 
     from analysis.decisions import recommend
+    from analysis.decisions.trust_note import flags_at, untrusted_line
     from analysis.fits import throughput
     from analysis.reporting import recommend_report as rr
     from analysis.sources import loaders
     from orchestrator.analyze_cmd import UsageError, check_metric, check_out_dir, check_own_store, check_parent_run
 
     check_args(args)
-    out = args.out or os.path.join(args.sweep_dir, "analysis")
+    runs = options.load_runs(args)
+    out = args.out
     check_out_dir(out)
-    runs = loaders.load_sweep_dir(args.sweep_dir)
     parent = None if args.no_mlflow else runs.parent_run_id
-    if parent:
+    if parent and args.sweep_dir:
         check_own_store(args.sweep_dir, runs.tracking_uri)
-    uri = (
-        check_parent_run(runs.tracking_uri, parent, f"{args.sweep_dir}/{loaders.SWEEP_PARENT_FILE}") if parent else None
-    )
+    source = f"{args.sweep_dir}/{loaders.SWEEP_PARENT_FILE}" if args.sweep_dir else "--mlflow-experiment"
+    uri = check_parent_run(runs.tracking_uri, parent, source) if parent else None
     if args.metric not in runs.metric_names():
         raise UserError(f"--metric {args.metric}: no trial reported it (have {runs.metric_names()[:6]} ...)")
     try:
@@ -127,30 +129,35 @@ def _run(args: argparse.Namespace) -> int:
             f"--max-batch {args.max_batch}: no candidate split has a batch size <= {args.max_batch}; raise it"
         )
     p, fit, times = recommend.recommend(
-        runs, target, args.metric, unit=cost_unit(args.sweep_dir), device_mem_gb=args.device_mem_gb,
+        runs, target, args.metric, unit=cost_unit(args.sweep_dir or out), device_mem_gb=args.device_mem_gb,
         max_workers=args.max_workers, max_accum=args.max_accum, max_batch=args.max_batch, n_boot=args.bootstrap,
         seed=args.seed,
     )  # fmt: skip
     pollux = pollux_lines(runs, args.metric, fit, p)
     model = throughput.fit_step_time(times.splits, times.step_s)
-    rec = rr.to_json(p, {"target_from": how, "throughput_model": model_json(model, times), "pollux": pollux[1]})
+    flags = flags_at(runs, args.metric, target)
+    warning = untrusted_line({float(target): flags}, "this recommendation")
+    rec = rr.to_json(p, {"target_from": how, "throughput_model": model_json(model, times), "pollux": pollux[1],
+                         "flags": flags, "warning": warning})  # fmt: skip
     os.makedirs(out, exist_ok=True)
     with open(os.path.join(out, rr.JSON_FILE), "w", encoding="utf-8") as f:
         f.write(json.dumps(rec, indent=1, allow_nan=False) + "\n")
     rr.figure(p, Path(out))
-    sec = rr.section(p, model_lines(model, times), pollux[0])
+    sec = rr.section(p, model_lines(model, times), pollux[0], warning)
     write_section(out, sec, args.metric)
     if parent:
         from analysis.reporting.publish import log_recommendation
 
         log_recommendation(out, uri, parent, rec)
+    if warning:
+        print(warning)
     print(f"target: {args.metric} {target:.4g} ({how})")
     print("\n".join(rr.summary(p)))
     print("\n".join(rr.table(p)))
     print(model_lines(model, times)[0].replace("`", "").rstrip(":") + "; per split in recommend.md")
     excluded = sorted({e for e in p.excluded if e})
     print("\n".join(pollux[0] + [f"- excluded: {e}" for e in excluded] + [f"- {n}" for n in p.notes]))
-    print(schedule_line(args.sweep_dir))
+    print(schedule_line(args.sweep_dir or os.path.join(out, "bcrit.json")))
     print(
         f"wrote {out}/{rr.JSON_FILE}, {rr.FIGURE}, recommend.md"
         + (f"; logged to MLflow run {parent}" if parent else "")

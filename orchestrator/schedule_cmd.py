@@ -30,7 +30,7 @@ def register(sub) -> None:
         f"(docs/schedule.md). SWEEP_DIR must have been analysed (bcrit analyze); a bcrit.json may be given instead. "
         f"Writes {SCHEDULE_FILE} to --out.",
     )
-    options.sweep_dir(p)
+    options.mlflow_source(p)
     p.add_argument("--reference", type=int, help="the constant batch size to beat (default: nearest B_crit)")
     p.add_argument("--batch-sizes", help="allowed batch sizes, comma-separated (default: the sweep's)")
     options.out(p)
@@ -45,6 +45,33 @@ def analysis_file(path: str) -> tuple[str, str | None]:
     if os.path.isfile(candidate):
         return candidate, path
     raise UserError(f"{path} holds no analysis ({candidate} missing); run `bcrit analyze {path}` first")
+
+
+def from_mlflow(args) -> tuple[object, str]:
+    """``(runs, bcrit.json)`` of ``--mlflow-experiment``: the analysis ``bcrit analyze --mlflow-experiment`` logged to
+    the sweep's parent run (artifact ``analysis/bcrit.json``), downloaded into ``--out``."""
+    from mlflow.exceptions import MlflowException
+    from mlflow.tracking import MlflowClient
+
+    from analysis.reporting.publish import ARTIFACT_DIR
+    from analysis.sources.mlflow_uri import TrackingUriError
+    from analysis.sources.schema import RunsTableError
+
+    try:
+        runs = options.load_runs(args)  # one line for a missing SWEEP_DIR / --mlflow-experiment / --out
+    except (RunsTableError, TrackingUriError) as e:
+        raise UserError(str(e)) from None
+    os.makedirs(args.out, exist_ok=True)
+    try:
+        got = MlflowClient(runs.tracking_uri).download_artifacts(
+            runs.parent_run_id, f"{ARTIFACT_DIR}/bcrit.json", args.out
+        )
+    except (MlflowException, OSError):
+        raise UserError(
+            f"MLflow run {runs.parent_run_id} holds no {ARTIFACT_DIR}/bcrit.json; run `bcrit analyze "
+            f"--mlflow-experiment {args.mlflow_experiment} --out DIR` first"
+        ) from None
+    return runs, got
 
 
 def batch_sizes_of(text: str | None, result: dict) -> list[int]:
@@ -62,16 +89,18 @@ def batch_sizes_of(text: str | None, result: dict) -> list[int]:
     return sizes
 
 
-def throughput_per_batch(sweep: str | None) -> dict[int, float]:
-    """Median ``sys/examples_per_s`` per batch size of the sweep's trials ({} without tables or measurements)."""
-    if sweep is None or not os.path.isfile(os.path.join(sweep, "metrics.parquet")):
-        return {}
+def throughput_per_batch(sweep: str | None, runs=None) -> dict[int, float]:
+    """Median ``sys/examples_per_s`` per batch size of the sweep's trials (``runs`` when given, else read from the
+    sweep directory; {} without tables or measurements)."""
     import numpy as np
 
     from analysis.core import metrics as M
     from analysis.sources.loaders import load_sweep_dir
 
-    runs = load_sweep_dir(sweep)
+    if runs is None:
+        if sweep is None or not os.path.isfile(os.path.join(sweep, "metrics.parquet")):
+            return {}
+        runs = load_sweep_dir(sweep)
     s = runs.series(M.SYS_EXAMPLES_PER_S)
     b = runs.batch_size[s.trial]
     return {int(x): float(np.median(s.value[b == x])) for x in np.unique(b)}
@@ -79,9 +108,15 @@ def throughput_per_batch(sweep: str | None) -> dict[int, float]:
 
 def schedule_command(args) -> int:
     from analysis.decisions.schedule import propose, segments_of
+    from analysis.decisions.trust_note import untrusted_line
     from orchestrator.analyze_cmd import check_out_dir
 
-    path, sweep = analysis_file(args.sweep_dir)
+    runs = None
+    if args.mlflow_experiment is not None or args.sweep_dir is None:
+        runs, path = from_mlflow(args)
+        sweep = None
+    else:
+        path, sweep = analysis_file(args.sweep_dir)
     out_dir = args.out or os.path.dirname(os.path.abspath(path))
     check_out_dir(out_dir)
     try:
@@ -98,14 +133,23 @@ def schedule_command(args) -> int:
     if not segments:
         raise UserError(f"{path}: no target has a usable fit (S_min, E_min > 0); analyse more targets")
     proposal = propose(segments, sizes, args.reference)
-    out = summary(proposal, tuned_lrs(result, segments), throughput_per_batch(sweep), notes)
+    out = summary(proposal, tuned_lrs(result, segments), throughput_per_batch(sweep, runs), notes)
+    used = [t for t in result["targets"] if _fitted(t)]  # the targets segments_of builds the segments from
+    out["flags"] = {f"{t['target']:g}": list(t.get("flags") or []) for t in used}
+    out["warning"] = untrusted_line({float(t): f for t, f in out["flags"].items()}, "this schedule")
     os.makedirs(out_dir, exist_ok=True)
     written = os.path.join(out_dir, SCHEDULE_FILE)
     with open(written, "w") as f:
         json.dump(out, f, indent=1)
+    if out["warning"]:
+        print(out["warning"])
     print(render(out, result.get("metric", "?"), path))
     print(f"wrote {written}")
     return 0
+
+
+def _fitted(t: dict) -> bool:
+    return all(isinstance(t.get(k), (int, float)) and math.isfinite(t[k]) for k in ("s_min", "e_min"))
 
 
 def tuned_lrs(result: dict, segments) -> list[dict[int, float]]:

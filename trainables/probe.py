@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import math
 import os
+import pickle
 import time
 from dataclasses import asdict, dataclass
 
@@ -84,8 +85,12 @@ def load_model(checkpoint: str, ema: bool = False, device: torch.device | None =
         raise ProbeError(str(e)) from None
     except ConfigError as e:
         raise ProbeError(f"{checkpoint}: its trial config is unusable here: {e}") from None
-    except Exception as e:  # unreadable or foreign state.pt
-        raise ProbeError(f"{path} is not a readable bcrit checkpoint ({type(e).__name__}: {e})") from None
+    except Exception as e:  # unreadable or foreign state.pt; one line, not torch's multi-line explanation
+        got = "not a torch.save archive" if isinstance(e, pickle.UnpicklingError) else f"{type(e).__name__}: {e}"
+        raise ProbeError(
+            f"{path} is not a readable bcrit checkpoint ({got.splitlines()[0]}): "
+            "expected the state.pt a bcrit trial saves (torch.save of its model weights, config and step)"
+        ) from None
     try:
         data = load_dataset(cfg.dataset, cfg.eval_size)
     except DatasetError as e:

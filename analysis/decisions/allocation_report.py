@@ -10,9 +10,10 @@ and global GNS measurements, ``analysis.core.allocation``) beside the gain measu
    those means (``noise``, with the floor) and, for a sampler the sweep ran, the allocation its trials logged last
    (``alloc/bin{k}/p``, mean over trials);
 3. measurement: ``analysis.fits.sweep_fit.analyze_metric`` per sampler (best lr per batch size, seeds averaged, B_crit
-with
-   its bootstrap interval) and the ratio of best steps per batch size, with an SE from the seeds' scatter of the
-   two best settings (``log`` steps, delta method).
+   with its bootstrap interval) and the ratio of best steps per batch size, with an SE from the seeds' scatter of the
+   two best settings (``log`` steps, delta method); where a sampler's fit is impossible (fewer than 3 batch sizes
+   reach the target), its trials paired with the uniform ones by seed and setting
+   (``analysis.decisions.allocation_pairs``).
 """
 
 from __future__ import annotations
@@ -27,6 +28,8 @@ from analysis.core import gns
 from analysis.core import metrics as M
 from analysis.core.allocation import bin_shares, noise_allocation, predict
 from analysis.core.bins import timestep_bins
+from analysis.decisions.allocation_pairs import paired_ratios
+from analysis.decisions.trust_note import untrusted_line
 from analysis.fits import gns_view
 from analysis.fits.steps import steps_to_target
 from analysis.fits.sweep_fit import analyze_metric
@@ -192,6 +195,22 @@ def compare(runs: Runs, target: float, floor: float = 0.1, bootstrap: int = 200,
     for name, m in result["measured"].items():
         m["b_simple"], m["b_simple_se"] = measured_b_simple(runs, target, name)
     result["ratios"] = _ratio_rows(result)
+    flags = sorted({f for m in result["measured"].values() for f in m.get("flags", [])})
+    result["flags"] = flags  # bcrit analyze's flags on any sampler's fit at this target (analysis.fits.flags)
+    result["warning"] = untrusted_line({float(target): flags}, "this comparison's measured B_crit and best steps")
+    fitted = {r["sampler"] for r in result["ratios"]}
+    kinds = samplers_of(runs)
+    if UNIFORM in set(kinds):  # where a sampler's own fit failed (< 3 batch sizes): its trials paired with uniform's
+        for r in paired_ratios(runs, kinds, target, UNIFORM):
+            pa_ = _predicted_for(result["predicted"], r["sampler"])
+            if r["sampler"] not in fitted:
+                if pa_ is not None:
+                    i = result["batch_sizes"].index(r["batch_size"])
+                    r.update(predicted=pa_["ratio"][i], predicted_se=pa_["ratio_se"][i])
+                result["ratios"].append(r)
+    if len(set(kinds)) < 2:
+        result["notes"].append("no measured S/S_uniform: every trial of the sweep is uniform (sweep "
+                               "scientific.timestep_sampling: [uniform, noise] to measure the gain)")  # fmt: skip
     result["bins"] = _bin_rows(runs, result)
     return result
 
@@ -208,6 +227,12 @@ def measured_b_simple(runs: Runs, target: float, sampler: str) -> tuple[float | 
     return (value, se) if math.isfinite(value) else (None, None)
 
 
+def _predicted_for(pred: dict | None, name: str) -> dict | None:
+    """The predicted allocation of sampler ``name``: the one its trials logged, else the one of that name."""
+    allocs = (pred or {}).get("allocations", {})
+    return allocs.get(f"{name} (logged)") or allocs.get(name)
+
+
 def _ratio_rows(result: dict) -> list[dict]:
     meas, pred = result["measured"], result["predicted"]
     base = meas.get(UNIFORM, {}).get("points", {})
@@ -215,9 +240,7 @@ def _ratio_rows(result: dict) -> list[dict]:
     for name, m in meas.items():
         if name == UNIFORM or "points" not in m:
             continue
-        pa_ = (pred or {}).get("allocations", {}).get(f"{name} (logged)") or (pred or {}).get("allocations", {}).get(
-            name
-        )
+        pa_ = _predicted_for(pred, name)
         for i, b in enumerate(result["batch_sizes"]):
             if b not in base or b not in m["points"]:
                 continue

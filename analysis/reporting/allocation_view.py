@@ -24,6 +24,8 @@ def _n(x, se=None) -> str:
 def render_markdown(result: dict, png: str | None = None) -> str:
     """The comparison as markdown: per-bin table, per-allocation prediction, predicted vs measured ratios."""
     lines = [f"## Timestep allocation at eval/loss {result['target']:g}", ""]
+    if result.get("warning"):
+        lines += [f"**{result['warning']}**", ""]
     pred = result["predicted"]
     if result["bins"]:
         names = list(pred["allocations"])
@@ -60,10 +62,14 @@ def render_markdown(result: dict, png: str | None = None) -> str:
         steps = " | ".join(_n(m["points"].get(b, {}).get("steps")) for b in result["batch_sizes"])
         ci = m["b_crit_ci"]
         lines.append(f"| {name} | {_n(m['b_crit'])} | [{_n(ci[0])}, {_n(ci[1])}] | {bs} | {steps} |")
-    lines += ["", "| sampler | B | measured S/S_uniform | predicted S/S_uniform |", "| --- | --- | --- | --- |"]
+    if result["ratios"]:
+        lines += ["", "| sampler | B | measured S/S_uniform | predicted S/S_uniform |", "| --- | --- | --- | --- |"]
     for r in result["ratios"]:
         pred_cell = _n(r.get("predicted"), r.get("predicted_se"))
-        lines.append(f"| {r['sampler']} | {r['batch_size']} | {_n(r['measured'], r['measured_se'])} | {pred_cell} |")
+        how = f" ({r['pairs']} pairs)" if "pairs" in r else ""
+        lines.append(
+            f"| {r['sampler']} | {r['batch_size']} | {_n(r['measured'], r['measured_se'])}{how} | {pred_cell} |"
+        )
     if png:
         lines += ["", f"![predicted vs measured steps ratio]({png})"]
     lines += [f"- {n}" for n in result["notes"]]

@@ -156,11 +156,33 @@ def bins(result: dict, path: Path) -> Path:
         ax.set_title(f"Per timestep bin: {name}", fontsize=10)
         ax.invert_xaxis()
         ax.legend(fontsize=7)
-    ys = [v for ax in (a0, a1) for v in ax.get_ylim()]
-    for ax in (a0, a1):
-        ax.set_ylim(min(ys), max(ys))  # same scale so the two are comparable
+    _shared_log_ylim((a0, a1))  # same scale so the two are comparable
     fig.savefig(path, dpi=110)
     return path
+
+
+def _shared_log_ylim(axes) -> None:
+    """One y range for log-scaled ``axes``: from their data's positive values (an empty panel's default limits and
+    non-positive values would make matplotlib warn and ignore the limits); widened 2x each way when every value is
+    the same (a zero-height range)."""
+    from matplotlib.collections import PathCollection
+
+    ys = []
+    for ax in axes:
+        for line in ax.get_lines():
+            v = np.asarray(line.get_ydata(), dtype=float)
+            ys.extend(v[np.isfinite(v) & (v > 0)].tolist())
+        for coll in ax.collections:  # the points (offsets in data units) and the bands (paths in data units)
+            parts = [coll.get_offsets()] if isinstance(coll, PathCollection) else [p.vertices for p in coll.get_paths()]
+            for xy in parts:
+                v = np.asarray(xy, dtype=float).reshape(-1, 2)[:, 1]
+                ys.extend(v[np.isfinite(v) & (v > 0)].tolist())
+    if not ys:
+        return
+    lo, hi = min(ys), max(ys)
+    lo, hi = (lo / 2, hi * 2) if hi <= lo else (lo / 1.2, hi * 1.2)
+    for ax in axes:
+        ax.set_ylim(lo, hi)
 
 
 def gns_training(result: dict, runs: Runs, path: Path, window: int | None = None) -> Path | None:

@@ -168,7 +168,8 @@ RECOMMEND_TABLE = "analysis/recommend_table.json"
 def log_recommendation(out_dir: str | Path, tracking_uri: str | None, parent_run_id: str, rec: dict) -> None:
     """``bcrit recommend``'s files (``recommend.json``, its figure, the updated report) as artifacts under
     ``analysis/``, the fastest and cheapest as metrics ``recommend/<fastest|cheapest>/<time_s|cost_hours|...>/<target>``
-    and every candidate as the MLflow table ``analysis/recommend_table.json``."""
+    and every candidate as the MLflow table ``analysis/recommend_table.json``; the target's trust flags as the tag
+    ``recommend/flags/<target>`` (comma-separated, empty when trusted)."""
     from mlflow.entities import Metric
     from mlflow.tracking import MlflowClient
 
@@ -186,6 +187,8 @@ def log_recommendation(out_dir: str | Path, tracking_uri: str | None, parent_run
             if v is not None:
                 metrics.append(Metric(f"recommend/{role}/{k}/{key}", v, now, 0))
     client.log_batch(parent_run_id, metrics=metrics)
+    # the analysis's trust flags at this target (analysis.decisions.trust_note): "" when trusted
+    client.set_tag(parent_run_id, f"recommend/flags/{key}", ",".join(rec.get("flags") or []))
     cols: dict[str, list] = {}
     for i, row in enumerate(rec["candidates"]):
         row = {**row, "role": _role(rec, i)}

@@ -94,14 +94,16 @@ def summary(p: Plan) -> list[str]:
     ]
 
 
-def section(p: Plan, model_lines: list[str], pollux: list[str]) -> str:
-    """The report.md section: summary, front table, the throughput model, exclusions, the Pollux comparison."""
+def section(p: Plan, model_lines: list[str], pollux: list[str], warning: str | None = None) -> str:
+    """The report.md section: the untrusted-B_crit warning if any, summary, front table, the throughput model,
+    exclusions, the Pollux comparison."""
     excl = sorted({e for e in p.excluded if e})
     n_ex = sum(1 for e in p.excluded if e)
     lines = [
         SECTION_START,
         "## How should I train? (`bcrit recommend`)",
         "",
+        *([f"**{warning}**", ""] if warning else []),
         *[f"    {s}" for s in summary(p)],
         "",
         f"{len(p.splits)} candidate splits, {int(p.measured.sum())} measured; time-to-target = steps S(B) of the fit "
@@ -119,6 +121,12 @@ def section(p: Plan, model_lines: list[str], pollux: list[str]) -> str:
         SECTION_END,
     ]
     return "\n".join(lines) + "\n"
+
+
+def section_in(report_md: str) -> str | None:
+    """The recommendation section of ``report_md`` (markers included), None when it has none."""
+    a, b = report_md.find(SECTION_START), report_md.find(SECTION_END)
+    return report_md[a : b + len(SECTION_END)] + "\n" if a >= 0 and b > a else None
 
 
 def replace_section(report_md: str, sec: str) -> str:

@@ -6,6 +6,7 @@ import json
 import math
 import os
 
+import numpy as np
 import pytest
 import torch
 
@@ -83,7 +84,14 @@ def bad_checkpoints(ckpt, tmp_path_factory) -> dict[str, str]:
     unknown = root / "unknown_dataset"
     unknown.mkdir()
     torch.save(state, unknown / "state.pt")
-    return {"no_ema": no_ema, "unknown": str(unknown), "empty": str(root)}
+    noise = root / "random_bytes"
+    noise.mkdir()
+    (noise / "state.pt").write_bytes(np.random.default_rng(0).bytes(4096))
+    foreign = root / "foreign"
+    foreign.mkdir()
+    torch.save({"weights": torch.zeros(2)}, foreign / "state.pt")
+    return {"no_ema": no_ema, "unknown": str(unknown), "empty": str(root), "noise": str(noise),
+            "foreign": str(foreign)}  # fmt: skip
 
 
 @pytest.mark.parametrize(
@@ -98,6 +106,8 @@ def bad_checkpoints(ckpt, tmp_path_factory) -> dict[str, str]:
         (["{ckpt}", "--bins", "0"], "--bins"),
         (["{ckpt}", "--b", "0"], "--b"),
         (["{unknown}"], "dataset"),
+        (["{noise}"], "state.pt is not a readable bcrit checkpoint (not a torch.save archive): expected the state.pt"),
+        (["{foreign}"], "state.pt is not a readable bcrit checkpoint (KeyError: 'config'): expected the state.pt"),
         (["{no_ema}", "--ema"], "no EMA"),
         (["{ckpt}", "--json", "/no/such/dir/p.json"], "--json"),
         (["{ckpt}", "--json", "/proc/p.json"], "not writable"),  # issue 14: refused before computing

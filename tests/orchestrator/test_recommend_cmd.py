@@ -102,3 +102,41 @@ def test_logged_to_the_sweeps_parent_run(tmp_path, empty_mlflow_db, capsys):
     table = json.loads(open(client.download_artifacts(parent, publish.RECOMMEND_TABLE, str(tmp_path / "dl"))).read())
     assert len(table["data"]) == len(rec["candidates"])
     assert {f.path for f in client.list_artifacts(parent, "analysis")} >= {"analysis/recommend.json"}
+    assert run.data.tags["recommend/flags/0.3"] == ",".join(rec["flags"])  # trusted here: empty
+
+
+def test_a_recommendation_on_a_flagged_target_says_so_first(sweep, tmp_path, capsys):
+    from analysis.fits.sweep_fit import analyze_metric
+    from analysis.sources.loaders import load_sweep_dir
+
+    runs = load_sweep_dir(sweep)
+    flagged = analyze_metric(runs, "eval/loss", [0.5], bootstrap=0)[0]["flags"]
+    assert flagged  # what bcrit analyze says of this target (coarse evaluations at the large batch sizes)
+    for target, flags in ((0.5, flagged), (0.3, [])):
+        out = tmp_path / str(target)
+        rc, text, err = _run(capsys, sweep, "--target", target, "--bootstrap", "20", "--no-mlflow", "--out", out)
+        assert rc == 0, err
+        rec = json.loads((out / "recommend.json").read_text())
+        assert rec["flags"] == flags
+        first = text.splitlines()[0]
+        if flags:
+            assert first.startswith("UNTRUSTED: this recommendation") and ", ".join(flags) in first
+            assert rec["warning"] == first and f"**{first}**" in (out / "recommend.md").read_text()
+        else:
+            assert first.startswith("target: eval/loss 0.3") and rec["warning"] is None
+            assert "UNTRUSTED" not in text
+
+
+def test_a_later_analyze_keeps_the_recommendation_section(sweep, tmp_path, capsys):
+    out = tmp_path / "an"
+    analyze = ["analyze", str(sweep), "--targets", "0.3,0.4", "--bootstrap", "20", "--no-mlflow", "--no-plots",
+               "--out", str(out)]  # fmt: skip
+    assert cli.main(analyze) == 0
+    assert _run(capsys, sweep, "--target", "0.3", "--bootstrap", "20", "--no-mlflow", "--out", out)[0] == 0
+    sec = (out / "recommend.md").read_text().strip()
+    assert cli.main(analyze) == 0
+    md = (out / "report.md").read_text()
+    assert md.count("## How should I train?") == 1 and sec in md
+    assert md.startswith("# Critical batch size")  # the new analysis, the kept section after it
+    html = (out / "report.html").read_text()
+    assert "How should I train?" in html and html.count("data:image/png") >= 1  # recommend.png embedded

@@ -107,3 +107,19 @@ def test_recommend_states_the_schedule_in_one_line(tmp_path):
     analysis(flat / "analysis", s_min=(3.0, 6.0, 9.0), e_min=(30.0, 60.0, 90.0))  # B_local 10 in every segment
     assert "none proposed" in schedule_line(str(flat))
     assert "not proposed" in schedule_line(str(tmp_path / "nothing"))
+
+
+def test_a_schedule_on_flagged_targets_says_so_first(tmp_path, capsys):
+    path = analysis(tmp_path)
+    assert main(["schedule", path]) == 0
+    assert not capsys.readouterr().out.startswith("UNTRUSTED")
+    got = json.loads((tmp_path / "schedule.json").read_text())
+    assert got["warning"] is None and got["flags"] == {"1": [], "0.5": [], "0.2": []}
+    res = json.loads(open(path).read())
+    res["targets"][2]["flags"] = ["extrapolated", "near_floor"]  # what bcrit analyze would have said of 0.2
+    open(path, "w").write(json.dumps(res))
+    assert main(["schedule", path]) == 0
+    first = capsys.readouterr().out.splitlines()[0]
+    assert first.startswith("UNTRUSTED: this schedule") and "0.2: extrapolated, near_floor" in first
+    got = json.loads((tmp_path / "schedule.json").read_text())
+    assert got["warning"] == first and got["flags"]["0.2"] == ["extrapolated", "near_floor"]
