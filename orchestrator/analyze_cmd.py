@@ -47,6 +47,9 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     options.metric(p)
     p.add_argument("--targets", help="comma-separated target values (default: automatic)")
     options.bootstrap(p)
+    p.add_argument("--no-calibration", action="store_true",
+                   help="take the intervals at the nominal 90%% level, not the level calibrated by a parametric "
+                   "double bootstrap (docs/intervals.md)")  # fmt: skip
     options.seed(p)
     p.add_argument("--no-plots", action="store_true", help="write bcrit.json and report.md only")
     options.no_mlflow(p)
@@ -189,6 +192,9 @@ def _run(args: argparse.Namespace) -> int:
         raise UsageError(f"--bootstrap must be >= 0, got {args.bootstrap}")
     options.check_seed(args.seed)
     check_out_dir(args.out)
+    from analysis.fits import calibration
+
+    calibration.set_enabled(not args.no_calibration)
     if args.tracking_uri is not None:
         check_tracking_uri(args.tracking_uri, create=False, what="--tracking-uri")
     if args.mlflow_experiment is not None:
