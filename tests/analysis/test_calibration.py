@@ -70,8 +70,8 @@ def _coverage(shape: str, draws: int, bootstrap: int, first_seed: int, calibrate
 def test_calibrated_coverage_on_two_shapes():
     """2 sweeps each of two shapes (the issue's description, and t(3)-tailed jitter with the optimum off centre),
     every trusted target (global and per bin): the calibrated 90% interval holds the truth in [0.85, 0.95] of them
-    pooled (about 80 targets: SE about 0.035), >= 0.8 on each shape, and is taken above the nominal level. (The shape ``budget7``
-    is left out: there the calibration falls short, benchmarks/RESULTS.md.)"""
+    pooled (about 80 targets: SE about 0.035), >= 0.8 on each shape, and is taken above the nominal level. (The
+    shape ``budget7`` is left out: there the calibration falls short, benchmarks/RESULTS.md.)"""
     hits, levels = [], []
     for shape in ("issue", "t3"):
         rec, s = _coverage(shape, draws=2, bootstrap=100, first_seed=900)
