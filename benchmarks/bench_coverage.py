@@ -201,9 +201,9 @@ def _trusted_rows(sim: str, draws: int, n_boot: int, **kw) -> dict:
         t0 = time.perf_counter()
         if when == "before":
             with mock.patch.object(pareto, "lack_of_fit_var", lambda *a: 0.0):
-                rec = coverage_records(sim, draws, n_boot, **kw)
+                rec = coverage_records(sim, draws, n_boot, calibrate=False, **kw)
         else:
-            rec = coverage_records(sim, draws, n_boot, **kw)
+            rec = coverage_records(sim, draws, n_boot, calibrate=False, **kw)
         for scope, which in (("global", ~rec["is_bin"]), ("bins", rec["is_bin"])):
             out[when, scope] = summary(rec, which & rec["trusted"]) | {"all": int(which.sum())}
         out[when, "seconds"] = time.perf_counter() - t0
@@ -230,6 +230,40 @@ def trusted_coverage(sims: list[str], draws: int, n_boot: int, ablations: bool) 
         print(f"<!-- {label}: {r['before', 'seconds']:.0f} s before, {r['after', 'seconds']:.0f} s after -->")
 
 
+def shapes_coverage(names: list[str], draws: int, n_boot: int, first_seed: int) -> None:
+    """Issue 30: the 90% interval at the trusted targets on every shape of ``synth_shapes``, before (the nominal
+    level) and after (the level calibrated by the parametric double bootstrap), on the same sweeps."""
+    from coverage_sims import coverage_records, summary
+
+    print(f"## calibrated intervals: {draws} sweeps per shape (seeds {first_seed}..), bootstrap {n_boot}")
+    print(
+        "| shape | scope | trusted targets | coverage before ± SE | after ± SE | min/max over batches of 10 "
+        "sweeps, after | median level after | median width before | after | width ratio | median abs. error |"
+    )
+    print("|---|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|")  # fmt: skip
+    for name in names:
+        t0 = time.perf_counter()
+        rec = {c: coverage_records(f"shape:{name}", draws, n_boot, first_seed, calibrate=c) for c in (False, True)}
+        for scope, which in (("global", ~rec[True]["is_bin"]), ("bins", rec[True]["is_bin"])):
+            b, a = (summary(rec[c], rec[c]["trusted"] & (~rec[c]["is_bin"] if scope == "global" else rec[c]["is_bin"]))
+                    for c in (False, True))  # fmt: skip
+            sel = which & rec[True]["trusted"]
+            r = rec[True]
+            hit = (r["lo"] <= r["truth"]) & (r["truth"] <= r["hi"])
+            batch = [
+                hit[sel & (r["draw"] // 10 == k)].mean()
+                for k in range(draws // 10)
+                if (sel & (r["draw"] // 10 == k)).any()
+            ]
+            mm = f"{min(batch):.2f} / {max(batch):.2f}" if batch else "-"
+            print(
+                f"| {name} | {scope} | {a['n']} | {b['coverage']:.3f} ± {b['se']:.3f} | **{a['coverage']:.3f}** ± "
+                f"{a['se']:.3f} | {mm} | {a['level']:.3f} | {b['width']:.3f} | {a['width']:.3f} | "
+                f"{a['width'] / b['width']:.2f} | {a['error']:.3f} |"
+            )
+        print(f"<!-- {name}: {time.perf_counter() - t0:.0f} s -->", flush=True)
+
+
 def main() -> None:
     p = argparse.ArgumentParser(description=__doc__)
     p.add_argument("--draws", type=int, default=None, help="sweeps (default 200, or 40 with --sim)")
@@ -237,7 +271,16 @@ def main() -> None:
     p.add_argument("--quick", action="store_true", help="fewer draws everywhere (a smoke run)")
     p.add_argument("--sim", choices=("old", "new", "both"), help="only the trusted-target coverage (issue 17)")
     p.add_argument("--ablations", action="store_true", help="with --sim: also the simulators' variants")
+    p.add_argument("--shapes", nargs="*", help="only the calibrated-interval coverage on these synth_shapes (issue 30; "
+                   "none named: all)")  # fmt: skip
+    p.add_argument("--first-seed", type=int, default=700, help="with --shapes: the first sweep's seed")
     a = p.parse_args()
+    if a.shapes is not None:
+        sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tests" / "analysis"))
+        from synth_shapes import SHAPES
+
+        shapes_coverage(a.shapes or list(SHAPES), a.draws or 40, a.bootstrap or 400, a.first_seed)
+        return
     if a.sim:
         sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tests" / "analysis"))
         sims = ["old", "new"] if a.sim == "both" else [a.sim]

@@ -44,6 +44,9 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     options.metric(p)
     p.add_argument("--targets", help="comma-separated target values (default: automatic)")
     options.bootstrap(p)
+    p.add_argument("--no-calibration", action="store_true",
+                   help="take the intervals at the nominal 90%% level, not the level calibrated by a parametric "
+                   "double bootstrap (docs/intervals.md)")  # fmt: skip
     options.seed(p)
     p.add_argument("--no-plots", action="store_true", help="write bcrit.json and report.md only")
     options.no_mlflow(p)
@@ -182,6 +185,9 @@ def _run(args: argparse.Namespace) -> int:
         raise UsageError(f"--bootstrap must be >= 0, got {args.bootstrap}")
     options.check_seed(args.seed)
     check_out_dir(args.out or os.path.join(args.sweep_dir, DEFAULT_OUT))
+    from analysis.fits import calibration
+
+    calibration.set_enabled(not args.no_calibration)
     runs = options.load_runs(args, DEFAULT_OUT)
     parent = None if args.no_mlflow else (args.parent_run_id or runs.parent_run_id)
     uri = None

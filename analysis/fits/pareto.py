@@ -200,6 +200,17 @@ def leverages(batch_sizes: np.ndarray, fit: ParetoFit) -> np.ndarray:
     return np.einsum("ij,jk,ik->i", jac, np.linalg.pinv(jac.T @ jac), jac)
 
 
+def point_vars(reps: np.ndarray) -> np.ndarray:
+    """(n,) variance of log steps of each point over the replicates ``reps`` (R, n), finite positive values only;
+    0 where fewer than two are finite."""
+    with np.errstate(divide="ignore", invalid="ignore"):
+        lr = np.where(np.isfinite(reps) & (reps > 0), np.log(np.where(reps > 0, reps, 1.0)), np.nan)
+    ok = np.isfinite(lr).sum(axis=0) >= 2
+    v = np.zeros(reps.shape[1])
+    v[ok] = np.nanvar(lr[:, ok], axis=0, ddof=1)
+    return v
+
+
 def lack_of_fit_var(batch_sizes: np.ndarray, steps: np.ndarray, fit: ParetoFit, reps: np.ndarray) -> float:
     """Between-point variance of log steps that the replicates do not hold (method of moments, truncated at 0).
 
@@ -214,11 +225,7 @@ def lack_of_fit_var(batch_sizes: np.ndarray, steps: np.ndarray, fit: ParetoFit, 
     b = np.asarray(batch_sizes, dtype=np.float64)
     y = np.log(np.asarray(steps, dtype=np.float64))
     r = y - np.log(fit.s_min + fit.e_min / b)
-    with np.errstate(divide="ignore", invalid="ignore"):
-        lr = np.where(np.isfinite(reps) & (reps > 0), np.log(np.where(reps > 0, reps, 1.0)), np.nan)
-    ok = np.isfinite(lr).sum(axis=0) >= 2
-    v = np.zeros(len(b))
-    v[ok] = np.nanvar(lr[:, ok], axis=0, ddof=1)
+    v = point_vars(reps)
     h = leverages(b, fit)
     return float(max(0.0, ((r**2).sum() - ((1.0 - h) * v).sum()) / (len(b) - 2)))
 

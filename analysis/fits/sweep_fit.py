@@ -6,8 +6,8 @@ from __future__ import annotations
 
 import numpy as np
 
+from analysis.fits import calibration, pareto
 from analysis.fits import flags as fl
-from analysis.fits import pareto
 from analysis.fits.steps import (
     aggregate_seeds,
     best_per_batch,
@@ -33,9 +33,15 @@ def analyze_metric(
     n_targets: int = 8,
     strict: bool = True,
     notes: list[str] | None = None,
+    calibrate: bool | None = None,
 ) -> list[dict]:
     """Per target: ``{"target", "b_crit", "b_crit_ci", "s_min", "e_min", "flags", "ci_resamples",
-    "b_crit_refined", "points", "censored", "censored_batch_sizes", "unreached_batch_sizes"}``.
+    "b_crit_refined", "points", "censored", "censored_batch_sizes", "unreached_batch_sizes", "ci_level"}``.
+
+    ``calibrate``: the interval's percentile level is calibrated by a parametric double bootstrap
+    (:mod:`analysis.fits.calibration`) so that it holds ``level``; ``ci_level`` is the level used (``level`` itself
+    when not calibrated). None: :func:`analysis.fits.calibration.enabled` (on unless ``bcrit analyze
+    --no-calibration``).
 
     ``flags`` (names from :mod:`analysis.fits.flags`; empty = trustworthy) say why a number should not be taken at
     face value. ``strict``: a given target with fewer than 3 known batch sizes raises
@@ -72,23 +78,39 @@ def analyze_metric(
             (notes if notes is not None else []).append(str(e))
             continue
         fit = pareto.fit_pareto(best.batch_sizes, best.steps)
-        ci = _b_crit_interval(best, fit, None if boot is None else boot[j], rng, level)
-        out.append(_target_result(runs, ctx, float(y), steps[j], val, st, best, fit, ci, ok, resample))
+        dof = _variance_dof(st, resample) if (calibration.enabled() if calibrate is None else calibrate) else None
+        ci, used = _b_crit_interval(best, fit, None if boot is None else boot[j], rng, level, dof)
+        res = _target_result(runs, ctx, float(y), steps[j], val, st, best, fit, ci, ok, resample)
+        out.append({**res, "ci_level": used})
     return out
 
 
-def _b_crit_interval(best, fit, boot: np.ndarray | None, rng, level: float) -> tuple[float, float]:
-    """The percentile interval of ``B_crit`` at one target: the bootstrap's best steps per batch size (``boot``,
-    (R, n_B); None: no bootstrap) at the point estimate's batch sizes, the points' scatter about the fit beyond
-    what the replicates show added (analysis.fits.pareto.lack_of_fit_var), each replicate refitted."""
+def _variance_dof(st, resample: str) -> float:
+    """Degrees of freedom of a point's bootstrap variance: seeds per setting - 1 (``"seeds"``), settings per batch
+    size - 1 (``"trials"``); at least 1."""
+    if resample == fl.CI_SEEDS:
+        return float(max(1.0, np.median(st.n_seeds) - 1))
+    per_b = np.unique(st.batch_size, return_counts=True)[1]
+    return float(max(1.0, np.median(per_b) - 1))
+
+
+def _b_crit_interval(best, fit, boot: np.ndarray | None, rng, level: float, dof: float | None):
+    """The percentile interval of ``B_crit`` at one target and the level it was taken at: the bootstrap's best
+    steps per batch size (``boot``, (R, n_B); None: no bootstrap) at the point estimate's batch sizes, the points'
+    scatter about the fit beyond what the replicates show added (analysis.fits.pareto.lack_of_fit_var), each
+    replicate refitted. ``dof`` (None: no calibration): the level is calibrated by
+    :func:`analysis.fits.calibration.calibrated_level` with the points' variances on ``dof`` degrees of freedom."""
     if boot is None:
-        return (float("nan"), float("nan"))
+        return (float("nan"), float("nan")), level
     fitted = np.isfinite(best.steps)
     reps = np.where(fitted[None, :], boot, np.nan)  # the batch sizes of the point estimate only
-    tau2 = pareto.lack_of_fit_var(best.batch_sizes[fitted], best.steps[fitted], fit, reps[:, fitted])
+    bf, v = best.batch_sizes[fitted], pareto.point_vars(reps[:, fitted])
+    tau2 = pareto.lack_of_fit_var(bf, best.steps[fitted], fit, reps[:, fitted])
     reps = pareto.with_lack_of_fit(reps, tau2, rng)
     s_min, e_min = pareto.fit_pareto_batched(best.batch_sizes, reps, np.log([fit.s_min, fit.e_min]))
-    return pareto.percentile_ci(e_min / s_min, level)
+    if dof is not None:
+        level = calibration.calibrated_level(bf, fit.s_min, fit.e_min, v, tau2, dof, level, rng)
+    return pareto.percentile_ci(e_min / s_min, level), level
 
 
 def _target_result(runs, ctx, y: float, steps: np.ndarray, val, st, best, fit, ci, ok: np.ndarray, resample) -> dict:

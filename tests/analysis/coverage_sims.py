@@ -37,18 +37,38 @@ def _new_sweep(rng: np.random.Generator, **kw):
     return runs, {nm: (lambda y, nm=nm: truth(sw, nm, y)) for nm in names}, {}
 
 
-SIMULATORS = {"old": _old_sweep, "new": _new_sweep}
+def _shape_sweep(name: str):
+    from synth_shapes import SHAPES
+
+    def draw(rng: np.random.Generator, **kw):
+        return _new_sweep(rng, **{**SHAPES[name].__dict__, **kw})
+
+    return draw
 
 
-def coverage_records(sim: str, draws: int, bootstrap: int, first_seed: int = 500, level: float = 0.9, **kw) -> dict:
-    """Analyse ``draws`` sweeps of simulator ``sim``; arrays over every analysed (sweep, metric, target):
-    ``truth``, ``b_crit``, ``lo``, ``hi``, ``trusted`` (no flags), ``is_bin``. ``kw``: the simulator's options."""
-    rec: dict[str, list] = {k: [] for k in ("truth", "b_crit", "lo", "hi", "trusted", "is_bin")}
+def _simulators() -> dict:
+    from synth_shapes import SHAPES
+
+    return {"old": _old_sweep, "new": _new_sweep, **{f"shape:{k}": _shape_sweep(k) for k in SHAPES}}
+
+
+SIMULATORS = _simulators()
+
+
+def coverage_records(
+    sim: str, draws: int, bootstrap: int, first_seed: int = 500, level: float = 0.9, calibrate: bool = True, **kw
+) -> dict:
+    """Analyse ``draws`` sweeps of simulator ``sim`` (``old``, ``new`` or ``shape:NAME`` of ``synth_shapes``);
+    arrays over every analysed (sweep, metric, target): ``truth``, ``b_crit``, ``lo``, ``hi``, ``trusted`` (no
+    flags), ``is_bin``, ``draw``, ``ci_level``. ``calibrate``: as ``analyze_metric``'s. ``kw``: the simulator's
+    options."""
+    keys = ("truth", "b_crit", "lo", "hi", "trusted", "is_bin", "draw", "ci_level")
+    rec: dict[str, list] = {k: [] for k in keys}
     for d in range(draws):
         runs, truths, targets = SIMULATORS[sim](np.random.default_rng(first_seed + d), **kw)
         for name, tr in truths.items():
             res = analyze_metric(runs, name, targets.get(name), bootstrap=bootstrap, seed=d, level=level,
-                                 strict=False, notes=[])  # fmt: skip
+                                 strict=False, notes=[], calibrate=calibrate)  # fmt: skip
             for r in res:
                 lo, hi = r["b_crit_ci"]
                 rec["truth"].append(tr(r["target"]))
@@ -57,15 +77,22 @@ def coverage_records(sim: str, draws: int, bootstrap: int, first_seed: int = 500
                 rec["hi"].append(np.nan if hi is None else hi)
                 rec["trusted"].append(not r["flags"])
                 rec["is_bin"].append(name != m.EVAL_LOSS)
+                rec["draw"].append(d)
+                rec["ci_level"].append(r["ci_level"])
     return {k: np.asarray(v) for k, v in rec.items()}
 
 
 def summary(rec: dict, which: np.ndarray) -> dict:
-    """Coverage, misses below/above, median relative width ``hi/lo - 1`` and median |error| over ``which``."""
+    """Coverage (and its binomial SE), misses below/above, median relative width ``hi/lo - 1``, median |error|
+    and the median level the intervals were taken at, over ``which``."""
     t, est, lo, hi = (rec[k][which] for k in ("truth", "b_crit", "lo", "hi"))
     return {
         "n": int(which.sum()),
         "coverage": float(np.mean((lo <= t) & (t <= hi))) if len(t) else float("nan"),
+        "se": float(np.sqrt(np.mean((lo <= t) & (t <= hi)) * (1 - np.mean((lo <= t) & (t <= hi))) / len(t)))
+        if len(t)
+        else float("nan"),
+        "level": float(np.median(rec["ci_level"][which])) if len(t) else float("nan"),
         "truth_below": float(np.mean(t < lo)) if len(t) else float("nan"),
         "truth_above": float(np.mean(t > hi)) if len(t) else float("nan"),
         "width": float(np.median(hi / lo - 1)) if len(t) else float("nan"),

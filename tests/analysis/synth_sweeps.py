@@ -21,7 +21,9 @@ its own *time-to-progress* function, so that the noise lives where it does in re
    targets are censored, and bins stop with it) or at its step budget; at ``B >= diverge_from`` the largest lr
    diverges (NaN from a third of its run on).
 
-The grid has five learning rates ``lr_ref·2**k`` (k = -2..2); the optimum stays inside the grid.
+The grid has ``n_lr`` learning rates ``lr_ref·2**k`` (k centred on 0; five by default); ``rate_jitter`` adds a
+per-trial constant log-rate factor (normal or heavy-tailed), ``stop_at_target=False`` runs every trial to its budget.
+``SHAPES`` (in ``synth_shapes.py``) are the variants the interval's coverage is checked on.
 """
 
 from __future__ import annotations
@@ -87,6 +89,10 @@ class Sweep:
     stop_progress: float = 6.0  # the global target: eval/loss at this progress (censors lower targets)
     budget: float = 2.0  # step budget, in units of the optimal-lr steps to the stop
     diverge_from: int = 512  # the largest lr diverges at batch sizes from here on
+    n_lr: int = 5  # learning rates in the grid: lr_ref·2**k, k centred on 0 (3, 5, 7, ...)
+    rate_jitter: float = 0.0  # sd of a per-trial constant log-rate factor (on top of the correlated ``sigma``)
+    jitter_tail: str = "normal"  # its distribution: "normal", or "t3" (Student t, 3 dof, scaled to sd rate_jitter)
+    stop_at_target: bool = True  # False: every trial runs its whole step budget (no global target)
     curve: Curve = field(default_factory=Curve)
     bins: tuple[Curve, ...] = BIN_CURVES
 
@@ -122,9 +128,18 @@ def _losses(curve: Curve, b, pen, eps, logu, step) -> np.ndarray:
     return curve.loss(out)
 
 
+def _rate_jitter(rng: np.random.Generator, n: int, sw: Sweep) -> np.ndarray:
+    """Per-trial constant log-rate factors with sd ``rate_jitter`` (normal, or t with 3 dof: sd = scale·sqrt(3))."""
+    if sw.jitter_tail == "t3":
+        return rng.standard_t(3, n) * sw.rate_jitter / np.sqrt(3.0)
+    if sw.jitter_tail != "normal":
+        raise ValueError(f"jitter_tail must be 'normal' or 't3', got {sw.jitter_tail!r}")
+    return rng.normal(0.0, sw.rate_jitter, n)
+
+
 def simulate(rng: np.random.Generator, sw: Sweep = Sweep()) -> Runs:
-    """Draw one sweep: ``batch_sizes x 5 learning rates x seeds`` trials, ``eval/loss`` and ``eval/loss/bin{k}``."""
-    k = np.arange(-2, 3)
+    """Draw one sweep: ``batch_sizes x n_lr learning rates x seeds`` trials, ``eval/loss`` and ``eval/loss/bin{k}``."""
+    k = np.arange(sw.n_lr) - (sw.n_lr - 1) // 2
     grid = np.array([(b, kk, s) for b in sw.batch_sizes for kk in k for s in range(sw.seeds)], dtype=np.float64)
     b, kk, seed = grid.T
     n = len(grid)
@@ -138,6 +153,7 @@ def simulate(rng: np.random.Generator, sw: Sweep = Sweep()) -> Runs:
     curves = [sw.curve, *sw.bins]
     losses = []
     d_global = kk - opt - rng.normal(0.0, sw.lr_jitter, n)  # octaves off this trial's optimum
+    eps0 = eps0 + _rate_jitter(rng, n, sw)[:, None]
     for j, c in enumerate(curves):
         d = d_global if j == 0 else d_global - 0.15 * (j - 2.5)  # a bin's optimum sits a little off the global one
         pen = 1.0 + sw.kappa * d**2
@@ -151,7 +167,7 @@ def simulate(rng: np.random.Generator, sw: Sweep = Sweep()) -> Runs:
     diverged = (kk == k[-1]) & (b >= sw.diverge_from)
     for y in losses:
         y[diverged, n_steps // 3 :] = np.nan
-    hit = losses[0] <= sw.stop_loss
+    hit = (losses[0] <= sw.stop_loss) & sw.stop_at_target
     reached = hit.any(axis=1) & ~diverged
     last = np.where(reached, hit.argmax(axis=1), n_steps - 1)
     keep = np.arange(n_steps)[None, :] <= last[:, None]
