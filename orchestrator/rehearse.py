@@ -58,8 +58,8 @@ def main(argv: list[str] | None = None) -> int:
         print(f"[rehearse] Ray head on {cluster.address} (token auth), logs in {cluster.logs}", flush=True)
         cluster.start_head()
         for i in range(2):
-            cluster.add_worker(cpus=1, resources={"fake_gpu": 1})
-            print(f"[rehearse] worker node {i + 1} joined (1 CPU, 1 fake_gpu)", flush=True)
+            cluster.add_worker(cpus=2, resources={"fake_gpu": 1})
+            print(f"[rehearse] worker node {i + 1} joined (2 CPUs, 1 fake_gpu)", flush=True)
         with services(workdir) as (extra_env, extra_set):
             env = {**cluster.env(**HOOK, **extra_env), "PYTHONPATH": os.getcwd()}
             sets = [x for kv in [*OVERRIDES, *extra_set] for x in ("--set", kv)]

@@ -24,13 +24,13 @@ HOOK = {"BCRIT_WORKER_RESOURCES": '{"fake_gpu": 1}'}
 
 @pytest.fixture(scope="module")
 def cluster(tmp_path_factory):
-    """A head of 2 CPUs and two worker nodes of 1 CPU and 1 fake_gpu each (port unique to these tests), shared by
-    this module's tests; the test that loses a node runs last."""
+    """A head of 2 CPUs and two worker nodes of 2 CPUs (a Tune driver may land there) and 1 fake_gpu each (port
+    unique to these tests), shared by this module's tests; the test that loses a node runs last."""
     c = LocalCluster(port=6411, head_cpus=2, logs=str(tmp_path_factory.mktemp("ray-logs")))
     try:
         c.start_head()
         for _ in range(2):
-            c.add_worker(cpus=1, resources={"fake_gpu": 1})
+            c.add_worker(cpus=2, resources={"fake_gpu": 1})
         yield c
     finally:
         c.shutdown()
