@@ -68,6 +68,7 @@ class LocalCluster:
 
     def _start(self, args: list[str], resources: dict[str, float], timeout_s: float) -> Node:
         i = len(self.nodes)
+        os.makedirs(self.logs, exist_ok=True)
         log = os.path.join(self.logs, f"node{i}.log")
         ray = os.path.join(os.path.dirname(sys.executable), "ray")
         cmd = [ray, "start", "--block", "--disable-usage-stats", f"--object-store-memory={self.object_store_bytes}"]

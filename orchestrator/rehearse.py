@@ -72,6 +72,9 @@ def main(argv: list[str] | None = None) -> int:
     except subprocess.CalledProcessError as e:
         print(f"[rehearse] failed: {' '.join(e.cmd[2:])} exited {e.returncode}; Ray logs in {cluster.logs}")
         return 1
+    except RuntimeError as e:  # a node that did not start: the end of its log
+        print(f"[rehearse] failed: {e}")
+        return 1
     finally:
         cluster.shutdown()
         print("[rehearse] every node it started is stopped", flush=True)
