@@ -25,9 +25,10 @@ SPEC = "examples/quadratic.yaml"
 # one worker per worker node (the accelerator-like hook: each worker node holds one fake_gpu), small and quick
 OVERRIDES = [
     "name=cluster-local",
-    "scientific.batch_sizes=[16,64]",
+    "scientific.batch_sizes=[64,256,1024]",
     "scientific.splits=[{grad_accum: 1, num_workers: 2}]",
     "nuisance.lr=[0.8,1.6]",
+    "stopping.max_steps=500",
     "nuisance.search=grid",
 ]
 HOOK = {"BCRIT_WORKER_RESOURCES": '{"fake_gpu": 1}'}
