@@ -5,7 +5,7 @@ PY     := $(VENV)/bin/python
 BCRIT  := $(VENV)/bin/bcrit
 STAMP  := $(VENV)/.installed
 
-.PHONY: install demo demo-figure test test-kernels test-all lint bench bench-gpu clean mutate cluster-up
+.PHONY: install demo demo-figure test test-kernels test-all lint bench bench-gpu clean mutate cluster-up cluster-local
 
 # torch first, pinned to the local CPU wheel: an unpinned torch pulls a multi-GB CUDA build.
 $(STAMP): pyproject.toml
@@ -64,6 +64,14 @@ RAY_UP_FLAGS  ?=
 cluster-up: $(STAMP)
 	$(BCRIT) check-cluster $(CLUSTER) $(CLUSTER_FLAGS)
 	$(VENV)/bin/ray up $(CLUSTER) $(RAY_UP_FLAGS)
+
+# Rehearse the cluster path on this machine (docs/cluster.md), no cloud account: a Ray head and two worker raylets
+# (`ray start`, token auth), then `bcrit sweep` (2-worker DDP trials across the worker nodes), `analyze` and
+# `recommend` with RAY_ADDRESS set; prints the answer and where to browse MLflow, and stops every node it started
+# (only those). CLUSTER_LOCAL_FLAGS: e.g. --port 6431 --workdir DIR.
+CLUSTER_LOCAL_FLAGS ?=
+cluster-local: $(STAMP)
+	$(PY) -m orchestrator.rehearse $(CLUSTER_LOCAL_FLAGS)
 
 lint: $(STAMP)
 	$(VENV)/bin/ruff check . && $(VENV)/bin/ruff format --check .

@@ -123,12 +123,11 @@ def _tuner(
     spec: BranchSpec, name: str, configs: list[dict], verbose: bool, worker_failures: int = 3, trial_retries: int = 2
 ):
     """A grid Tuner over ``configs`` with the sweep's trainable, resources and callbacks (MLflow, tables)."""
-    import ray
     from ray import tune
 
     from orchestrator.progress import StripRows
     from orchestrator.ray_logs import quiet_driver_logs
-    from orchestrator.resources import max_concurrent
+    from orchestrator.resources import max_concurrent, sweep_capacity
     from orchestrator.tuner import callbacks, sweep_trainable
 
     quiet_driver_logs(verbose)
@@ -137,7 +136,7 @@ def _tuner(
         sweep_trainable(spec, worker_failures, verbose),
         param_space={"trial": tune.grid_search(configs)},
         tune_config=tune.TuneConfig(
-            max_concurrent_trials=max_concurrent(configs, ray.cluster_resources()),
+            max_concurrent_trials=max_concurrent(configs, sweep_capacity()),
             trial_dirname_creator=lambda t: t.trial_id,
             reuse_actors=True,
         ),
@@ -177,15 +176,16 @@ def run_study(spec: BranchSpec, resume: bool = False, verbose: bool = False) -> 
     """Both phases through Ray Tune. Returns (reference trial id, the branches' ResultGrid). ``verbose``: Ray's own
     INFO logs and Tune's tables (as ``bcrit sweep --verbose``)."""
     from analysis.core import metrics as M
+    from orchestrator.cluster import capacity, connect, on_cluster
     from orchestrator.resources import ray_cpus, start_quiet_ray
     from orchestrator.tables import RunsTables
 
-    ref_cfg, branch_cfgs = check_branch_spec(spec)
-    start_quiet_ray(ray_cpus([ref_cfg, *branch_cfgs]), verbose)
-    if os.environ.get("RAY_ADDRESS"):
-        import ray
-
-        check_branch_spec(spec, ray.cluster_resources())
+    if on_cluster():  # validated against what the cluster can hold, not this machine
+        connect(verbose)
+        ref_cfg, branch_cfgs = check_branch_spec(spec, capacity().total)
+    else:
+        ref_cfg, branch_cfgs = check_branch_spec(spec)
+        start_quiet_ray(ray_cpus([ref_cfg, *branch_cfgs]), verbose)
     _save_study(spec)
     ref_id = reference_id(spec.sweep_dir) if resume else None
     if spec.checkpoints:

@@ -30,13 +30,31 @@ def trial_need(cfg: dict) -> dict[str, float]:
     need = {"CPU": 1.0 + w * float(cfg.get("cpus_per_worker", 1))}
     if cfg.get("use_gpu"):
         need["GPU"] = float(w)
+    for kind, n in worker_bundle_extra().items():  # the accelerator-like test hook (trainables.trial)
+        need[kind] = need.get(kind, 0.0) + w * n
     return need
+
+
+def worker_bundle(cfg: dict) -> dict[str, float]:
+    """One Train worker's request (what must fit on one node); empty for an in-process trial."""
+    if int(cfg.get("num_workers", 0)) == 0:
+        return {}
+    out = {"CPU": float(cfg.get("cpus_per_worker", 1)), **({"GPU": 1.0} if cfg.get("use_gpu") else {})}
+    for kind, n in worker_bundle_extra().items():
+        out[kind] = out.get(kind, 0.0) + n
+    return out
+
+
+def worker_bundle_extra() -> dict[str, float]:
+    from trainables.trial import extra_worker_resources
+
+    return extra_worker_resources()
 
 
 def max_concurrent(configs: list[dict], resources: dict) -> int:
     """Trials that can run at once without a worker group waiting on drivers: total / largest need."""
     worst = 1 << 30
-    for kind in ("CPU", "GPU"):
+    for kind in {k for c in configs for k in trial_need(c)}:
         need = max((trial_need(c).get(kind, 0.0) for c in configs), default=0.0)
         if need:
             worst = min(worst, math.floor(resources.get(kind, 0.0) / need))
@@ -63,6 +81,17 @@ def local_resources(spec: SweepSpec) -> dict[str, float]:
     import torch
 
     return {"CPU": float(local_cpus(spec)), "GPU": float(torch.cuda.device_count())}
+
+
+def sweep_capacity() -> dict[str, float]:
+    """The resources a started sweep's concurrency is sized for: on a cluster (``RAY_ADDRESS``) what it can hold at
+    its largest (orchestrator.cluster: the autoscaler's node types), so trials start as nodes join; else the
+    running Ray's own."""
+    import ray
+
+    from orchestrator.cluster import capacity, on_cluster
+
+    return capacity().total if on_cluster() else dict(ray.cluster_resources())
 
 
 def start_ray(spec: SweepSpec, verbose: bool = False) -> None:

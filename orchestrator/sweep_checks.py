@@ -7,7 +7,7 @@ import os
 from typing import Any
 
 from orchestrator.overrides import UserError
-from orchestrator.resources import trial_need
+from orchestrator.resources import trial_need, worker_bundle
 from orchestrator.spec import SweepSpec
 from orchestrator.tune_trainable import get_workload
 
@@ -38,18 +38,19 @@ def check_tracking(uri: str) -> None:
 
 def check_spec(spec: SweepSpec, resources: dict | None = None) -> list[dict[str, Any]]:
     """Validate everything before launch: each trial config (``from_dict`` + the workload's check against
-    ``resources``, default ``ray.cluster_resources()``), storage and tracking. Returns the trial-config dicts
-    (normalised by the config class). Raises UserError; nothing is launched."""
+    ``resources``, default what the connected cluster can hold: orchestrator.cluster.capacity, its autoscaler's
+    node types included), storage and tracking. Returns the trial-config dicts (normalised by the config class).
+    Raises UserError; nothing is launched."""
     check_storage(spec.sweep_dir)
     check_tracking(spec.mlflow_uri)
+    cap = None
     if resources is None:
-        import ray
-
+        from orchestrator.cluster import capacity
         from orchestrator.storage import check_shared_storage
 
         check_shared_storage(spec.sweep_dir)  # a cluster: every node must see the storage (one line if not)
-        resources = ray.cluster_resources()
-        where = f"the Ray cluster ({int(resources.get('CPU', 0))} CPUs, {int(resources.get('GPU', 0))} GPUs)"
+        cap = capacity()
+        resources, where = cap.total, cap.describe()
     else:
         where = (
             f"this machine ({os.cpu_count() or 1} cores, over-subscribed to {int(resources.get('CPU', 0))} logical "
@@ -66,6 +67,12 @@ def check_spec(spec: SweepSpec, resources: dict | None = None) -> list[dict[str,
         except (ConfigError, TypeError) as e:
             raise UserError(f"{trial}: {e}") from None
         need = trial_need(cfg.to_dict())
+        bundle = worker_bundle(cfg.to_dict())
+        if cap is not None and bundle and cap.nodes and not cap.fits_one_node(bundle):
+            raise UserError(
+                f"{trial}: one worker needs {_show(bundle)} on one node but no node type of {where} has that; "
+                "lower cpus_per_worker, or add a node type that holds it"
+            )
         for kind, n in need.items():
             if n > resources.get(kind, 0.0):
                 raise UserError(
@@ -84,3 +91,7 @@ def check_spec(spec: SweepSpec, resources: dict | None = None) -> list[dict[str,
             checked.add(key)
         out.append(cfg.to_dict())
     return out
+
+
+def _show(bundle: dict[str, float]) -> str:
+    return ", ".join(f"{v:g} {k}" for k, v in bundle.items() if v)

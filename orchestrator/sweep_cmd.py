@@ -92,16 +92,21 @@ def gns_note(configs: list[dict]) -> str | None:
 
 
 def _run(spec, resume: bool, verbose: bool = False) -> int:
+    from orchestrator.cluster import connect, on_cluster
     from orchestrator.resources import local_resources, start_ray
     from orchestrator.sweep_checks import check_spec
     from orchestrator.tuner import build_tuner, restore_tuner, run
 
-    # validate before anything starts: against the local Ray we would start, or the cluster at RAY_ADDRESS
-    configs = check_spec(spec, None if os.environ.get("RAY_ADDRESS") else local_resources(spec))
-    resume = plan_start(spec, resume)
-    start_ray(spec, verbose)
-    if os.environ.get("RAY_ADDRESS"):
+    # validate before any trial starts: against the local Ray we would start, or (joined first) against what the
+    # cluster at RAY_ADDRESS can hold, its autoscaler's node types included
+    if on_cluster():
+        connect(verbose)
         configs = check_spec(spec)
+        resume = plan_start(spec, resume)
+    else:
+        configs = check_spec(spec, local_resources(spec))
+        resume = plan_start(spec, resume)
+        start_ray(spec, verbose)
     print(
         f"[bcrit] sweep {spec.name!r}: {spec.num_trials()} trials over batch sizes {list(spec.batch_sizes)} "
         f"({spec.search} search), workload {spec.workload}"

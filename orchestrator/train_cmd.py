@@ -59,11 +59,12 @@ def train_command(args) -> int:
     from trainables.config import ConfigError, TrialConfig
 
     data = apply_overrides(load_yaml(args.config, allow_empty=bool(args.set)), args.set)
+    resources = _cluster_resources(args)
     try:
         cfg = TrialConfig.from_dict(data)
         from trainables.trial import check_trial
 
-        check_trial(cfg)
+        check_trial(cfg, resources)
     except (ConfigError, TypeError) as e:
         raise UserError(str(e)) from None
     from orchestrator.sweep_checks import check_storage
@@ -73,7 +74,7 @@ def train_command(args) -> int:
         raise UserError(f"--name {name!r}: a run name is one non-empty path component, e.g. --name base")
     check_storage(args.storage, what="--storage")
     try:
-        summary = _run_with_progress(cfg, name, args.storage, getattr(args, "verbose", False))
+        summary = _run_with_progress(cfg, name, args.storage, getattr(args, "verbose", False), resources)
     except ConfigError as e:  # a damaged checkpoint, a config that may not continue it, a bad latent file
         raise UserError(str(e)) from None
     if summary.get("note"):
@@ -84,7 +85,18 @@ def train_command(args) -> int:
     return 0
 
 
-def _run_with_progress(cfg, name: str, storage: str, verbose: bool) -> dict:
+def _cluster_resources(args) -> dict | None:
+    """With ``RAY_ADDRESS``: join the cluster and return what it can hold (its autoscaler's node types included)
+    for the trial's check; None (this machine) otherwise."""
+    from orchestrator.cluster import capacity, connect, on_cluster
+
+    if not on_cluster():
+        return None
+    connect(getattr(args, "verbose", False))
+    return capacity().total
+
+
+def _run_with_progress(cfg, name: str, storage: str, verbose: bool, resources: dict | None = None) -> dict:
     """``run_trial`` with a live progress bar (drawn from the file Train's controller rewrites after each report;
     an in-process trial, ``num_workers: 0``, runs without Train's callbacks and shows no bar)."""
     import os
@@ -102,4 +114,5 @@ def _run_with_progress(cfg, name: str, storage: str, verbose: bool) -> dict:
                 storage_path=storage,
                 callbacks=[ProgressFileCallback(path)],
                 log_level="INFO" if verbose else "WARNING",
+                resources=resources,
             )

@@ -7,7 +7,7 @@ import os
 
 from orchestrator.overrides import UserError
 from orchestrator.ray_logs import quiet_driver_logs
-from orchestrator.resources import max_concurrent, trial_bundle
+from orchestrator.resources import max_concurrent, sweep_capacity, trial_bundle
 from orchestrator.spec import SPEC_FILE, SweepSpec
 from orchestrator.sweep_checks import check_spec
 from orchestrator.sweep_state import TUNE_DIR, can_restore
@@ -53,7 +53,6 @@ def build_tuner(
     ``extra_callbacks``: your own Tune callbacks, after bcrit's (tracking, tables, terminal); they still see each
     result's ``rows``, which a last callback then drops (orchestrator.progress.StripRows). ``verbose``: Tune's
     own tables and Ray Train's INFO logs instead of bcrit's progress bar."""
-    import ray
     from ray import tune
 
     from orchestrator.progress import StripRows
@@ -75,7 +74,7 @@ def build_tuner(
         tune_config=tune.TuneConfig(
             search_alg=search_alg,
             num_samples=num_samples,
-            max_concurrent_trials=max_concurrent(configs, ray.cluster_resources()),
+            max_concurrent_trials=max_concurrent(configs, sweep_capacity()),
             trial_dirname_creator=lambda t: t.trial_id,
             reuse_actors=True,  # in-process trials skip the actor start and torch import
         ),

@@ -151,6 +151,19 @@ def train_func(config: dict, config_cls: type = TrialConfig, loop: Callable | No
     return (loop or train_loop)(config_cls.from_dict(config["trial"]), RaySession())
 
 
+WORKER_RESOURCES_ENV = "BCRIT_WORKER_RESOURCES"
+
+
+def extra_worker_resources() -> dict[str, float]:
+    """Test hook (docs/cluster.md): ``BCRIT_WORKER_RESOURCES='{"fake_gpu": 1}'`` adds these custom resources to
+    every Train worker's request, so CPU trials are placed one worker per accelerator-like slot as GPU trials
+    would be. Unset (always, outside tests and rehearsals): nothing; ``use_gpu`` is unaffected either way."""
+    import json
+
+    raw = os.environ.get(WORKER_RESOURCES_ENV)
+    return {str(k): float(v) for k, v in json.loads(raw).items()} if raw else {}
+
+
 def build_trainer(
     cfg: TrialConfig,
     *,
@@ -172,7 +185,11 @@ def build_trainer(
     scaling = ScalingConfig(
         num_workers=cfg.num_workers,
         use_gpu=cfg.use_gpu,
-        resources_per_worker={"CPU": cfg.cpus_per_worker, **({"GPU": 1} if cfg.use_gpu else {})},
+        resources_per_worker={
+            "CPU": cfg.cpus_per_worker,
+            **({"GPU": 1} if cfg.use_gpu else {}),
+            **extra_worker_resources(),
+        },
     )
     run = RunConfig(
         name=name,
@@ -206,7 +223,10 @@ def ensure_ray(num_cpus: int | None = None, quiet: bool = False) -> None:
         os.environ.setdefault("RAY_TRAIN_ENABLE_PREEMPTION_WATCHER", "0")
     level = logging.ERROR if quiet else logging.INFO
     if os.environ.get("RAY_ADDRESS"):
-        ray.init(address=os.environ["RAY_ADDRESS"], log_to_driver=True, logging_level=level)
+        # the test hook's variable reaches the trial processes on every node (they do not inherit our env)
+        hook = {k: os.environ[k] for k in (WORKER_RESOURCES_ENV,) if os.environ.get(k)}
+        ray.init(address=os.environ["RAY_ADDRESS"], log_to_driver=True, logging_level=level,
+                 runtime_env={"env_vars": hook} if hook else None)  # fmt: skip
     else:
         # address="local": start our own Ray even when another is running on this machine (a plain ray.init
         # would connect to it and then refuse num_cpus). The dashboard (127.0.0.1) serves the state API that
@@ -223,15 +243,17 @@ def run_trial(
     max_failures: int = 0,
     callbacks=(),
     log_level: str = "WARNING",
+    resources: dict | None = None,
 ) -> dict:
-    """Validate, then fit the trial; returns rank 0's summary. Checkpoints live under ``<storage>/<name>`` for
-    every ``num_workers`` (in-process too), and a run of the same name resumes -- if its config may continue it
-    (trainables.resume). ``summary["note"]``: a damaged checkpoint that was skipped, else absent. ``callbacks``:
-    Ray Train ``UserCallback``s (e.g. orchestrator.progress.ProgressFileCallback; Ray Train runs only with
-    ``num_workers >= 1``); ``log_level``: Ray Train's console logging."""
+    """Validate (against ``resources``, default this machine), then fit the trial; returns rank 0's summary.
+    Checkpoints live under ``<storage>/<name>`` for every ``num_workers`` (in-process too), and a run of the same
+    name resumes -- if its config may continue it (trainables.resume). ``summary["note"]``: a damaged checkpoint
+    that was skipped, else absent. ``callbacks``: Ray Train ``UserCallback``s (e.g.
+    orchestrator.progress.ProgressFileCallback; Ray Train runs only with ``num_workers >= 1``); ``log_level``: Ray
+    Train's console logging."""
     from trainables.resume import resume_point
 
-    check_trial(cfg)
+    check_trial(cfg, resources)
     storage_path = os.path.abspath(storage_path or os.path.join(tempfile.gettempdir(), "bcrit-runs"))
     run_dir = os.path.join(storage_path, name)
     resume_from, note = resume_point(run_dir, cfg.to_dict(), can_fall_back=cfg.num_workers == 0)

@@ -1,0 +1,159 @@
+"""bcrit against an existing multi-node Ray cluster, through the CLI with ``RAY_ADDRESS`` (and Ray's token auth on),
+as docs/cluster.md runs it. The cluster is real ``ray start`` processes on this machine
+(orchestrator.local_cluster): a head (Tune drivers) and worker nodes that each hold one ``fake_gpu``, an
+accelerator-like custom resource that the ``BCRIT_WORKER_RESOURCES`` hook makes every Train worker request, so CPU
+trials are placed one worker per node as GPU trials would be. Quadratic workload: seconds per trial."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+import time
+
+import pytest
+
+from orchestrator.local_cluster import LocalCluster
+from tests.orchestrator.conftest import kill_sweep_midway, write_spec
+from tests.orchestrator.test_faults import check_consistent, slow_spec
+
+pytestmark = [pytest.mark.ray, pytest.mark.slow]  # a 3-node cluster starts in ~40 s on 2 shared cores
+ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+HOOK = {"BCRIT_WORKER_RESOURCES": '{"fake_gpu": 1}'}
+
+
+@pytest.fixture(scope="module")
+def cluster(tmp_path_factory):
+    """A head of 2 CPUs and two worker nodes of 2 CPUs (a Tune driver may land there) and 1 fake_gpu each (port
+    unique to these tests), shared by this module's tests; the test that loses a node runs last."""
+    c = LocalCluster(port=6411, head_cpus=2, logs=str(tmp_path_factory.mktemp("ray-logs")))
+    try:
+        c.start_head()
+        for _ in range(2):
+            c.add_worker(cpus=2, resources={"fake_gpu": 1})
+        yield c
+    finally:
+        c.shutdown()
+
+
+def bcrit(cluster: LocalCluster, *args: str, timeout: float = 400, watch=None) -> subprocess.CompletedProcess:
+    """``bcrit ARGS`` in a child process joined to ``cluster``; ``watch()`` is called every 0.2 s while it runs
+    (returns True to stop watching)."""
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "orchestrator.cli", *args],
+        env={**cluster.env(**HOOK), "PYTHONPATH": ROOT},
+        cwd=ROOT,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
+    try:
+        deadline = time.monotonic() + timeout
+        while watch is not None and proc.poll() is None and time.monotonic() < deadline:
+            if watch():
+                break
+            time.sleep(0.2)
+        stdout, stderr = proc.communicate(timeout=max(1.0, deadline - time.monotonic()))
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait()
+    return subprocess.CompletedProcess(proc.args, proc.returncode, stdout, stderr)
+
+
+def ddp_spec(tmp_path, workers: int, **fixed) -> dict:
+    spec = slow_spec(tmp_path, **fixed)
+    spec["scientific"] = {"batch_sizes": [32], "splits": [{"grad_accum": 1, "num_workers": workers}]}
+    spec["nuisance"] = {"search": "grid", "lr": [0.5]}
+    return spec
+
+
+def _process_tree() -> tuple[dict[int, list[int]], dict[int, str]]:
+    """(parent pid -> child pids, pid -> command line) of every process, from /proc (Linux)."""
+    children: dict[int, list[int]] = {}
+    cmdlines: dict[int, str] = {}
+    for entry in os.listdir("/proc"):
+        if not entry.isdigit():
+            continue
+        try:
+            with open(f"/proc/{entry}/stat") as f:
+                ppid = int(f.read().rsplit(")", 1)[1].split()[1])
+            with open(f"/proc/{entry}/cmdline", "rb") as f:
+                cmdlines[int(entry)] = f.read().replace(b"\0", b" ").decode(errors="replace")
+        except (OSError, IndexError, ValueError):
+            continue
+        children.setdefault(ppid, []).append(int(entry))
+    return children, cmdlines
+
+
+def train_worker_nodes(cluster: LocalCluster) -> list[int]:
+    """Indices of the nodes whose process trees hold a live Ray Train worker (``ray::RayTrainWorker``)."""
+    children, cmdlines = _process_tree()
+    out = []
+    for i, node in enumerate(cluster.nodes):
+        stack, found = [node.proc.pid], False
+        while stack and not found:
+            pid = stack.pop()
+            found = pid != node.proc.pid and "RayTrainWorker" in cmdlines.get(pid, "")
+            stack.extend(children.get(pid, []))
+        if found and node.alive():
+            out.append(i)
+    return out
+
+
+def test_cluster_ddp_trial_spans_two_nodes(tmp_path, cluster):
+    """(a) ``bcrit sweep`` with RAY_ADDRESS: a 2-worker DDP trial (gloo across nodes), one worker on each
+    fake_gpu node, none on the head."""
+    spec = ddp_spec(tmp_path, 2, step_seconds=0.05)
+    spec["stopping"]["max_steps"] = 40
+    seen: set[int] = set()
+    out = bcrit(cluster, "sweep", write_spec(tmp_path, spec), watch=lambda: seen.update(train_worker_nodes(cluster)))
+    assert out.returncode == 0, out.stdout[-2000:] + out.stderr[-3000:]
+    assert seen == {1, 2}, seen
+    check_consistent(str(tmp_path / "sweep"), 1)
+
+
+def test_cluster_refuses_what_no_node_can_hold(tmp_path, cluster):
+    """A trial of 3 fake_gpu workers on a cluster that holds 2: one line, exit 2, nothing launched."""
+    spec = ddp_spec(tmp_path, 3)
+    spec["scientific"]["batch_sizes"] = [48]
+    out = bcrit(cluster, "sweep", write_spec(tmp_path, spec), timeout=120)
+    assert out.returncode == 2, out.stderr[-2000:]
+    assert "needs 3 fake_gpus" in out.stderr and "has 2" in out.stderr and "Traceback" not in out.stderr
+    assert not (tmp_path / "sweep" / "tune").exists()
+
+
+def test_cluster_driver_killed_then_resume(tmp_path, cluster, monkeypatch):
+    """(c) The driver killed mid-sweep, then ``bcrit sweep DIR --resume`` against the same cluster."""
+    spec = ddp_spec(tmp_path, 1)
+    spec["nuisance"]["lr"] = [0.5, 1.0]
+    for k, v in {**cluster.env(**HOOK)}.items():
+        monkeypatch.setenv(k, v)
+    assert kill_sweep_midway(tmp_path, write_spec(tmp_path, spec), parts_needed=3) >= 3
+    out = bcrit(cluster, "sweep", str(tmp_path / "sweep"), "--resume")
+    assert out.returncode == 0, out.stdout[-2000:] + out.stderr[-3000:]
+    check_consistent(str(tmp_path / "sweep"), 2)
+
+
+def test_cluster_node_lost_mid_trial(tmp_path, cluster):
+    """(b) The worker node of a running 1-worker trial is lost (SIGKILL, as a machine gone): Ray Train restarts the
+    worker on the other fake_gpu node from the last checkpoint; no trial lost or repeated, tables and MLflow
+    complete."""
+    spec = ddp_spec(tmp_path, 1, step_seconds=0.1)
+    spec["stopping"]["max_steps"] = 100
+    killed: list[int] = []
+
+    def kill_busy_node() -> bool:  # once a checkpoint exists, lose the node that runs the trial's Train worker
+        busy = [i for i in train_worker_nodes(cluster) if i > 0]
+        if busy and list((tmp_path / "sweep").rglob("checkpoint_*")):
+            cluster.kill(cluster.nodes[busy[0]])
+            killed.append(busy[0])
+            return True
+        return False
+
+    out = bcrit(cluster, "sweep", write_spec(tmp_path, spec), watch=kill_busy_node)
+    assert killed, "no checkpointed trial on a worker node to interrupt"
+    assert out.returncode == 0, out.stdout[-2000:] + out.stderr[-3000:]
+    steps = check_consistent(str(tmp_path / "sweep"), 1)
+    (trial_steps,) = steps.values()
+    assert trial_steps[-1] == 100  # the trial finished its budget after the node was lost
