@@ -62,7 +62,7 @@ def run_inprocess(spec: BranchSpec) -> str:
     """Run the whole study in this process (every trial with ``num_workers: 0``): the reference, then every
     branch, rows into ``trials.parquet`` / ``metrics.parquet`` of the study dir. Returns the study dir."""
     from orchestrator.tables import RunsTables, trial_row
-    from orchestrator.tune_trainable import get_workload
+    from trainables.workloads import get_workload
 
     ref_cfg, _ = check_branch_spec(spec)
     if ref_cfg["num_workers"] or spec.ref_split.num_workers or spec.scale_by == "num_workers":

@@ -9,7 +9,7 @@ from typing import Any
 from orchestrator.overrides import UserError
 from orchestrator.resources import trial_need, worker_bundle
 from orchestrator.spec import SweepSpec
-from orchestrator.tune_trainable import get_workload
+from trainables.workloads import get_workload
 
 
 def check_storage(sweep_dir: str, what: str = "storage") -> None:
