@@ -70,6 +70,9 @@ def capacity() -> Capacity:
     """What the connected cluster can hold: its live nodes, grown by its autoscaler's node types if any."""
     import ray
 
+    if not ray.is_initialized():  # Ray's state API would join whatever /tmp/ray/ray_current_cluster names, stale too
+        raise RuntimeError("capacity needs a connected Ray (connect) first")
+
     live = [
         {k: float(v) for k, v in n["Resources"].items() if not k.startswith("node:")} for n in ray.nodes() if n["Alive"]
     ]

@@ -50,6 +50,8 @@ def check_shared_storage(sweep_dir: str, probe: Callable[[str], str | None] = re
     import ray
     from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
 
+    if not ray.is_initialized():  # Ray's state API would join whatever /tmp/ray/ray_current_cluster names, stale too
+        raise RuntimeError("check_shared_storage needs a connected Ray (orchestrator.cluster.connect) first")
     here = ray.get_runtime_context().get_node_id()
     others = [n for n in ray.nodes() if n.get("Alive") and n["NodeID"] != here]
     if not others:

@@ -62,13 +62,36 @@ def autoscaling(gpus_per_node: int, nodes: int, cpus_per_node: int = 4) -> C.Cap
     return C.combine(dict(head), [dict(head)], ("test node types", [(head, 1), (worker, nodes)]))
 
 
+@pytest.fixture
+def one_node_storage(monkeypatch):
+    """These tests run without Ray: the shared-storage probe (a Ray task per other node) has no other node."""
+    from orchestrator import storage
+
+    monkeypatch.setattr(storage, "check_shared_storage", lambda sweep_dir: 0)
+
+
+def test_cluster_state_is_never_read_from_a_ray_not_joined(monkeypatch, tmp_path):
+    """Ray's state API joins whatever /tmp/ray/ray_current_cluster names when Ray is not initialised (a stale
+    head of an earlier `ray start` hung CI for 14 minutes that way): both readers refuse instead."""
+    import ray
+
+    from orchestrator import storage
+
+    monkeypatch.setattr(ray, "is_initialized", lambda: False)
+    monkeypatch.setattr(ray, "nodes", lambda: pytest.fail("ray.nodes() called before joining a cluster"))
+    with pytest.raises(RuntimeError, match="needs a connected Ray"):
+        storage.check_shared_storage(str(tmp_path))
+    with pytest.raises(RuntimeError, match="needs a connected Ray"):
+        C.capacity()
+
+
 def spec_with_workers(tmp_path, workers: int, batch: int = 48):
     spec = quadratic_spec(tmp_path)
     spec["scientific"] = {"batch_sizes": [batch], "splits": [{"grad_accum": 1, "num_workers": workers}]}
     return parse_spec(spec)
 
 
-def test_check_spec_validates_against_node_types_not_the_nodes_of_now(tmp_path, monkeypatch):
+def test_check_spec_validates_against_node_types_not_the_nodes_of_now(tmp_path, monkeypatch, one_node_storage):
     monkeypatch.setenv("BCRIT_WORKER_RESOURCES", HOOK)
     monkeypatch.setattr(C, "capacity", lambda: autoscaling(gpus_per_node=1, nodes=3))
     # 3 fake_gpu workers: no worker node runs yet, but the autoscaler can start three
@@ -79,7 +102,7 @@ def test_check_spec_validates_against_node_types_not_the_nodes_of_now(tmp_path, 
         check_spec(spec_with_workers(tmp_path, 4, batch=64))
 
 
-def test_check_spec_refuses_a_worker_no_node_type_holds(tmp_path, monkeypatch):
+def test_check_spec_refuses_a_worker_no_node_type_holds(tmp_path, monkeypatch, one_node_storage):
     monkeypatch.setenv("BCRIT_WORKER_RESOURCES", '{"fake_gpu": 2}')  # two per worker; node types hold one each
     monkeypatch.setattr(C, "capacity", lambda: autoscaling(gpus_per_node=1, nodes=8))
     with pytest.raises(UserError, match=r"one worker needs 1 CPU, 2 fake_gpu on one node but no node type"):
