@@ -7,11 +7,13 @@ STAMP  := $(VENV)/.installed
 
 .PHONY: install demo demo-figure test test-kernels test-all lint bench bench-gpu clean mutate cluster-up cluster-local
 
-# torch first, pinned to the local CPU wheel: an unpinned torch pulls a multi-GB CUDA build.
+# torch first, pinned to the local CPU wheel: an unpinned torch pulls a multi-GB CUDA build. On a GPU machine:
+# `make install TORCH_INDEX=https://download.pytorch.org/whl/cu128` (the same torch version, built for CUDA).
+TORCH_INDEX ?=
 $(STAMP): pyproject.toml
 	@test -x $(PY) || $(PYTHON) -m venv $(VENV)
 	$(PY) -m pip install -q --upgrade pip
-	$(PY) -m pip install -q "torch==2.13.0"
+	$(PY) -m pip install -q "torch==2.13.0" $(if $(TORCH_INDEX),--index-url $(TORCH_INDEX))
 	$(PY) -m pip install -q -e ".[test]"
 	@touch $(STAMP)
 
@@ -56,10 +58,13 @@ test-kernels: $(STAMP)
 test-all: $(STAMP)
 	$(PY) -m pytest -q; rc=$$?; if [ $$rc -eq 5 ]; then exit 1; fi; exit $$rc
 
-# On a GPU machine (a CUDA build of torch in the venv): the GPU tests, then the trial vs a bare loop, DiT-S/2 bf16.
+# On a GPU machine (the venv installed with TORCH_INDEX, above): every GPU figure of benchmarks/RESULTS.md, "GPU"
+# (benchmarks/gpu_all.sh: the GPU tests, trial vs bare loop and GNS cost, compiled vs eager, a DiT-S/2 study) into
+# GPU_OUT; GPU_PARTS picks parts. `bcrit analyze $(GPU_OUT)/study` reads the study's sweep directory.
+GPU_OUT   ?= gpu-results
+GPU_PARTS ?= tests bench compile study
 bench-gpu: $(STAMP)
-	$(PY) -m pytest -m gpu tests/trainables/test_gpu.py -q
-	PYTHONPATH=. $(PY) benchmarks/bench_trial_input.py --device cuda --preset DiT-S/2 --batch 256 --steps 50 --reps 3 --n 20000 --compile
+	PY=$(PY) OUT=$(GPU_OUT) PARTS="$(GPU_PARTS)" bash benchmarks/gpu_all.sh
 
 # Start the AWS cluster (docs/cluster.md): bcrit's offline check of the config first (Ray's validation, SSH only from
 # your CIDR through your security group, MLflow and dashboard on loopback), then `ray up`. Needs AWS credentials and

@@ -28,7 +28,7 @@ def callbacks(spec: SweepSpec, verbose: bool = False, total: int | None = None) 
     (event lines; the live bar unless ``verbose``); fault injection for tests (orchestrator.faults)."""
     from orchestrator.faults import fault_callbacks
     from orchestrator.progress import SweepProgress
-    from orchestrator.tables import TablesCallback
+    from orchestrator.tables_callback import TablesCallback
     from orchestrator.tracking import MLflowTracking
 
     tracking = MLflowTracking(spec.mlflow_uri, spec.experiment, spec.name, spec.sweep_dir, spec.to_yaml())

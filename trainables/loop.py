@@ -161,7 +161,8 @@ class DiTLearner(Learner):
         self.opt.load_state_dict(state["optimizer"])
         self.lr_sched.load_state_dict(state["lr_scheduler"])
         if self.ema is not None:
-            self.ema.load_state_dict(state["ema"])
+            self.ema.load_state_dict(state["ema"])  # shadow params as the checkpoint holds them: on the CPU
+            self.ema.to(device=next(self.model.parameters()).device)  # (resume on a GPU failed without this)
         self.gns_window.load_state_dict(state["gns_ema"])
         if self.bin_gns is not None:
             self.bin_gns.load_state_dict(state["bin_gns"])

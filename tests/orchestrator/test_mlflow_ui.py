@@ -172,7 +172,7 @@ def fake_sweep(tmp_path, empty_db) -> tuple[str, str, int]:
     from types import SimpleNamespace
 
     from orchestrator.analyze_cmd import main as analyze_main
-    from orchestrator.tables import TablesCallback
+    from orchestrator.tables_callback import TablesCallback
     from orchestrator.tracking import MLflowTracking
 
     sweep = str(tmp_path / "sweep")

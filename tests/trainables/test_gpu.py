@@ -1,7 +1,8 @@
 """On a GPU (skipped without CUDA; `make bench-gpu` runs these and the GPU benchmark): bf16 autocast, the input
 pipeline's pinned non-blocking copies, on-device draws, exact resume, both GNS paths on CUDA tensors, the `sys/`
 metrics and `compile: true`.
-Written without a GPU at hand: not yet run on real hardware."""
+First run on an H200 on 2026-11-26 (benchmarks/RESULTS.md, "GPU"): 5 of 7 passed; the two failures were fixed and
+pass on the CPU with `use_gpu` off, but have not been rerun on a GPU."""
 
 import numpy as np
 import pytest
@@ -46,7 +47,8 @@ def test_resume_on_gpu_is_exact(tmp_path):
     straight = run_local(cfg)
     first = run_local(cfg.replace(max_steps=10), checkpoint_root=str(tmp_path))
     resumed = run_local(cfg, resume_from=first.checkpoints[-1])
-    assert _rows(first, M.TRAIN_LOSS) + _rows(resumed, M.TRAIN_LOSS) == _rows(straight, M.TRAIN_LOSS)
+    after = [(st, v) for st, v in _rows(resumed, M.TRAIN_LOSS) if st > 10]  # a restore re-sends rows up to 10
+    assert _rows(first, M.TRAIN_LOSS) + after == _rows(straight, M.TRAIN_LOSS)
 
 
 def test_pinned_prefetch_and_device_draws():
@@ -66,10 +68,13 @@ def test_pinned_prefetch_and_device_draws():
 
 def test_global_and_per_bin_gns_on_gpu():
     s = run_local(TrialConfig(**TINY, max_steps=10, gns_every=5, gns_bin_examples=8, timestep_bins=4))
-    g = [v for _, v in _rows(s, M.GNS_B_SIMPLE)]
-    assert len(g) == 10 and np.isfinite(g).all()
+    steps, g = zip(*_rows(s, M.GNS_B_SIMPLE), strict=True)
+    # B_simple from the window's first usable steps on (the same rows as on the CPU: steps 3..10 here)
+    assert list(steps) == list(range(steps[0], 11)) and steps[0] <= 3 and np.isfinite(g).all()
     for k in range(4):
-        assert [st for st, _ in _rows(s, M.per_bin(M.GNS_BIN_B_SIMPLE, k))] == [5, 10]
+        # each pass measures (steps 5 and 10); the windowed B_simple needs two passes (as on the CPU)
+        assert [st for st, _ in _rows(s, M.per_bin(M.GNS_BIN_G2_BIG, k))] == [5, 10]
+        assert [st for st, _ in _rows(s, M.per_bin(M.GNS_BIN_B_SIMPLE, k))] == [10]
 
 
 def test_sys_metrics_on_gpu():
