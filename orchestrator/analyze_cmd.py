@@ -185,9 +185,6 @@ def _run(args: argparse.Namespace) -> int:
         raise UsageError(f"--bootstrap must be >= 0, got {args.bootstrap}")
     options.check_seed(args.seed)
     check_out_dir(args.out or os.path.join(args.sweep_dir, DEFAULT_OUT))
-    from analysis.fits import calibration
-
-    calibration.set_enabled(not args.no_calibration)
     runs = options.load_runs(args, DEFAULT_OUT)
     parent = None if args.no_mlflow else (args.parent_run_id or runs.parent_run_id)
     uri = None
@@ -209,8 +206,9 @@ def _run(args: argparse.Namespace) -> int:
         raise UsageError(f"{e}; {hint}") from None
     with staging_dir(args.out) as tmp:
         result = report.analyze(
-            runs, args.metric, targets, tmp, bootstrap=args.bootstrap, seed=args.seed, plots=not args.no_plots
-        )
+            runs, args.metric, targets, tmp, bootstrap=args.bootstrap, seed=args.seed, plots=not args.no_plots,
+            calibrate=not args.no_calibration,
+        )  # fmt: skip
         if runs is not all_runs:
             from analysis.reporting.allocation_view import add_to_report
 

@@ -37,20 +37,6 @@ MAX_LEVEL = 0.99  # beyond this the percentile of 1000 replicates rests on fewer
 ITERS = 20  # Levenberg-Marquardt steps per fit: from the fitted point a few suffice (the tests check against 60)
 
 
-_ENABLED = [True]  # the default of analyze_metric(calibrate=None); `bcrit analyze --no-calibration` turns it off
-
-
-def set_enabled(on: bool) -> None:
-    """Make calibration the default (``True``, as shipped) or not for every later ``analyze_metric`` call of this
-    process that does not say (``bcrit analyze --no-calibration``: one switch for the global, per-bin and answer
-    fits, whichever module calls them)."""
-    _ENABLED[0] = bool(on)
-
-
-def enabled() -> bool:
-    return _ENABLED[0]
-
-
 def _leverages_batched(b: np.ndarray, s_min: np.ndarray, e_min: np.ndarray) -> np.ndarray:
     """(M, n) diagonals of the hat matrices of M fits (as :func:`analysis.fits.pareto.leverages`, batched)."""
     q = s_min[:, None] / (s_min[:, None] + e_min[:, None] / b[None, :])

@@ -33,15 +33,15 @@ def analyze_metric(
     n_targets: int = 8,
     strict: bool = True,
     notes: list[str] | None = None,
-    calibrate: bool | None = None,
+    calibrate: bool = True,
 ) -> list[dict]:
     """Per target: ``{"target", "b_crit", "b_crit_ci", "s_min", "e_min", "flags", "ci_resamples",
     "b_crit_refined", "points", "censored", "censored_batch_sizes", "unreached_batch_sizes", "ci_level"}``.
 
     ``calibrate``: the interval's percentile level is calibrated by a parametric double bootstrap
     (:mod:`analysis.fits.calibration`) so that it holds ``level``; ``ci_level`` is the level used (``level`` itself
-    when not calibrated). None: :func:`analysis.fits.calibration.enabled` (on unless ``bcrit analyze
-    --no-calibration``).
+    when not calibrated; ``bcrit analyze --no-calibration`` passes False through
+    :func:`analysis.reporting.report.analyze`).
 
     ``flags`` (names from :mod:`analysis.fits.flags`; empty = trustworthy) say why a number should not be taken at
     face value. ``strict``: a given target with fewer than 3 known batch sizes raises
@@ -78,7 +78,7 @@ def analyze_metric(
             (notes if notes is not None else []).append(str(e))
             continue
         fit = pareto.fit_pareto(best.batch_sizes, best.steps)
-        dof = _variance_dof(st, resample) if (calibration.enabled() if calibrate is None else calibrate) else None
+        dof = _variance_dof(st, resample) if calibrate else None
         ci, used = _b_crit_interval(best, fit, None if boot is None else boot[j], rng, level, dof)
         res = _target_result(runs, ctx, float(y), steps[j], val, st, best, fit, ci, ok, resample)
         out.append({**res, "ci_level": used})

@@ -49,6 +49,7 @@ def analyze(
     num_timesteps: int = 1000,
     gns_window: int | None = None,
     plots: bool = True,
+    calibrate: bool = True,
 ) -> dict:
     """Analyse a sweep; with ``out_dir`` write ``bcrit.json``, the PNG plots and ``report.md`` there.
 
@@ -57,7 +58,7 @@ def analyze(
     ``analysis.core.bins.timestep_bins(K, num_timesteps)[k]``.
     """
     notes: list[str] = []
-    kw = dict(bootstrap=bootstrap, seed=seed, level=level, n_targets=n_targets)
+    kw = dict(bootstrap=bootstrap, seed=seed, level=level, n_targets=n_targets, calibrate=calibrate)
     result: dict = {"metric": metric, "targets": analyze_metric(runs, metric, targets, **kw)}
     gns_view.attach_b_simple(runs, result["targets"], None, gns_window)
     result["bands"] = bands_between(runs, metric, result["targets"], bootstrap, seed, level, notes)

@@ -97,13 +97,7 @@ def test_calibrated_coverage_per_shape_slow(shape):
         assert s["coverage"] >= 0.85
 
 
-@pytest.fixture
-def calibration_default():
-    yield
-    cal.set_enabled(True)
-
-
-def test_bcrit_analyze_records_the_calibrated_level_and_turns_it_off(tmp_path, calibration_default):
+def test_bcrit_analyze_records_the_calibrated_level_and_turns_it_off(tmp_path):
     """bcrit.json's ``ci_level`` is the level the interval was taken at: calibrated by default, the nominal 0.9 with
     ``--no-calibration``; the calibrated interval of the same bootstrap is then the wider one when the level is."""
     import json
@@ -117,7 +111,7 @@ def test_bcrit_analyze_records_the_calibrated_level_and_turns_it_off(tmp_path, c
                            target_loss=0.3, seed=1)  # fmt: skip
     write_sweep_dir(runs_from_tables(r.trials, r.metrics), tmp_path / "s")
     got = {}
-    for flag in ([], ["--no-calibration"]):
+    for flag in (["--no-calibration"], []):  # off first: the flag is a parameter, nothing stays switched off
         out = tmp_path / f"out{len(flag)}"
         rc = main(["analyze", str(tmp_path / "s"), "--targets", "0.35", "--no-mlflow", "--bootstrap", "300",
                    "--no-plots", "--out", str(out), *flag])  # fmt: skip
@@ -128,4 +122,3 @@ def test_bcrit_analyze_records_the_calibrated_level_and_turns_it_off(tmp_path, c
     assert cal.MIN_LEVEL <= a <= cal.MAX_LEVEL and a != 0.9
     (lo0, hi0), (lo1, hi1) = got[True]["b_crit_ci"], got[False]["b_crit_ci"]
     assert ((lo1 <= lo0) and (hi1 >= hi0)) == (a > 0.9)
-    assert cal.enabled() is False  # the switch is process-wide; the fixture restores it
