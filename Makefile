@@ -31,15 +31,9 @@ demo-figure:
 	cp runs/tiny/analysis/answer.png docs/demo-answer.png
 
 # Default suite: everything but @pytest.mark.slow. pytest's exit 5 (no tests collected) is a failure here.
-# The fault-injection tests (a worker SIGKILLed mid-trial) run in a pytest process of their own, with a Ray of their
-# own: after other test files in the same session, Ray Train's restarted worker group waited forever for a CPU
-# (docs/testing.md; cause not found yet).
-FAULTS := tests/orchestrator/test_faults.py
 test: $(STAMP)
-	$(PY) -m pytest -m "not slow" -q --ignore=$(FAULTS); rc=$$?; \
-	if [ $$rc -eq 5 ]; then echo "make test: pytest collected no tests" >&2; exit 1; fi; [ $$rc -eq 0 ] || exit $$rc; \
-	$(PY) -m pytest -m "not slow" -q $(FAULTS); rc=$$?; \
-	if [ $$rc -eq 5 ]; then echo "make test: pytest collected no fault tests" >&2; exit 1; fi; exit $$rc
+	$(PY) -m pytest -m "not slow" -q; rc=$$?; \
+	if [ $$rc -eq 5 ]; then echo "make test: pytest collected no tests" >&2; exit 1; fi; exit $$rc
 
 # The `numerics` tests (floats compared after torch/numpy kernels) once more under other kernels than `make test`
 # picked: ATen's portable code path (no AVX2/AVX-512/NEON), one intra-op thread, oneDNN off, MKL's BLAS held to

@@ -65,13 +65,21 @@ def empty_mlflow_db(tmp_path_factory) -> Path:
     return path
 
 
+SESSION_CPUS = 6
+
+
 @pytest.fixture(scope="session")
 def ray_local():
-    """One local Ray for the whole test session (ray.init costs ~3 s)."""
+    """One local Ray of 6 logical CPUs for the whole test session (ray.init costs ~3 s). A Ray that something
+    started earlier with other resources is replaced: Ray's state API (``ray.nodes()``, ``get_runtime_context()``)
+    starts a machine-sized Ray of its own when called before ``ray.init``, and the fault tests' restarted worker
+    group then waited forever for a CPU (docs/testing.md)."""
     import ray
 
+    if ray.is_initialized() and ray.cluster_resources().get("CPU") != SESSION_CPUS:
+        ray.shutdown()
     if not ray.is_initialized():
-        ray.init(address="local", num_cpus=6, include_dashboard=False, log_to_driver=False)
+        ray.init(address="local", num_cpus=SESSION_CPUS, include_dashboard=False, log_to_driver=False)
     yield ray
     ray.shutdown()
 
