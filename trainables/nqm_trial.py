@@ -117,6 +117,7 @@ class QuadraticLearner(Learner):
         self.rng = np.random.default_rng(cfg.seed)
         self._stages: dict[int, tuple[np.ndarray, int, float]] = {}  # stage -> (noise sd, unit draws, lr)
         self.alloc = None  # (s, q, p) of the noise sampler; uniform keeps the plain draws
+        self._since = (0, 0.0)  # (step, train_seconds) at the last report: the throughput interval's start
         if cfg.timestep_sampling == "noise":
             s, q = bin_noise(cfg.timestep_bins, cfg.bin_noise_ratio), np.full(cfg.timestep_bins, 1 / cfg.timestep_bins)
             self.alloc = (s, q, noise_allocation(s, q, cfg.alloc_floor))
@@ -154,6 +155,22 @@ class QuadraticLearner(Learner):
         if self.alloc is not None and step == 0:  # the allocation in use (fixed: the known per-bin noise)
             values = {M.per_bin(M.ALLOC_BIN_P, k): float(pk) for k, pk in enumerate(self.alloc[2])}
         return StepOutcome(time.perf_counter() - t0, values)
+
+    def start(self, step: int, train_seconds: float) -> None:
+        self._since = (step, train_seconds)
+
+    def interval(self, step: int, train_seconds: float) -> dict[str, float]:
+        """``sys/examples_per_s`` of the steps since the last report, as trainables.sys_metrics defines it (the
+        examples of the interval over its training seconds: the wall clock around each step, ``step_seconds``
+        included), so that ``bcrit recommend`` has a measured step time on a quadratic sweep too. No
+        ``sys/peak_mem_gb``: the model is a few vectors."""
+        s0, t0 = self._since
+        steps, seconds = step - s0, train_seconds - t0
+        if steps <= 0 or seconds <= 0:
+            return {}
+        self._since = (step, train_seconds)
+        stages = self.cfg.stages
+        return {M.SYS_EXAMPLES_PER_S: (stages.examples(step) - stages.examples(s0)) / seconds}
 
     def evaluate(self) -> dict[str, float]:
         with np.errstate(over="ignore", invalid="ignore"):

@@ -50,3 +50,21 @@ def test_binned_noise_sampler_resumes_exactly_and_logs_its_allocation(tmp_path):
         QuadraticConfig(**base, timestep_sampling="loss")
     with pytest.raises(ConfigError, match="timestep_bins >= 2"):
         QuadraticConfig(dim=8, timestep_sampling="noise")
+
+
+def test_throughput_per_report_interval_is_its_examples_over_its_training_seconds():
+    """`sys/examples_per_s` as trainables.sys_metrics defines it (what `bcrit recommend` reads): each report's
+    interval examples over the training seconds the trial counted for it; a schedule counts each stage's B."""
+    import pytest
+
+    cfg = QuadraticConfig(dim=8, batch_size=4, micro_batch_size=4, lr=0.3, max_steps=12, eval_every=4,
+                          batch_schedule=[[6, 8]], step_seconds=0.001)  # fmt: skip
+    s = LocalSession()
+    train_loop(cfg, s)
+    reps = [r for r in s.reports if r[M.STEP] > 0]
+    rates = [(r[0], r[3]) for rep in s.reports for r in rep["rows"] if r[2] == M.SYS_EXAMPLES_PER_S]
+    assert [st for st, _ in rates] == [r[M.STEP] for r in reps] == [4, 8, 12]
+    starts = [(0, 0.0)] + [(r[M.EXAMPLES], r["train_seconds"]) for r in reps[:-1]]
+    for (e0, t0), r, (_, v) in zip(starts, reps, rates, strict=True):
+        assert v == pytest.approx((r[M.EXAMPLES] - e0) / (r["train_seconds"] - t0), rel=1e-9)
+    assert reps[-1][M.EXAMPLES] == 6 * 4 + 6 * 8
