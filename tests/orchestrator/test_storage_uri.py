@@ -129,7 +129,10 @@ def test_sweep_killed_resumed_from_uri_and_analyzed(s3_user, tmp_path, capsys):
     local = local_dir(uri)
     assert kill_sweep_midway(tmp_path, write_spec(tmp_path, spec), parts_needed=4, sweep_dir=local) >= 4
     shutil.rmtree(local)  # a machine without the local copy: everything comes from the URI
+    capsys.readouterr()
     assert main(["sweep", "--resume", uri]) == 0
+    out, err = capsys.readouterr()
+    assert f"-> {local} (" in err and "from scratch" not in out  # restored, then Tuner.restore from <URI>/tune
     fs, path = resolve(uri)
     names = [i.path for i in fs.get_file_info(pafs.FileSelector(path, recursive=True))]
     assert any("/tune/experiment_state-" in n for n in names)  # Tune's experiment state on the URI
@@ -147,5 +150,18 @@ def test_sweep_killed_resumed_from_uri_and_analyzed(s3_user, tmp_path, capsys):
     assert main(["analyze", str(tmp_path / "ref"), *a]) == 0
     on_dir = _b_crit(tmp_path / "ref" / "analysis")
     assert [t for t, _ in on_uri] == [t for t, _ in on_dir] and on_uri
+    print("B_crit (target, on the URI, on a directory):", on_uri, on_dir)
     for (_, b1), (_, b2) in zip(on_uri, on_dir, strict=True):
         assert b1 == pytest.approx(b2, rel=1e-9)
+
+
+def test_uri_without_a_sweep_is_one_line(s3_user, capsys):
+    uri = f"s3://{BUCKET}/runs/nothing-here"
+    for argv, expect in [
+        (["sweep", uri], "is a storage URI; pass a spec YAML, or --resume"),
+        (["sweep", "--resume", uri], "holds no bcrit sweep"),
+        (["analyze", uri, "--no-mlflow"], "holds no bcrit sweep"),
+    ]:
+        assert main(argv) == 2
+        err = capsys.readouterr().err.strip()
+        assert len(err.splitlines()) == 1 and expect in err and "Traceback" not in err, err
