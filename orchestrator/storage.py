@@ -22,14 +22,14 @@ SHARED_FIX = "put storage on a file system every node mounts (on the ray up clus
 PROBE_TIMEOUT_S = 60.0
 
 
-def check_storage_value(storage: str) -> None:
+def check_storage_value(storage: str, what: str = "storage", who: str = "a branched study") -> None:
     """One UserError line for a ``storage`` URI where only a directory works (a branched study, whose branches read
-    their parent's checkpoints with POSIX calls): a URI, which ``os.path.abspath`` would turn into a local
-    ``./s3:/...`` directory, is refused rather than silently written on the driver's disk."""
+    their parent's checkpoints with POSIX calls; ``bcrit train``): a URI, which ``os.path.abspath`` would turn into
+    a local ``./s3:/...`` directory, is refused rather than silently written on the driver's disk."""
     if is_uri(storage):
         raise UserError(
-            f"storage {storage!r} is a URI; a branched study needs a directory path every node sees (sweeps take "
-            f"URIs): {SHARED_FIX}"
+            f"{what} {storage!r} is a URI; {who} needs a directory path every node sees (sweeps take URIs): "
+            f"{SHARED_FIX}"
         )
 
 

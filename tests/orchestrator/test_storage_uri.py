@@ -103,11 +103,19 @@ def test_mirror_round_trip(s3_user, tmp_path):
         os.path.join(here, "parts", "t1", "m-0000000010.parquet"), "rb"
     ).read()
     (a / "spec.yaml").write_text("name: y\n")  # same size, newer: the change travels both ways
+    _newer(a / "spec.yaml")
     assert m.push() == 1 and Mirror(uri).pull() == 1
     assert open(os.path.join(here, "spec.yaml")).read() == "name: y\n"
     with open(os.path.join(here, "spec.yaml"), "w") as f:
         f.write("name: z\n")  # newer here than the URI's: a pull keeps it
+    _newer(Path(here) / "spec.yaml")
     assert Mirror(uri).pull() == 0 and open(os.path.join(here, "spec.yaml")).read() == "name: z\n"
+
+
+def _newer(path: Path) -> None:
+    """Push the file's mtime a second past any mirrored copy's (whatever the file system's time resolution)."""
+    t = path.stat().st_mtime_ns + 10**9
+    os.utime(path, ns=(t, t))
 
 
 def _b_crit(out_dir) -> list[tuple[float, float]]:
@@ -165,3 +173,12 @@ def test_uri_without_a_sweep_is_one_line(s3_user, capsys):
         assert main(argv) == 2
         err = capsys.readouterr().err.strip()
         assert len(err.splitlines()) == 1 and expect in err and "Traceback" not in err, err
+
+
+def test_train_refuses_a_uri_in_one_line(tmp_path, capsys, monkeypatch):
+    trial = os.path.abspath("examples/trial.yaml")
+    monkeypatch.chdir(tmp_path)
+    assert main(["train", trial, "--storage", "s3://bucket/runs"]) == 2
+    err = capsys.readouterr().err.strip()
+    assert len(err.splitlines()) == 1 and "--storage 's3://bucket/runs' is a URI; bcrit train needs" in err, err
+    assert not (tmp_path / "s3:").exists()
