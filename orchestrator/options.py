@@ -187,7 +187,8 @@ def spec_to_run(args: argparse.Namespace, load, restore, *, what: str, command: 
     if saved.to_yaml() != spec.to_yaml():
         raise UserError(
             f"{args.spec} differs from the spec {spec.sweep_dir} was started with; resume it with "
-            f"`bcrit {command} {spec.sweep_dir} --resume`, or start the new spec in another storage directory"
+            f"`bcrit {command} {getattr(spec, 'storage_uri', None) or spec.sweep_dir} --resume`, or start the new "
+            "spec in another storage directory"
         )
     return saved
 

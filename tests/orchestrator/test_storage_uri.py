@@ -182,3 +182,32 @@ def test_train_refuses_a_uri_in_one_line(tmp_path, capsys, monkeypatch):
     err = capsys.readouterr().err.strip()
     assert len(err.splitlines()) == 1 and "--storage 's3://bucket/runs' is a URI; bcrit train needs" in err, err
     assert not (tmp_path / "s3:").exists()
+
+
+def test_resume_with_the_spec_yaml_restores_the_local_directory_first(s3_user, tmp_path):
+    """``bcrit sweep SPEC.yaml --resume`` of a URI sweep on a machine without its local directory: the spec it was
+    started with comes back from ``<URI>/bcrit/`` and is compared with the YAML (no Ray needed to see it)."""
+    import argparse
+
+    from orchestrator import options
+    from orchestrator.spec import SPEC_FILE, load_spec
+    from orchestrator.sweep_cmd import load_and_fetch
+    from orchestrator.sweep_state import restore_spec
+    from orchestrator.uri_storage import Mirror
+
+    uri = f"s3://{BUCKET}/runs/yaml-resume"
+    data = quadratic_spec(tmp_path, storage=uri)
+    path = write_spec(tmp_path, data)
+    spec = load_spec(path)  # what `bcrit sweep SPEC.yaml` saved
+    os.makedirs(spec.sweep_dir)
+    with open(os.path.join(spec.sweep_dir, SPEC_FILE), "w") as f:
+        f.write(spec.to_yaml())
+    assert Mirror(uri, spec.sweep_dir).push() == 1
+    shutil.rmtree(spec.sweep_dir)
+    args = argparse.Namespace(spec=path, set=[], resume=True)
+    got = options.spec_to_run(args, load_and_fetch, restore_spec, what="sweep", command="sweep")
+    assert got.to_yaml() == spec.to_yaml() and got.storage_uri == uri and got.sweep_dir == spec.sweep_dir
+    changed = write_spec(tmp_path, {**data, "nuisance": {"search": "grid", "lr": [0.5]}}, "changed.yaml")
+    with pytest.raises(UserError, match="differs from the spec"):
+        options.spec_to_run(argparse.Namespace(spec=changed, set=[], resume=True), load_and_fetch, restore_spec,
+                            what="sweep", command="sweep")  # fmt: skip
