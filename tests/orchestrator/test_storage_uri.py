@@ -126,7 +126,7 @@ def _b_crit(out_dir) -> list[tuple[float, float]]:
 
 @pytest.mark.ray
 @pytest.mark.slow
-def test_sweep_killed_resumed_from_uri_and_analyzed(s3_user, tmp_path, capsys):
+def test_sweep_killed_resumed_from_uri_and_analyzed(s3_user, tmp_path, capsys, ray_local):
     import pyarrow.fs as pafs
 
     from orchestrator.uri_storage import local_dir, resolve
