@@ -178,6 +178,7 @@ def _run(args: argparse.Namespace) -> int:
     from analysis.reporting.publish import log_analysis
     from analysis.sources import loaders
 
+    options.localize_sweep_dir(args)  # a storage URI: its local directory, fetched
     if (args.sweep_dir is None) == (args.mlflow_experiment is None) or (args.out is None and not args.sweep_dir):
         options.load_runs(args, DEFAULT_OUT)  # says which (one line), before any other check
     targets = None if args.targets is None else parse_targets(args.targets)

@@ -75,14 +75,16 @@ def register(sub) -> None:
 def check_cluster_command(args) -> int:
     cfg = load_config(args.config)
     summary = check_config(cfg, allow_world_ssh=args.allow_world_ssh)
-    for spec in args.spec:
-        check_spec_storage(cfg, spec)
+    from orchestrator.uri_storage import is_uri
+
+    where = {spec: check_spec_storage(cfg, spec) for spec in args.spec}
+    where = {spec: "at a URI" if is_uri(s) else "on the shared mount" for spec, s in where.items()}
     if summary["world"]:
         print("bcrit check-cluster: warning: SSH is open to the whole internet (--allow-world-ssh)", file=sys.stderr)
     print(
         f"bcrit check-cluster: {args.config} ok: Ray's validation passes; SSH (22) only, from "
         f"{', '.join(summary['cidrs'])} via {', '.join(summary['groups'])}; MLflow and the dashboard on 127.0.0.1 "
-        "(ray attach -p 5000, ray dashboard)" + "".join(f"; {spec}: storage on the shared mount" for spec in args.spec)
+        "(ray attach -p 5000, ray dashboard)" + "".join(f"; {spec}: storage {w}" for spec, w in where.items())
     )
     return 0
 
@@ -102,7 +104,7 @@ def shared_mounts(cfg: dict) -> list[str]:
 
 def check_spec_storage(cfg: dict, spec_path: str) -> str:
     """The spec's ``storage`` is an absolute path under a mount every node shares (its Ray Train checkpoints are
-    written from the GPU nodes); else one UserError line. Returns the storage path."""
+    written from the GPU nodes), or for a sweep a URI (s3://...); else one UserError line. Returns the storage."""
     from orchestrator.overrides import load_yaml
 
     data = load_yaml(spec_path)
@@ -114,6 +116,12 @@ def check_spec_storage(cfg: dict, spec_path: str) -> str:
     name = data.get("name", "<name>")
     fix = f"set storage: {mounts[0]}/runs/{name} (or pass --set storage=... to bcrit sweep)"
     storage = data.get("storage")
+    from orchestrator.uri_storage import is_uri
+
+    if isinstance(storage, str) and is_uri(storage):
+        if data.get("kind") == "branched" or "branches" in data:
+            raise UserError(f"{spec_path}: storage {storage} is a URI; a branched study needs a shared path: {fix}")
+        return storage  # every node reaches a URI (bcrit sweep probes it before launch)
     if not isinstance(storage, str) or not storage.startswith("/"):
         where = "unset (./runs/<name>)" if storage is None else repr(storage)
         raise UserError(

@@ -22,8 +22,20 @@ def sweep_dir(p: argparse.ArgumentParser, *, optional: bool = False) -> None:
         "sweep_dir",
         metavar="SWEEP_DIR",
         nargs="?" if optional else None,
-        help="a sweep directory: the spec's storage, holding trials.parquet and metrics.parquet",
+        help="a sweep directory: the spec's storage, holding trials.parquet and metrics.parquet (or the storage "
+        "URI, s3://...: read into its local directory first)",
     )
+
+
+def localize_sweep_dir(args: argparse.Namespace) -> None:
+    """A ``SWEEP_DIR`` given as the sweep's storage URI stands for its local directory, brought up to date from
+    ``<URI>/bcrit/`` first (orchestrator.uri_storage: outputs go there, never back to the URI)."""
+    d = getattr(args, "sweep_dir", None)
+    if d:
+        from orchestrator.uri_storage import fetch, is_uri
+
+        if is_uri(d):
+            args.sweep_dir = fetch(d)
 
 
 def mlflow_source(p: argparse.ArgumentParser) -> None:
@@ -42,6 +54,7 @@ def load_runs(args: argparse.Namespace, default_out: str = "analysis"):
     from analysis.sources import loaders
     from analysis.sources.mlflow_uri import check_tracking_uri
 
+    localize_sweep_dir(args)
     if (args.sweep_dir is None) == (args.mlflow_experiment is None):
         raise UserError("give exactly one of SWEEP_DIR or --mlflow-experiment NAME")
     if args.out is None:
@@ -174,7 +187,8 @@ def spec_to_run(args: argparse.Namespace, load, restore, *, what: str, command: 
     if saved.to_yaml() != spec.to_yaml():
         raise UserError(
             f"{args.spec} differs from the spec {spec.sweep_dir} was started with; resume it with "
-            f"`bcrit {command} {spec.sweep_dir} --resume`, or start the new spec in another storage directory"
+            f"`bcrit {command} {getattr(spec, 'storage_uri', None) or spec.sweep_dir} --resume`, or start the new "
+            "spec in another storage directory"
         )
     return saved
 

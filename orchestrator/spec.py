@@ -118,6 +118,12 @@ class SweepSpec:
     samplers: tuple[
         str, ...
     ] = ()  # scientific.timestep_sampling: every trial runs once per sampler (docs/allocation.md)
+    storage_uri: str | None = None  # storage as a URI (s3://...): Ray's files there, bcrit's in sweep_dir, mirrored
+
+    @property
+    def storage_root(self) -> str:
+        """Where Ray Tune and Ray Train write (RunConfig storage_path): the URI, else the sweep directory."""
+        return self.storage_uri or self.sweep_dir
 
     # --- trial configs -----------------------------------------------------------------------------------
     def base_config(self, batch_size: int, split: Split, seed: int) -> dict[str, Any]:
@@ -242,14 +248,7 @@ def parse_spec(data: dict, *, sweep_dir: str | None = None, source: str = "spec"
     _check_split_lrs(splits, search, nuisance)
     _check_split_seeds(splits, len(seeds))
     name = name.strip()
-    storage = data.get("storage")
-    storage = os.path.join("runs", name) if storage is None else storage
-    if not isinstance(storage, str) or not storage.strip():
-        raise UserError("storage must be a directory path, e.g. storage: ./runs/tiny")
-    from orchestrator.storage import check_storage_value
-
-    check_storage_value(storage)
-    sweep_dir = os.path.abspath(sweep_dir or storage)
+    storage_uri, sweep_dir = _storage(data.get("storage"), name, sweep_dir)
     uri = track.get("mlflow_uri")
     uri = (os.environ.get("MLFLOW_TRACKING_URI") or local_mlflow_uri(sweep_dir)) if uri is None else uri
     if not isinstance(uri, str):
@@ -275,8 +274,14 @@ def parse_spec(data: dict, *, sweep_dir: str | None = None, source: str = "spec"
         mlflow_uri=uri,
         experiment=experiment,
         sweep_dir=sweep_dir,
-        raw={**data, "name": name, "storage": sweep_dir, "tracking": {"mlflow_uri": uri, "experiment": experiment}},
+        raw={
+            **data,
+            "name": name,
+            "storage": storage_uri or sweep_dir,
+            "tracking": {"mlflow_uri": uri, "experiment": experiment},
+        },
         samplers=_samplers(sci.get("timestep_sampling"), fixed, search),
+        storage_uri=storage_uri,
     )
 
 
@@ -293,6 +298,18 @@ def _samplers(v: Any, fixed: dict, search: str) -> tuple[str, ...]:
     if search != "grid":
         raise UserError("scientific.timestep_sampling compares samplers on one grid; use nuisance.search: grid")
     return tuple(v)
+
+
+def _storage(storage, name: str, sweep_dir: str | None) -> tuple[str | None, str]:
+    """``(storage URI or None, the sweep's local directory)`` of the spec's ``storage`` (default runs/<name>): a URI's
+    local directory is orchestrator.uri_storage.local_dir (unless ``sweep_dir`` says where it is)."""
+    storage = os.path.join("runs", name) if storage is None else storage
+    if not isinstance(storage, str) or not storage.strip():
+        raise UserError("storage must be a directory path or a URI, e.g. storage: ./runs/tiny or s3://bucket/runs/tiny")
+    from orchestrator.uri_storage import is_uri, local_dir
+
+    storage_uri = storage.strip() if is_uri(storage) else None  # checked (opened, probed) before launch
+    return storage_uri, os.path.abspath(sweep_dir or (local_dir(storage_uri) if storage_uri else storage))
 
 
 def local_mlflow_uri(sweep_dir: str) -> str:

@@ -1,5 +1,6 @@
-"""Where a sweep stores its files, checked before launch: a URI that bcrit cannot use yet, and, on a Ray cluster of
-more than one node, a directory that the other nodes do not see.
+"""Where a sweep stores its files, checked before launch: a URI where a directory is needed (a branched study), and,
+on a Ray cluster of more than one node, a directory that the other nodes do not see. (A sweep's URI storage:
+orchestrator.uri_storage.)
 
 Ray Train writes each trial's checkpoints from the node the trial runs on, into the spec's ``storage``; a path that
 only the driver's node has fails at the first checkpoint upload, inside Train's retries. `check_shared_storage`
@@ -10,28 +11,26 @@ other alive node (``NodeAffinitySchedulingStrategy``, hard) reads it back.
 from __future__ import annotations
 
 import os
-import re
 import uuid
 from collections.abc import Callable
 
 from orchestrator.overrides import UserError
+from orchestrator.uri_storage import is_uri
 
-URI_RE = re.compile(r"^[A-Za-z][A-Za-z0-9+.-]*://")
+__all__ = ["check_shared_storage", "check_storage_value", "is_uri", "read_marker"]
 SHARED_FIX = "put storage on a file system every node mounts (on the ray up cluster: storage: /mnt/bcrit/runs/<name>)"
 PROBE_TIMEOUT_S = 60.0
 
 
-def is_uri(storage: str) -> bool:
-    """``s3://...``, ``gs://...``, ``file://...``: a URI rather than a path of this machine."""
-    return bool(URI_RE.match(storage))
-
-
-def check_storage_value(storage: str) -> None:
-    """One UserError line for a ``storage`` URI: bcrit keeps its tables, sweep state and MLflow record in the sweep
-    directory with POSIX calls, so a URI (which ``os.path.abspath`` would turn into a local ``./s3:/...``
-    directory) is refused rather than silently written on the driver's disk."""
+def check_storage_value(storage: str, what: str = "storage", who: str = "a branched study") -> None:
+    """One UserError line for a ``storage`` URI where only a directory works (a branched study, whose branches read
+    their parent's checkpoints with POSIX calls; ``bcrit train``): a URI, which ``os.path.abspath`` would turn into
+    a local ``./s3:/...`` directory, is refused rather than silently written on the driver's disk."""
     if is_uri(storage):
-        raise UserError(f"storage {storage!r} is a URI; bcrit needs a directory path every node sees: {SHARED_FIX}")
+        raise UserError(
+            f"{what} {storage!r} is a URI; {who} needs a directory path every node sees (sweeps take URIs): "
+            f"{SHARED_FIX}"
+        )
 
 
 def read_marker(path: str) -> str | None:

@@ -42,13 +42,18 @@ def check_spec(spec: SweepSpec, resources: dict | None = None) -> list[dict[str,
     node types included), storage and tracking. Returns the trial-config dicts (normalised by the config class).
     Raises UserError; nothing is launched."""
     check_storage(spec.sweep_dir)
+    if spec.storage_uri:
+        from orchestrator.uri_storage import probe
+
+        probe(spec.storage_uri)  # write and read back: a missing bucket, endpoint or credentials, one line
     check_tracking(spec.mlflow_uri)
     cap = None
     if resources is None:
         from orchestrator.cluster import capacity
         from orchestrator.storage import check_shared_storage
 
-        check_shared_storage(spec.sweep_dir)  # a cluster: every node must see the storage (one line if not)
+        if not spec.storage_uri:  # a URI is what every node reaches; a directory must be shared (one line if not)
+            check_shared_storage(spec.sweep_dir)
         cap = capacity()
         resources, where = cap.total, cap.describe()
     else:

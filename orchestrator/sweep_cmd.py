@@ -21,11 +21,36 @@ def register(sub) -> None:
 
 
 def run(args) -> int:
-    from orchestrator.spec import load_spec
     from orchestrator.sweep_state import restore_spec
+    from orchestrator.uri_storage import fetch, is_uri, probe
 
-    spec = options.spec_to_run(args, load_spec, restore_spec, what="sweep", command="sweep")
+    if is_uri(args.spec):  # `bcrit sweep --resume s3://...`: the sweep's files fetched into its local directory
+        if not args.resume:
+            from orchestrator.overrides import UserError
+
+            raise UserError(f"{args.spec} is a storage URI; pass a spec YAML, or --resume to continue its sweep")
+        probe(args.spec)
+        args.spec = fetch(args.spec)
+    spec = options.spec_to_run(args, load_and_fetch, restore_spec, what="sweep", command="sweep")
     return _run(spec, args.resume, getattr(args, "verbose", False))
+
+
+def load_and_fetch(path: str, overrides: list[str] | None):
+    """The spec YAML; with a URI storage, the URI probed (one line if unusable) and what ``<URI>/bcrit/`` holds
+    fetched into the local directory first (a sweep started on another machine is then found, and resumed)."""
+    from orchestrator.spec import load_spec
+    from orchestrator.uri_storage import Mirror, explain, probe
+
+    spec = load_spec(path, overrides)
+    if spec.storage_uri:
+        probe(spec.storage_uri)
+        try:
+            Mirror(spec.storage_uri, spec.sweep_dir).pull()
+        except OSError as e:
+            from orchestrator.overrides import UserError
+
+            raise UserError(explain(spec.storage_uri, e)) from None
+    return spec
 
 
 def plan_start(spec, resume: bool) -> bool:
@@ -43,7 +68,7 @@ def plan_start(spec, resume: bool) -> bool:
         sweep_state,
     )
 
-    state = sweep_state(spec.sweep_dir)
+    state = sweep_state(spec.sweep_dir, spec.storage_uri)
     if state == RESTORABLE:
         if not resume:
             raise UserError(
@@ -61,8 +86,9 @@ def plan_start(spec, resume: bool) -> bool:
         return False
     assert state == NO_SWEEP
     if has_results(spec.sweep_dir):
+        tune = f"{spec.storage_root}/tune" if not spec.storage_uri else spec.storage_uri + " (its tune/)"
         raise UserError(
-            f"{spec.sweep_dir} holds results of an earlier sweep but no Tune state ({spec.sweep_dir}/tune is gone)"
+            f"{spec.sweep_dir} holds results of an earlier sweep but no Tune state ({tune} is gone)"
             ", so it cannot be resumed; start the sweep in a new storage directory"
         )
     if resume:
@@ -111,17 +137,23 @@ def _run(spec, resume: bool, verbose: bool = False) -> int:
         f"[bcrit] sweep {spec.name!r}: {spec.num_trials()} trials over batch sizes {list(spec.batch_sizes)} "
         f"({spec.search} search), workload {spec.workload}"
     )
+    if spec.storage_uri:
+        print(f"[bcrit] storage {spec.storage_uri}: Ray's trials there; bcrit's files mirrored to its bcrit/")
     print(f"[bcrit] sweep dir {spec.sweep_dir}\n[bcrit] MLflow {spec.mlflow_uri} (experiment {spec.experiment!r})")
     note = gns_note(configs)
     if note:
         print(note)
     tuner = restore_tuner(spec, verbose=verbose) if resume else build_tuner(spec, configs=configs, verbose=verbose)
-    results = run(tuner, spec)
+    try:
+        results = run(tuner, spec)
+    finally:
+        mirror_at_end(spec)
     errors = sum(1 for r in results if r.error is not None)
     if errors:
-        print(f"[bcrit] {errors} trial(s) failed: their errors are in {spec.sweep_dir}/tune/<trial_id>/error.txt")
+        print(f"[bcrit] {errors} trial(s) failed: their errors are in {spec.storage_root}/tune/<trial_id>/error.txt")
     print(f"[bcrit] results: {spec.sweep_dir}/trials.parquet, {spec.sweep_dir}/metrics.parquet")
-    print(f"[bcrit] next: bcrit analyze {spec.sweep_dir}  (writes {spec.sweep_dir}/analysis)")
+    source = spec.storage_uri or spec.sweep_dir
+    print(f"[bcrit] next: bcrit analyze {source}  (writes {spec.sweep_dir}/analysis)")
     server = spec.mlflow_uri.startswith(("http://", "https://"))
     if not server:
         print(f"[bcrit] browse: mlflow ui --backend-store-uri {spec.mlflow_uri}")
@@ -129,6 +161,20 @@ def _run(spec, resume: bool, verbose: bool = False) -> int:
     if page:
         print(f"[bcrit] then open {page}")
     return 0
+
+
+def mirror_at_end(spec) -> None:
+    """A URI sweep's last push of its local directory to ``<URI>/bcrit/`` (also after Ctrl-C or a failure)."""
+    if not spec.storage_uri:
+        return
+    from orchestrator.uri_storage import MIRROR, Mirror, join
+
+    try:
+        n = Mirror(spec.storage_uri, spec.sweep_dir).push()
+    except OSError as e:
+        print(f"[bcrit] mirroring {spec.sweep_dir} to {spec.storage_uri} failed: {e}; rerun `bcrit sweep --resume`")
+        return
+    print(f"[bcrit] mirrored {spec.sweep_dir} -> {join(spec.storage_uri, MIRROR)}/ ({n} files updated)")
 
 
 def parent_run_page(sweep_dir: str, ui: str = "http://127.0.0.1:5000") -> str | None:

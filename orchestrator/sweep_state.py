@@ -4,6 +4,7 @@ first state file), results of an earlier sweep, the spec it was started with and
 from __future__ import annotations
 
 import contextlib
+import fnmatch
 import glob
 import os
 
@@ -14,10 +15,18 @@ TUNE_DIR = "tune"  # Tune experiment of the sweep: <sweep_dir>/tune
 NO_SWEEP, UNSTARTED, RESTORABLE = "none", "unstarted", "restorable"
 
 
-def sweep_state(sweep_dir: str) -> str:
+def sweep_state(sweep_dir: str, storage_uri: str | None = None) -> str:
     """`RESTORABLE`: Tune saved its experiment state (``Tuner.restore`` works); `UNSTARTED`: the driver died
     after writing ``tuner.pkl`` but before Tune's first ``experiment_state-*.json`` (``Tuner.can_restore`` says
-    yes, then ``Tuner.restore`` fails with ``KeyError: 'trial'``); `NO_SWEEP`: no Tune experiment at all."""
+    yes, then ``Tuner.restore`` fails with ``KeyError: 'trial'``); `NO_SWEEP`: no Tune experiment at all.
+    Tune's experiment is read at ``storage_uri`` when the sweep's storage is a URI."""
+    if storage_uri:
+        from orchestrator.uri_storage import exists, glob_names
+
+        if not exists(storage_uri, TUNE_DIR, "tuner.pkl"):
+            return NO_SWEEP
+        names = glob_names(storage_uri, TUNE_DIR)
+        return RESTORABLE if any(fnmatch.fnmatch(n, "experiment_state-*.json") for n in names) else UNSTARTED
     tune_dir = os.path.join(os.path.abspath(sweep_dir), TUNE_DIR)
     if not os.path.isfile(os.path.join(tune_dir, "tuner.pkl")):
         return NO_SWEEP
@@ -26,8 +35,8 @@ def sweep_state(sweep_dir: str) -> str:
     return UNSTARTED
 
 
-def can_restore(sweep_dir: str) -> bool:
-    return sweep_state(sweep_dir) == RESTORABLE
+def can_restore(sweep_dir: str, storage_uri: str | None = None) -> bool:
+    return sweep_state(sweep_dir, storage_uri) == RESTORABLE
 
 
 def has_results(sweep_dir: str) -> bool:
@@ -50,6 +59,10 @@ def reset_unstarted(spec: SweepSpec) -> None:
     d = spec.sweep_dir
     for sub in (TUNE_DIR, TRAIN_DIR, PARTS):
         shutil.rmtree(os.path.join(d, sub), ignore_errors=True)
+    if spec.storage_uri:
+        from orchestrator.uri_storage import remove_dirs
+
+        remove_dirs(spec.storage_uri, TUNE_DIR, TRAIN_DIR)
     for name in ("trials.parquet", "metrics.parquet"):
         with contextlib.suppress(FileNotFoundError):
             os.remove(os.path.join(d, name))

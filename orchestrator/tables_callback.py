@@ -1,5 +1,6 @@
 """The Ray Tune callback (driver side) that keeps a sweep's ``trials.parquet`` / ``metrics.parquet`` current as
-results arrive (orchestrator.tables writes them; that module needs no Ray, so a process without Ray can write a
+results arrive, and mirrors the sweep directory to a URI storage after each compaction (orchestrator.uri_storage).
+(orchestrator.tables writes them; that module needs no Ray, so a process without Ray can write a
 sweep directory too, e.g. benchmarks/gpu_study.py on a device whose image has no Ray)."""
 
 from __future__ import annotations
@@ -13,10 +14,27 @@ from orchestrator.tables import RunsTables, trial_row
 class TablesCallback(Callback):
     """Ray Tune callback (driver side) that keeps the two tables current as results arrive."""
 
-    def __init__(self, sweep_dir: str, compact_every_s: float = 10.0):
+    def __init__(self, sweep_dir: str, compact_every_s: float = 10.0, storage_uri: str | None = None):
         self.sweep_dir = sweep_dir
         self.compact_every_s = compact_every_s
+        self.storage_uri = storage_uri  # a URI sweep: the sweep dir is mirrored there after each compaction
         self._tables: RunsTables | None = None
+        self._mirror = None
+
+    def _compact(self, min_interval_s: float = 0.0) -> None:
+        if self.tables.compact(min_interval_s) is not None and self.storage_uri:
+            self.mirror()
+
+    def mirror(self) -> None:
+        """Push the sweep dir to ``<storage_uri>/bcrit/`` (orchestrator.uri_storage)."""
+        from orchestrator.uri_storage import Mirror
+
+        if self._mirror is None:
+            self._mirror = Mirror(self.storage_uri, self.sweep_dir)
+        try:
+            self._mirror.push()
+        except OSError as e:  # a storage hiccup must not stop the sweep: the next push (and the last) retries
+            print(f"[bcrit] mirroring to {self.storage_uri} failed, retried at the next compaction: {e}")
 
     @property
     def tables(self) -> RunsTables:
@@ -34,14 +52,14 @@ class TablesCallback(Callback):
         status = result.get("status", M.STATUS_RUNNING)
         if status != M.STATUS_RUNNING:
             self.tables.write_trial(trial_row(trial.trial_id, trial.config["trial"], status, result))
-            self.tables.compact()
+            self._compact()
         else:
-            self.tables.compact(self.compact_every_s)
+            self._compact(self.compact_every_s)
 
     def on_trial_error(self, iteration, trials, trial, **info) -> None:
         last = trial.last_result or {}
         self.tables.write_trial(trial_row(trial.trial_id, trial.config["trial"], M.STATUS_FAILED, last))
-        self.tables.compact()
+        self._compact()
 
     def on_experiment_end(self, trials, **info) -> None:
-        self.tables.compact()
+        self._compact()

@@ -72,6 +72,9 @@ def train_command(args) -> int:
     name = args.name or time.strftime("train-%Y%m%d-%H%M%S")
     if not name.strip() or "/" in name or name in (".", ".."):
         raise UserError(f"--name {name!r}: a run name is one non-empty path component, e.g. --name base")
+    from orchestrator.storage import check_storage_value
+
+    check_storage_value(args.storage, what="--storage", who="bcrit train")
     check_storage(args.storage, what="--storage")
     try:
         summary = _run_with_progress(cfg, name, args.storage, getattr(args, "verbose", False), resources)

@@ -83,11 +83,15 @@ def objective_report_callback(target_loss: float | None, max_steps: int):
 def make_trainable(
     workload: str, sweep_dir: str, worker_failures: int = 3, verbose: bool = False
 ) -> Callable[[dict], None]:
-    """The function Tune runs per trial. ``config["trial"]`` is the full trial-config dict; ``workload`` names it
+    """The function Tune runs per trial; its Ray Train runs go to ``<sweep_dir>/train`` (``sweep_dir``: the
+    sweep's storage, a directory or a URI). ``config["trial"]`` is the full trial-config dict; ``workload`` names it
     (`trainables.workloads.get_workload`, resolved in the worker: an unknown name fails, never runs the DiT). Not
     ``verbose``: the trial's INFO logs (a line per checkpoint, Train's worker-group set-up) stay out of the driver's
     output."""
-    train_storage = os.path.join(os.path.abspath(sweep_dir), TRAIN_DIR)
+    from orchestrator.uri_storage import is_uri, join
+
+    uri = is_uri(sweep_dir)
+    train_storage = join(sweep_dir, TRAIN_DIR) if uri else os.path.join(os.path.abspath(sweep_dir), TRAIN_DIR)
 
     def bcrit_trial(config: dict) -> None:
         import logging

@@ -12,6 +12,7 @@ from orchestrator.spec import SPEC_FILE, SweepSpec
 from orchestrator.sweep_checks import check_spec
 from orchestrator.sweep_state import TUNE_DIR, can_restore
 from orchestrator.tune_trainable import make_trainable
+from orchestrator.uri_storage import join
 
 
 def sweep_trainable(spec: SweepSpec, worker_failures: int, verbose: bool = False):
@@ -19,7 +20,7 @@ def sweep_trainable(spec: SweepSpec, worker_failures: int, verbose: bool = False
     from ray import tune
     from ray.tune.execution.placement_groups import PlacementGroupFactory
 
-    fn = make_trainable(spec.workload, spec.sweep_dir, worker_failures, verbose=verbose)
+    fn = make_trainable(spec.workload, spec.storage_root, worker_failures, verbose=verbose)
     return tune.with_resources(fn, lambda config: PlacementGroupFactory([trial_bundle(config["trial"])]))
 
 
@@ -35,7 +36,7 @@ def callbacks(spec: SweepSpec, verbose: bool = False, total: int | None = None) 
     return [
         *fault_callbacks(),
         tracking,
-        TablesCallback(spec.sweep_dir),
+        TablesCallback(spec.sweep_dir, storage_uri=spec.storage_uri),
         SweepProgress(spec.num_trials() if total is None else total, live=not verbose),
     ]
 
@@ -80,7 +81,7 @@ def build_tuner(
         ),
         run_config=tune.RunConfig(
             name=TUNE_DIR,
-            storage_path=spec.sweep_dir,
+            storage_path=spec.storage_root,
             callbacks=[*callbacks(spec, verbose), *extra_callbacks, StripRows()],
             failure_config=tune.FailureConfig(max_failures=trial_retries),
             verbose=1 if verbose else 0,  # 0: none of Tune's boxes (Ray 2.60's output ignores progress_reporter)
@@ -94,8 +95,8 @@ def restore_tuner(spec: SweepSpec, worker_failures: int = 3, verbose: bool = Fal
     and the driver's logs.)"""
     from ray.tune import Tuner
 
-    path = os.path.join(spec.sweep_dir, TUNE_DIR)
-    if not can_restore(spec.sweep_dir):
+    path = join(spec.storage_uri, TUNE_DIR) if spec.storage_uri else os.path.join(spec.sweep_dir, TUNE_DIR)
+    if not can_restore(spec.sweep_dir, spec.storage_uri):
         raise UserError(f"{spec.sweep_dir}: no interrupted sweep to resume; run it without --resume")
     quiet_driver_logs(verbose)
     return Tuner.restore(path, trainable=sweep_trainable(spec, worker_failures, verbose), resume_unfinished=True)

@@ -103,12 +103,12 @@ KILL_ON_CONDITION = textwrap.dedent(
 )
 
 
-def kill_sweep_midway(tmp_path, spec_path: str, parts_needed: int = 4, timeout_s: float = 300) -> int:
+def kill_sweep_midway(tmp_path, spec_path: str, parts_needed: int = 4, timeout_s: float = 300, sweep_dir=None) -> int:
     """Run `bcrit sweep SPEC` in a child process (its own process group) that SIGKILLs itself and everything it
     started as soon as its driver has handled a result with ``parts_needed`` metric parts on disk. No race against
     trial speed: the kill is triggered by the observed condition, inside the driver. Returns the number of metric
     parts on disk at the kill."""
-    parts, mark = tmp_path / "sweep" / "parts", tmp_path / "killed"
+    parts, mark = Path(sweep_dir or tmp_path / "sweep") / "parts", tmp_path / "killed"
     env = {**os.environ, "TUNE_GLOBAL_CHECKPOINT_S": "0.5", "PYTHONPATH": str(ROOT)}
     proc = subprocess.Popen(
         [sys.executable, "-c", KILL_ON_CONDITION, spec_path, str(parts), str(parts_needed), str(mark)],

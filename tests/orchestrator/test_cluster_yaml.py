@@ -538,6 +538,19 @@ def test_spec_storage_off_the_shared_mount_is_refused(tmp_path, capsys, text, st
     assert expect in line and "set storage: /mnt/bcrit/runs/dit-s2-imagenet" in line
 
 
+def test_spec_storage_uri_is_accepted_for_a_sweep_only(tmp_path, capsys, text):
+    spec = yaml.safe_load((ROOT / "examples/dit-s2-imagenet.yaml").read_text())
+    spec["storage"] = "s3://bucket/runs/dit"
+    path = tmp_path / "spec.yaml"
+    path.write_text(yaml.safe_dump(spec))
+    rc, out, err = _check(tmp_path, capsys, _fill(text), "--spec", str(path))
+    assert rc == 0 and f"{path}: storage at a URI" in out, err
+    branch = yaml.safe_load((ROOT / "examples/branched-quadratic.yaml").read_text())
+    path.write_text(yaml.safe_dump({**branch, "storage": "s3://bucket/runs/b"}))
+    line = _refused(tmp_path, capsys, _fill(text), "--spec", str(path))
+    assert "is a URI; a branched study needs a shared path" in line
+
+
 def test_shared_mounts_come_from_the_docker_volumes(text):
     from orchestrator.cluster_check import shared_mounts
 

@@ -1,5 +1,6 @@
-"""`orchestrator.storage`: a storage URI is refused in one line (not turned into a local ``./s3:/...`` directory),
-and on a multi-node Ray cluster a storage directory that another node cannot see is refused before launch.
+"""`orchestrator.storage`: a branched study's storage URI is refused in one line (not turned into a local
+``./s3:/...`` directory; a sweep takes one: test_storage_uri.py), and on a multi-node Ray cluster a storage
+directory that another node cannot see is refused before launch.
 
 The cluster is ``ray.cluster_utils.Cluster`` (a head and a worker node on this machine, which share its file
 system): the failure path makes the worker node blind through `check_shared_storage`'s ``probe`` parameter."""
@@ -16,18 +17,19 @@ from tests.orchestrator.conftest import quadratic_spec
 
 
 @pytest.mark.parametrize("storage", ["s3://bucket/prefix", "gs://b/x", "file:///tmp/x"])
-def test_storage_uri_is_refused_in_one_line(tmp_path, storage):
+def test_storage_uri_of_a_branched_study_is_refused_in_one_line(tmp_path, storage, monkeypatch):
     from orchestrator.branch_spec import parse_branch_spec
     from orchestrator.spec import parse_spec
 
-    with pytest.raises(UserError) as e:
-        parse_spec(quadratic_spec(tmp_path, storage=storage))
-    msg = str(e.value)
-    assert "\n" not in msg and storage in msg and "/mnt/bcrit/runs" in msg
-    assert not (tmp_path / "s3:").exists() and not os.path.exists(os.path.join(os.getcwd(), "s3:"))
+    monkeypatch.setenv("BCRIT_URI_CACHE", str(tmp_path / "cache"))
+    spec = parse_spec(quadratic_spec(tmp_path, storage=storage))  # a sweep takes it (test_storage_uri.py)
+    assert spec.storage_uri == storage and spec.sweep_dir.startswith(str(tmp_path / "cache"))
     branch = yaml.safe_load(open("examples/branched-quadratic.yaml"))
-    with pytest.raises(UserError, match="is a URI"):
+    with pytest.raises(UserError) as e:
         parse_branch_spec({**branch, "storage": storage})
+    msg = str(e.value)
+    assert "\n" not in msg and storage in msg and "is a URI" in msg and "/mnt/bcrit/runs" in msg
+    assert not (tmp_path / "s3:").exists() and not os.path.exists(os.path.join(os.getcwd(), "s3:"))
 
 
 def test_plain_path_is_kept(tmp_path):
