@@ -42,6 +42,7 @@ class LocalCluster:
     object_store_bytes: int = 100_000_000
     logs: str = field(default_factory=lambda: tempfile.mkdtemp(prefix="bcrit-cluster-"))
     nodes: list[Node] = field(default_factory=list)
+    node_env: dict[str, str] = field(default_factory=dict)  # what every node's processes have beside os.environ
 
     @property
     def address(self) -> str:
@@ -74,7 +75,7 @@ class LocalCluster:
         cmd = [ray, "start", "--block", "--disable-usage-stats", f"--object-store-memory={self.object_store_bytes}"]
         with open(log, "w") as out:
             proc = subprocess.Popen([*cmd, *args, *self._ports(i)], stdout=out, stderr=subprocess.STDOUT,
-                                    env=self.env(), start_new_session=True)  # fmt: skip
+                                    env=self.env(**self.node_env), start_new_session=True)  # fmt: skip
         node = Node(proc, log, resources)
         self.nodes.append(node)
         deadline = time.monotonic() + timeout_s

@@ -1,15 +1,12 @@
 """``make cluster-local`` (``python -m orchestrator.rehearse``): the cluster path of docs/cluster.md rehearsed on
 one machine, with no cloud account. It starts a Ray head and two worker raylets (orchestrator.local_cluster: real
-``ray start`` processes; token auth on, as Ray 2.60 starts a head), then runs the same commands docs/cluster.md
-gives against it with ``RAY_ADDRESS`` set -- ``bcrit sweep`` of a small spec (2-worker DDP trials, one worker per
-worker node), ``bcrit analyze``, and ``bcrit recommend`` for a spec whose workload reports throughput (the default
-quadratic one reports no ``sys/examples_per_s``, which ``recommend`` needs) -- prints the answer and where to
-browse MLflow, and ends every node it started (nothing else), also on Ctrl-C or failure.
-
-Hooks for what a real cluster adds (``services``): tracking and storage are whatever the environment says. Today
-the MLflow store is the sweep's embedded SQLite file and storage a local directory; an MLflow server
-(``MLFLOW_TRACKING_URI=http://...``) or S3-compatible storage (``--set storage=s3://...``) plug in through
-:func:`services`, which yields the environment and ``--set`` overrides the commands run with."""
+``ray start`` processes; token auth on, as Ray 2.60 starts a head), an MLflow tracking server with proxied artifacts
+(as cluster.yaml starts it on the head) and an S3-compatible store (``moto_server``; orchestrator.local_services),
+then runs the same commands docs/cluster.md gives against them, with ``RAY_ADDRESS``, ``MLFLOW_TRACKING_URI`` and
+``AWS_ENDPOINT_URL_S3`` set: ``bcrit sweep`` of a small spec (2-worker DDP trials, one worker per worker node) with
+``storage: s3://...``, ``bcrit analyze`` and ``bcrit recommend`` of that URI. It prints the answer and where to
+browse MLflow, and ends every process it started (nothing else), also on Ctrl-C or failure. ``--no-services``: the
+sweep's embedded MLflow store and a local storage directory instead."""
 
 from __future__ import annotations
 
@@ -21,6 +18,7 @@ import sys
 import tempfile
 
 from orchestrator.local_cluster import LocalCluster
+from orchestrator.overrides import UserError
 
 SPEC = "examples/quadratic.yaml"
 # one worker per worker node (the accelerator-like hook: each worker node holds one fake_gpu), small and quick
@@ -35,11 +33,37 @@ OVERRIDES = [
 HOOK = {"BCRIT_WORKER_RESOURCES": '{"fake_gpu": 1}'}
 
 
+BUCKET = "bcrit-rehearsal"
+
+
 @contextlib.contextmanager
-def services(workdir: str):
-    """(extra environment, extra ``--set`` overrides) of the tracking server and storage the rehearsal uses.
-    Default: a local storage directory under ``workdir`` and the sweep's embedded MLflow store."""
-    yield {}, [f"storage={os.path.join(workdir, 'runs', 'cluster-local')}"]
+def services(workdir: str, real: bool = True):
+    """``(driver environment, node environment, storage)`` of the rehearsal: an MLflow server and an S3-compatible
+    store (``real``), or the sweep's embedded MLflow store and a local directory. As on a real cluster, the nodes
+    hold the store's credentials (an instance role there) and the driver says where the store is
+    (``AWS_ENDPOINT_URL_S3``, passed on to every Ray worker by bcrit)."""
+    if not real:
+        yield {}, {}, os.path.join(workdir, "runs", "cluster-local")
+        return
+    from orchestrator.local_services import CREDENTIALS, make_bucket, mlflow_server, moto_server, s3_env
+    from orchestrator.uri_storage import LOCAL_ROOT_ENV
+
+    with mlflow_server(os.path.join(workdir, "mlflow-server")) as uri, moto_server() as endpoint:
+        make_bucket(endpoint, BUCKET)
+        print(f"[rehearse] MLflow server {uri} (artifacts proxied); S3-compatible store http://{endpoint}", flush=True)
+        env = {**s3_env(endpoint), "MLFLOW_TRACKING_URI": uri, LOCAL_ROOT_ENV: os.path.join(workdir, "uri-local")}
+        yield env, dict(CREDENTIALS), f"s3://{BUCKET}/cluster-local"
+
+
+def _first_target(storage: str, env: dict) -> str:
+    """The first target of the analysis ``bcrit analyze`` just wrote (its local output directory for a URI)."""
+    import json
+
+    from orchestrator.uri_storage import LOCAL_ROOT_ENV, local_dir
+
+    root = local_dir(storage, env.get(LOCAL_ROOT_ENV)) if "://" in storage else storage
+    with open(os.path.join(root, "analysis", "bcrit.json")) as f:
+        return str(json.load(f)["targets"][0]["target"])
 
 
 def _bcrit(env: dict, *args: str) -> None:
@@ -52,35 +76,47 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--port", type=int, default=6421, help="the head's GCS port (default 6421)")
     p.add_argument("--workdir", default=None, help="where the sweep goes (default: a new temporary directory)")
     p.add_argument("--spec", default=SPEC, help=f"sweep spec (default {SPEC}, shrunk by the rehearsal's --set)")
+    p.add_argument("--no-services", action="store_true", help="no MLflow server or S3 store: local files instead")
     args = p.parse_args(argv)
     workdir = os.path.abspath(args.workdir or tempfile.mkdtemp(prefix="bcrit-cluster-local-"))
     os.makedirs(workdir, exist_ok=True)
+    stack = contextlib.ExitStack()
     cluster = LocalCluster(port=args.port, head_cpus=2, logs=os.path.join(workdir, "ray-logs"))
     try:
+        extra_env, cluster.node_env, storage = stack.enter_context(services(workdir, real=not args.no_services))
         print(f"[rehearse] Ray head on {cluster.address} (token auth), logs in {cluster.logs}", flush=True)
         cluster.start_head()
         for i in range(2):
             cluster.add_worker(cpus=2, resources={"fake_gpu": 1})
             print(f"[rehearse] worker node {i + 1} joined (2 CPUs, 1 fake_gpu)", flush=True)
-        with services(workdir) as (extra_env, extra_set):
-            env = {**cluster.env(**HOOK, **extra_env), "PYTHONPATH": os.getcwd()}
-            sets = [x for kv in [*OVERRIDES, *extra_set] for x in ("--set", kv)]
-            _bcrit(env, "sweep", args.spec, *sets)
-            sweep_dir = next(s.split("=", 1)[1] for s in extra_set if s.startswith("storage="))
-            _bcrit(env, "analyze", sweep_dir)
-            if not args.spec.endswith("quadratic.yaml"):  # the quadratic workload reports no sys/ throughput
-                _bcrit(env, "recommend", sweep_dir)
-            uri = env.get("MLFLOW_TRACKING_URI") or f"sqlite:///{os.path.join(sweep_dir, 'mlflow.db')}"
-            print(f"\n[rehearse] done. Sweep dir {sweep_dir}; browse MLflow: mlflow ui --backend-store-uri {uri}")
+        env = {**cluster.env(**HOOK, **extra_env), "PYTHONPATH": os.getcwd()}
+        sets = [x for kv in [*OVERRIDES, f"storage={storage}"] for x in ("--set", kv)]
+        _bcrit(env, "sweep", args.spec, *sets)
+        _bcrit(env, "analyze", storage)
+        # the rehearsal's small sweep flags every target: recommend at the first (it says UNTRUSTED first)
+        _bcrit(env, "recommend", storage, "--target", _first_target(storage, env))
+        if args.no_services:
+            browse = f"mlflow ui --backend-store-uri sqlite:///{os.path.join(storage, 'mlflow.db')}"
+        else:  # the server stops with the rehearsal; its store and artifacts stay in the workdir
+            server = os.path.join(workdir, "mlflow-server")
+            browse = (
+                f"mlflow ui --backend-store-uri sqlite:///{os.path.join(server, 'mlflow.db')} "
+                f"--artifacts-destination {os.path.join(server, 'artifacts')}"
+            )
+        print(f"\n[rehearse] done. Storage {storage}; browse MLflow: {browse}")
     except subprocess.CalledProcessError as e:
         print(f"[rehearse] failed: {' '.join(e.cmd[2:])} exited {e.returncode}; Ray logs in {cluster.logs}")
         return 1
-    except RuntimeError as e:  # a node that did not start: the end of its log
+    except RuntimeError as e:  # a node or service that did not start: the end of its log
         print(f"[rehearse] failed: {e}")
         return 1
+    except UserError as e:  # e.g. moto_server not installed
+        print(f"[rehearse] {e}")
+        return 2
     finally:
         cluster.shutdown()
-        print("[rehearse] every node it started is stopped", flush=True)
+        stack.close()
+        print("[rehearse] every node and service it started is stopped", flush=True)
     return 0
 
 

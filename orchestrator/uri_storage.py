@@ -49,11 +49,12 @@ def join(uri: str, *parts: str) -> str:
     return urllib.parse.urlunsplit((u.scheme, u.netloc, path, u.query, u.fragment))
 
 
-def local_dir(uri: str) -> str:
-    """The driver's local directory of a URI sweep: ``$BCRIT_URI_CACHE`` (default ``~/.cache/bcrit/uri``) /
-    scheme / bucket / prefix -- the same on every machine for the same URI (its query, e.g. an endpoint, left out)."""
+def local_dir(uri: str, root: str | None = None) -> str:
+    """The driver's local directory of a URI sweep: ``root`` (default ``$BCRIT_URI_CACHE``, else
+    ``~/.cache/bcrit/uri``) / scheme / bucket / prefix -- the same on every machine for the same URI (its query, e.g.
+    an endpoint, left out)."""
     u = urllib.parse.urlsplit(uri)
-    root = os.environ.get(LOCAL_ROOT_ENV) or os.path.join(os.path.expanduser("~"), ".cache", "bcrit", "uri")
+    root = root or os.environ.get(LOCAL_ROOT_ENV) or os.path.join(os.path.expanduser("~"), ".cache", "bcrit", "uri")
     parts = [p for p in (u.netloc + "/" + u.path).split("/") if p and p not in (".", "..")]
     return os.path.join(os.path.abspath(root), u.scheme, *parts)
 

@@ -208,6 +208,9 @@ def build_trainer(
     )
 
 
+STORE_ENV = ("AWS_ENDPOINT_URL_S3", "AWS_ENDPOINT_URL", "AWS_REGION", "AWS_DEFAULT_REGION")
+
+
 def ensure_ray(num_cpus: int | None = None, quiet: bool = False) -> None:
     """Connect to ``RAY_ADDRESS`` when set, else start a local Ray (embedded default). On small machines the
     logical CPUs are over-subscribed: each Tune driver takes a CPU besides its workers (REFERENCE.md). ``quiet``:
@@ -223,8 +226,10 @@ def ensure_ray(num_cpus: int | None = None, quiet: bool = False) -> None:
         os.environ.setdefault("RAY_TRAIN_ENABLE_PREEMPTION_WATCHER", "0")
     level = logging.ERROR if quiet else logging.INFO
     if os.environ.get("RAY_ADDRESS"):
-        # the test hook's variable reaches the trial processes on every node (they do not inherit our env)
-        hook = {k: os.environ[k] for k in (WORKER_RESOURCES_ENV,) if os.environ.get(k)}
+        # the test hook's variable and where the object store is (an S3-compatible endpoint, the region) reach the
+        # trial processes on every node, which do not inherit our env; credentials do not travel (each node has its
+        # own: an instance role or its environment; docs/cluster.md)
+        hook = {k: os.environ[k] for k in (WORKER_RESOURCES_ENV, *STORE_ENV) if os.environ.get(k)}
         ray.init(address=os.environ["RAY_ADDRESS"], log_to_driver=True, logging_level=level,
                  runtime_env={"env_vars": hook} if hook else None)  # fmt: skip
     else:

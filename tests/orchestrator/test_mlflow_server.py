@@ -1,64 +1,23 @@
 """A sweep and ``bcrit analyze`` tracked to a real ``mlflow server`` over ``http://`` with
 proxied artifacts (``--artifacts-destination``), as cluster.yaml starts it on the head: every artifact a client
 logs goes through the server into its destination directory, none into the client's own disk. (``bcrit recommend``
-needs the ``sys/`` step-time metrics that only the DiT workload reports, so it is not run on this quadratic sweep.)"""
+reads the quadratic trials' measured step times, ``sys/examples_per_s``.)"""
 
 from __future__ import annotations
-
-import contextlib
-import os
-import signal
-import socket
-import subprocess
-import sys
-import time
-import urllib.request
 
 import pytest
 
 from tests.orchestrator.conftest import quadratic_spec, write_spec
 
 
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
 @pytest.fixture
 def mlflow_server(tmp_path_factory):
-    """``mlflow server`` on a free loopback port, SQLite store and proxied artifacts; killed at the end."""
+    """``mlflow server`` on a free loopback port, SQLite store and proxied artifacts; ended at the end."""
+    from orchestrator.local_services import mlflow_server as server
+
     root = tmp_path_factory.mktemp("mlflow-server")
-    port = _free_port()
-    cmd = [
-        sys.executable, "-m", "mlflow", "server", "--host", "127.0.0.1", "--port", str(port), "--workers", "1",
-        "--backend-store-uri", f"sqlite:///{root / 'mlflow.db'}", "--artifacts-destination", str(root / "artifacts"),
-    ]  # fmt: skip
-    log = open(root / "server.log", "w")  # noqa: SIM115 - closed in the finalizer
-    proc = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT, cwd=root, start_new_session=True)
-    uri = f"http://127.0.0.1:{port}"
-    try:
-        deadline = time.monotonic() + 120
-        while True:
-            try:
-                with urllib.request.urlopen(uri + "/health", timeout=2) as r:
-                    if r.status == 200:
-                        break
-            except OSError:
-                pass
-            assert proc.poll() is None, (root / "server.log").read_text()[-2000:]
-            assert time.monotonic() < deadline, "mlflow server did not answer /health"
-            time.sleep(0.5)
+    with server(str(root)) as uri:
         yield uri, root / "artifacts"
-    finally:
-        with contextlib.suppress(ProcessLookupError):
-            os.killpg(proc.pid, signal.SIGTERM)
-        try:
-            proc.wait(30)
-        except subprocess.TimeoutExpired:
-            os.killpg(proc.pid, signal.SIGKILL)
-            proc.wait(30)
-        log.close()
 
 
 @pytest.mark.slow
@@ -101,6 +60,14 @@ def test_sweep_analyze_recommend_tracked_to_a_server(tmp_path, monkeypatch, caps
     logged = {f.path for f in client.list_artifacts(parent, "analysis")}
     assert "analysis/bcrit.json" in logged
     assert (artifacts / exp.experiment_id / parent / "artifacts" / "analysis" / "bcrit.json").is_file()
+    # recommend on the quadratic trials' measured step times, logged to the same parent through the server
+    import json
+
+    target = json.loads((out / "bcrit.json").read_text())["targets"][0]["target"]
+    rc = main(["recommend", str(sweep), "--target", str(target), "--out", str(out), "--bootstrap", "20"])
+    assert rc == 0
+    assert "analysis/recommend.json" in {f.path for f in client.list_artifacts(parent, "analysis")}
+    assert any(k.startswith("recommend/fastest/time_s/") for k in client.get_run(parent).data.metrics)
     # the same sweep read back from the server alone
     out2 = tmp_path / "analysis-from-server"
     rc = main(["analyze", "--mlflow-experiment", "test", "--tracking-uri", uri, "--out", str(out2), "--bootstrap",

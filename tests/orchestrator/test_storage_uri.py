@@ -1,5 +1,5 @@
 """``storage: s3://...`` against a real S3-compatible server the tests start (``moto_server``, tests/orchestrator/
-s3_server.py), not a mock of bcrit's code.
+orchestrator/local_services.py), not a mock of bcrit's code.
 
 Fast (no Ray): the probe before launch refuses a missing bucket, an unreachable endpoint and unknown credentials in
 one line naming the fix, through ``bcrit sweep``; the mirror of bcrit's files round-trips; a spec takes a URI.
@@ -16,9 +16,9 @@ from pathlib import Path
 import pytest
 
 from orchestrator.cli import main
+from orchestrator.local_services import make_bucket, moto_server, s3_env
 from orchestrator.overrides import UserError
 from tests.orchestrator.conftest import kill_sweep_midway, quadratic_spec, write_spec
-from tests.orchestrator.s3_server import make_bucket, moto_server, s3_env
 
 BUCKET = "bcrit-test"
 
