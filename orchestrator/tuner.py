@@ -62,6 +62,13 @@ def build_tuner(
         f.write(spec.to_yaml())
     if spec.search == "grid":
         param_space, search_alg, num_samples = {"trial": tune.grid_search(configs)}, None, 1
+    elif (
+        spec.search == "adaptive"
+    ):  # trials chosen by the B_crit interval until it stops (orchestrator.adaptive_search)
+        from orchestrator.adaptive_search import AdaptiveSearch
+
+        # one more than the space: the searcher, not Tune's count, ends the sweep (and records why)
+        search_alg, param_space, num_samples = AdaptiveSearch.from_spec(spec), {}, len(configs) + 1
     else:  # one TPE study per (batch size, split, seed) group; its quota of trials each (orchestrator.search)
         from orchestrator.search import GroupedOptunaSearch
 
