@@ -136,9 +136,7 @@ class AdaptiveSearch(Searcher):
         runs = self._table_runs()
         if runs is None or not done:
             return None
-        keep = pa.array(done)
-        trials = runs.trials.filter(pc.is_in(pc.cast(runs.trials.column("trial_id"), pa.string()), keep))
-        metrics = runs.metrics.filter(pc.is_in(pc.cast(runs.metrics.column("trial_id"), pa.string()), keep))
+        trials, metrics = _only(runs.trials, done), _only(runs.metrics, done)
         i = trials.schema.get_field_index("seed")
         index = [self._seeds.index(int(s)) if int(s) in self._seeds else int(s) for s in trials.column(i).to_pylist()]
         trials = trials.set_column(i, trials.schema.field(i), pa.array(index, trials.schema.field(i).type))
@@ -252,6 +250,15 @@ class AdaptiveSearch(Searcher):
             if trial_id in self._issued or "batch_size" not in c or c.get("seed") not in self._seeds:
                 continue
             self._issued[trial_id] = [int(c["batch_size"]), float(c["lr"]), self._seeds.index(c["seed"]), "", ""]
+
+
+def _only(table: pa.Table, ids: list[str]) -> pa.Table:
+    """The rows of ``ids``, the ``trial_id`` dictionary rebuilt from them (the loaders check it holds no others)."""
+    col = pc.cast(table.column("trial_id"), pa.string())
+    table = table.filter(pc.is_in(col, pa.array(ids)))
+    i = table.schema.get_field_index("trial_id")
+    ids_col = pc.dictionary_encode(pc.cast(table.column(i), pa.string()))
+    return table.set_column(i, pa.field("trial_id", ids_col.type), ids_col)
 
 
 def _finite(x: float) -> float | None:
