@@ -107,8 +107,9 @@ def _run(spec, resume: bool, verbose: bool = False) -> int:
         configs = check_spec(spec, local_resources(spec))
         resume = plan_start(spec, resume)
         start_ray(spec, verbose)
+    count = f"at most {spec.num_trials()}" if spec.search == "adaptive" else str(spec.num_trials())
     print(
-        f"[bcrit] sweep {spec.name!r}: {spec.num_trials()} trials over batch sizes {list(spec.batch_sizes)} "
+        f"[bcrit] sweep {spec.name!r}: {count} trials over batch sizes {list(spec.batch_sizes)} "
         f"({spec.search} search), workload {spec.workload}"
     )
     print(f"[bcrit] sweep dir {spec.sweep_dir}\n[bcrit] MLflow {spec.mlflow_uri} (experiment {spec.experiment!r})")

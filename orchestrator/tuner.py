@@ -32,12 +32,13 @@ def callbacks(spec: SweepSpec, verbose: bool = False, total: int | None = None) 
     from orchestrator.tracking import MLflowTracking
 
     tracking = MLflowTracking(spec.mlflow_uri, spec.experiment, spec.name, spec.sweep_dir, spec.to_yaml())
-    return [
-        *fault_callbacks(),
-        tracking,
-        TablesCallback(spec.sweep_dir),
-        SweepProgress(spec.num_trials() if total is None else total, live=not verbose),
-    ]
+    progress = SweepProgress(spec.num_trials() if total is None else total, live=not verbose)
+    watch = []
+    if spec.search == "adaptive":  # its refits as progress lines and parent-run metrics (before tracking ends it)
+        from orchestrator.adaptive_view import AdaptiveWatch
+
+        watch = [AdaptiveWatch(spec.sweep_dir, tracking, progress)]
+    return [*fault_callbacks(), *watch, tracking, TablesCallback(spec.sweep_dir), progress]
 
 
 def build_tuner(
