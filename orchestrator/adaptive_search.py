@@ -34,10 +34,10 @@ from ray.tune.search import Searcher
 
 from analysis.core import metrics as M
 from analysis.decisions import next_trials as nt
+from analysis.reporting.adaptive_report import DECISIONS_FILE  # every refit and every trial handed out
 from analysis.sources.loaders import RunsTableError, load_sweep_dir, runs_from_tables
 from orchestrator.tune_trainable import OBJECTIVE
 
-DECISIONS_FILE = "adaptive-decisions.json"  # in the sweep directory: every refit and every trial handed out
 STATE_FORMAT = "bcrit-adaptive-search/1"
 DECISION_BOOTSTRAP = 200  # bootstrap resamples of each refit (bcrit analyze's final answer uses its own, 1000)
 
