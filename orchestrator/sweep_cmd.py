@@ -21,10 +21,12 @@ def register(sub) -> None:
 
 
 def run(args) -> int:
+    from orchestrator.adaptive_resume import resume_spec
     from orchestrator.spec import load_spec
     from orchestrator.sweep_state import restore_spec
 
-    spec = options.spec_to_run(args, load_spec, restore_spec, what="sweep", command="sweep")
+    spec = resume_spec(args, load_spec, restore_spec)  # an adaptive sweep resumed with a new goal or budget
+    spec = spec or options.spec_to_run(args, load_spec, restore_spec, what="sweep", command="sweep")
     return _run(spec, args.resume, getattr(args, "verbose", False))
 
 

@@ -106,7 +106,12 @@ def restore_tuner(spec: SweepSpec, worker_failures: int = 3, verbose: bool = Fal
     if not can_restore(spec.sweep_dir):
         raise UserError(f"{spec.sweep_dir}: no interrupted sweep to resume; run it without --resume")
     quiet_driver_logs(verbose)
-    return Tuner.restore(path, trainable=sweep_trainable(spec, worker_failures, verbose), resume_unfinished=True)
+    tuner = Tuner.restore(path, trainable=sweep_trainable(spec, worker_failures, verbose), resume_unfinished=True)
+    if spec.search == "adaptive":  # its goal and budget may have changed (orchestrator.adaptive_resume)
+        from orchestrator.adaptive_resume import renew
+
+        renew(tuner, spec, path)
+    return tuner
 
 
 def run(tuner, spec: SweepSpec):

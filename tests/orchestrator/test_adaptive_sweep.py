@@ -29,7 +29,9 @@ def adaptive_quadratic(tmp_path, trials: int = BUDGET, rel_ci: float = 0.02) -> 
     return spec
 
 
-def test_adaptive_sweep_respects_the_budget_and_analyze_reports_it(tmp_path, ray_local, no_ray_address, capsys):
+def test_adaptive_sweep_respects_the_budget_analyze_reports_it_and_resume_extends_it(
+    tmp_path, ray_local, no_ray_address, capsys
+):
     path = write_spec(tmp_path, adaptive_quadratic(tmp_path))
     sweep_dir = str(tmp_path / "sweep")
     assert main(["sweep", path]) == 0
@@ -56,3 +58,13 @@ def test_adaptive_sweep_respects_the_budget_and_analyze_reports_it(tmp_path, ray
     report = (out_dir / "report.md").read_text()
     assert "## Adaptive design" in report and "trial budget was spent" in report
     assert all(t["trial_id"] in report for t in d["issued"])
+
+    # a larger budget on --resume continues from the trials already run (the first ones unchanged)
+    assert main(["sweep", sweep_dir, "--resume", "--set", f"nuisance.budget.trials={BUDGET + 3}"]) == 0
+    again = pq.read_table(os.path.join(sweep_dir, "trials.parquet")).to_pylist()
+    assert len(again) == BUDGET + 3 and {t["trial_id"] for t in trials} < {t["trial_id"] for t in again}
+    d2 = json.loads(open(os.path.join(sweep_dir, DECISIONS_FILE)).read())
+    assert d2["stop"] == "budget_trials" and d2["issued"][:BUDGET] == d["issued"]
+    assert f"{BUDGET + 3}/{BUDGET + 3} trials finished" in capsys.readouterr().out
+    # any other change on --resume is refused as before
+    assert main(["sweep", sweep_dir, "--resume", "--set", "stopping.max_steps=10"]) == 2
