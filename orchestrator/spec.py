@@ -211,6 +211,7 @@ def parse_spec(data: dict, *, sweep_dir: str | None = None, source: str = "spec"
         raise UserError(f"{source} is a branched study (kind: branched); run it with bcrit branch {source}")
     _keys(data, TOP_KEYS, "")
     name, workload = name_and_workload(data, source, example="tiny")
+    name = name.strip()
     sci = _section(data, "scientific", SCIENTIFIC_KEYS, required=True)
     nui = _section(data, "nuisance", NUISANCE_KEYS, required=True)
     fixed = dict(_section(data, "fixed", None))
@@ -241,16 +242,13 @@ def parse_spec(data: dict, *, sweep_dir: str | None = None, source: str = "spec"
     for key in PER_BATCH_SIZE_STOPPING:
         if isinstance(stop.get(key), dict):
             stop[key] = _per_batch_size(stop[key], batch_sizes, f"stopping.{key}")
-    seeds = fixed.pop("seeds", [0])
-    seeds = [seeds] if isinstance(seeds, int) else seeds
+    seeds = [s] if isinstance(s := fixed.pop("seeds", [0]), int) else s
     if not isinstance(seeds, list) or not seeds or not all(isinstance(s, int) and s >= 0 for s in seeds):
         raise UserError(f"fixed.seeds must be a non-negative integer or a list of them, got {seeds!r}")
 
     search, nuisance, trials_per_b = _nuisance(nui)
-    adaptive = _adaptive(nui, stop, seeds, batch_sizes, splits, nuisance) if search == "adaptive" else None
     _check_split_lrs(splits, search, nuisance)
     _check_split_seeds(splits, len(seeds))
-    name = name.strip()
     storage = data.get("storage")
     storage = os.path.join("runs", name) if storage is None else storage
     if not isinstance(storage, str) or not storage.strip():
@@ -286,7 +284,7 @@ def parse_spec(data: dict, *, sweep_dir: str | None = None, source: str = "spec"
         sweep_dir=sweep_dir,
         raw={**data, "name": name, "storage": sweep_dir, "tracking": {"mlflow_uri": uri, "experiment": experiment}},
         samplers=_samplers(sci.get("timestep_sampling"), fixed, search),
-        adaptive=adaptive,
+        adaptive=_adaptive(nui, stop, seeds, batch_sizes, splits, nuisance) if search == "adaptive" else None,
     )
 
 
