@@ -14,8 +14,10 @@ from ray.tune.search import Searcher
 
 from analysis.decisions import next_trials as nt
 from analysis.decisions.nqm_adaptive import concat, run_trial
+from analysis.reporting.adaptive_report import DECISIONS_FILE, markdown_lines
 from analysis.sources.loaders import runs_from_tables, write_sweep_dir
-from orchestrator.adaptive_search import DECISIONS_FILE, AdaptiveSearch
+from orchestrator.adaptive_search import AdaptiveSearch
+from orchestrator.adaptive_view import status_line
 
 DIM = 200
 H = np.arange(1, DIM + 1.0) ** -0.5
@@ -98,6 +100,13 @@ def test_finished_on_trial_budget(tmp_path):
     assert [r["trial_id"] for r in rec["issued"]] == [t for t, _ in issued]
     assert all(r["kind"] and r["reason"] for r in rec["issued"])
     assert rec["refits"][-1]["trials_finished"] == 15
+    # what the user sees of it: the progress line of each refit, the report's section
+    assert status_line(rec, rec["refits"][-1]).endswith("stop: trial budget spent after 15 trials")
+    first = status_line(rec, rec["refits"][0])
+    assert first.startswith("B_crit at 0.3: no fit yet -> goal 1%; next: design at B=16 lr=")
+    section = "\n".join(markdown_lines(rec))
+    assert "stopped because the trial budget was spent, after 15 trials" in section
+    assert all(f"`{t}`" in section for t, _ in issued)
 
 
 def test_finished_on_examples_budget(tmp_path):
