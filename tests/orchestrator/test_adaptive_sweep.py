@@ -13,7 +13,7 @@ import pytest
 from analysis.core import metrics as M
 from analysis.reporting.adaptive_report import DECISIONS_FILE
 from orchestrator.cli import main
-from tests.orchestrator.conftest import mlflow_runs, quadratic_spec, write_spec
+from tests.orchestrator.conftest import kill_sweep_midway, mlflow_runs, quadratic_spec, write_spec
 
 pytestmark = [pytest.mark.ray, pytest.mark.slow]
 BUDGET = 12
@@ -68,3 +68,16 @@ def test_adaptive_sweep_respects_the_budget_analyze_reports_it_and_resume_extend
     assert f"{BUDGET + 3}/{BUDGET + 3} trials finished" in capsys.readouterr().out
     # any other change on --resume is refused as before
     assert main(["sweep", sweep_dir, "--resume", "--set", "stopping.max_steps=10"]) == 2
+
+
+def test_driver_killed_mid_sweep_then_resumed(tmp_path, ray_local, no_ray_address):
+    path = write_spec(tmp_path, adaptive_quadratic(tmp_path))
+    sweep_dir = str(tmp_path / "sweep")
+    kill_sweep_midway(tmp_path, path, parts_needed=3)
+    assert main(["sweep", sweep_dir, "--resume"]) == 0
+    trials = pq.read_table(os.path.join(sweep_dir, "trials.parquet")).to_pylist()
+    d = json.loads(open(os.path.join(sweep_dir, DECISIONS_FILE)).read())
+    assert d["stop"] == "budget_trials"
+    assert len(trials) == BUDGET and all(t["status"] in M.FINAL_STATUSES for t in trials)  # none lost, none extra
+    settings = [(t["batch_size"], t["lr"], t["seed"]) for t in trials]
+    assert len(set(settings)) == BUDGET  # no setting run twice across the kill
