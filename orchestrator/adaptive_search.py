@@ -69,6 +69,7 @@ class AdaptiveSearch(Searcher):
         self._seen_done: list[str] = []  # finished trial ids at the last refit
         self._refits: list[dict] = []  # every refit's record (DECISIONS_FILE)
         self._stop: str | None = None
+        self._completed: set[str] = set()  # trial ids Tune reported complete
 
     @classmethod
     def from_spec(cls, spec) -> AdaptiveSearch:
@@ -111,7 +112,9 @@ class AdaptiveSearch(Searcher):
         return {"trial": self.trial_config(nt.Trial(c["batch_size"], c["lr"], c["seed"]))}
 
     def on_trial_complete(self, trial_id: str, result: dict | None = None, error: bool = False) -> None:
-        pass  # the finished trials are read from the sweep's tables at the next refit
+        # its rows are read from the sweep's tables at the next refit; it is no longer pending even if the tables
+        # never got its final status (so the sweep cannot wait for a trial Tune has ended)
+        self._completed.add(trial_id)
 
     def trial_config(self, t: nt.Trial) -> dict[str, Any]:
         return {**self._configs[t.batch_size], "lr": t.lr, "seed": self._seeds[t.seed]}
@@ -143,8 +146,8 @@ class AdaptiveSearch(Searcher):
         return runs_from_tables(trials, metrics, source=runs.source)
 
     def pending(self, done: list[str] | None = None) -> list[nt.Trial]:
-        """Trials handed out and not finished, and those chosen but still queued."""
-        done = set(self.finished_ids() if done is None else done)
+        """Trials handed out, neither finished in the tables nor reported complete by Tune."""
+        done = set(self.finished_ids() if done is None else done) | self._completed
         out = [nt.Trial(int(v[0]), float(v[1]), int(v[2])) for t, v in self._issued.items() if t not in done]
         return out
 
@@ -211,6 +214,7 @@ class AdaptiveSearch(Searcher):
             "seen_done": self._seen_done,
             "refits": self._refits,
             "stop": self._stop,
+            "completed": sorted(self._completed),
             "batch": self._batch,
             "goal": [self.goal.rel_ci, list(self.goal.targets), self.goal.min_seeds],
             "budget": [self.budget.examples, self.budget.trials],
@@ -235,6 +239,7 @@ class AdaptiveSearch(Searcher):
         self._issued = {k: list(v) for k, v in state["issued"].items()}
         self._queue, self._seen_done = list(state["queue"]), list(state["seen_done"])
         self._refits, self._stop, self._batch = list(state["refits"]), state["stop"], int(state["batch"])
+        self._completed = set(state["completed"])
         now = ([self.goal.rel_ci, list(self.goal.targets), self.goal.min_seeds],
                [self.budget.examples, self.budget.trials])  # fmt: skip
         if now != (state["goal"], state["budget"]):

@@ -90,6 +90,14 @@ def test_starts_with_the_design_and_keeps_concurrency(tmp_path):
     assert nt.Trial(third["trial"]["batch_size"], third["trial"]["lr"], 0) == design[2]
 
 
+def test_a_trial_tune_ended_without_a_final_row_is_not_pending(tmp_path):
+    s = searcher(tmp_path)
+    a, b = s.suggest("a"), s.suggest("b")
+    s.on_trial_complete("a", error=True)  # e.g. failed before it wrote a row: nothing to wait for
+    assert s.pending() == [nt.Trial(b["trial"]["batch_size"], b["trial"]["lr"], 0)]
+    assert a != b
+
+
 def test_finished_on_trial_budget(tmp_path):
     s, lab = searcher(tmp_path, goal=0.01, trials=15), Lab(tmp_path)
     issued = drive(s, lab)
