@@ -77,3 +77,30 @@ def test_bad_adaptive_spec_exits_2_through_the_cli(tmp_path, capsys, no_ray_addr
     err = capsys.readouterr().err
     assert "nuisance.goal.rel_ci" in err and "Traceback" not in err
     assert not (tmp_path / "sweep").exists()
+
+
+def test_resume_may_change_only_the_goal_and_budget(tmp_path):
+    import argparse
+    import os
+
+    from orchestrator.adaptive_resume import resume_spec
+    from orchestrator.spec import SPEC_FILE, load_spec
+    from orchestrator.sweep_state import restore_spec
+
+    raw = adaptive_spec(tmp_path)
+    path = write_spec(tmp_path, raw)
+    spec = load_spec(path)
+    os.makedirs(spec.sweep_dir)
+    with open(os.path.join(spec.sweep_dir, SPEC_FILE), "w") as f:
+        f.write(spec.to_yaml())
+
+    def args(target, *sets):
+        return argparse.Namespace(spec=target, set=list(sets), resume=True)
+
+    new = resume_spec(args(spec.sweep_dir, "nuisance.goal.rel_ci=0.1"), load_spec, restore_spec)
+    assert new.adaptive.rel_ci == 0.1 and new.sweep_dir == spec.sweep_dir
+    new = resume_spec(args(path, "nuisance.budget.trials=20"), load_spec, restore_spec)  # the YAML form
+    assert new.adaptive.budget_trials == 20
+    assert resume_spec(args(spec.sweep_dir, "stopping.max_steps=5"), load_spec, restore_spec) is None
+    assert resume_spec(args(path, "fixed.dim=10"), load_spec, restore_spec) is None  # the usual refusal then
+    assert main(["sweep", spec.sweep_dir, "--resume", "--set", "nuisance.goal.rel_ci=2"]) == 2  # still validated
