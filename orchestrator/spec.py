@@ -15,7 +15,8 @@ scientific:                       # the variable under study: effective batch si
   use_gpu: false
   cpus_per_worker: 1
 nuisance:                         # re-tuned per batch size
-  search: grid                    # grid: lists of values | optuna: TPE, ranges {low, high}
+  search: grid                    # grid: lists of values | optuna: TPE, ranges {low, high} |
+                                  # adaptive: trials chosen by the B_crit interval (orchestrator.adaptive_spec)
   lr: [2.0e-3, 6.0e-3]            # optuna: {low: 1.0e-4, high: 1.0e-2} (log scale)
   trials_per_batch_size: 8        # optuna only
 fixed: {preset: tiny, dataset: digits, seeds: [0], eval_every: 10}   # any other trial-config keys
@@ -34,6 +35,7 @@ import os
 from dataclasses import dataclass, field
 from typing import Any
 
+from orchestrator.adaptive_spec import Adaptive, parse_adaptive
 from orchestrator.overrides import UserError, apply_overrides, load_yaml
 from trainables import workloads
 
@@ -41,7 +43,7 @@ TOP_KEYS = ("name", "workload", "scientific", "nuisance", "fixed", "stopping", "
 SCIENTIFIC_KEYS = ("batch_sizes", "splits", "per_batch_size", "use_gpu", "cpus_per_worker", "timestep_sampling")
 SPLIT_KEYS = ("micro_batch_size", "grad_accum", "num_workers")
 NUISANCE_PARAMS = ("lr", "warmup_steps", "beta2", "weight_decay")
-NUISANCE_KEYS = ("search", "trials_per_batch_size", "seed", *NUISANCE_PARAMS)
+NUISANCE_KEYS = ("search", "trials_per_batch_size", "seed", "goal", "budget", *NUISANCE_PARAMS)
 STOPPING_KEYS = ("target_loss", "max_steps", "divergence_factor")
 TRACKING_KEYS = ("mlflow_uri", "experiment")
 # trial-config keys owned by other sections (a clear error instead of a silent conflict)
@@ -104,8 +106,8 @@ class SweepSpec:
     splits: dict[int, tuple[Split, ...]]  # batch size -> its splits
     use_gpu: bool
     cpus_per_worker: int
-    search: str  # "grid" | "optuna"
-    nuisance: dict[str, Any]  # grid: name -> list of values; optuna: name -> (low, high) or a constant
+    search: str  # "grid" | "optuna" | "adaptive"
+    nuisance: dict[str, Any]  # grid, adaptive: name -> list of values; optuna: name -> (low, high) or a constant
     trials_per_batch_size: int  # optuna only
     search_seed: int
     fixed: dict[str, Any]  # trial-config keys shared by every trial (without seeds)
@@ -124,6 +126,8 @@ class SweepSpec:
     def storage_root(self) -> str:
         """Where Ray Tune and Ray Train write (RunConfig storage_path): the URI, else the sweep directory."""
         return self.storage_uri or self.sweep_dir
+
+    adaptive: Adaptive | None = None  # search: adaptive only: its goal and budget
 
     # --- trial configs -----------------------------------------------------------------------------------
     def base_config(self, batch_size: int, split: Split, seed: int) -> dict[str, Any]:
@@ -150,8 +154,9 @@ class SweepSpec:
         return [(b, s, seed) for b in self.batch_sizes for s in self.splits[b] for seed in self.seeds[: s.num_seeds]]
 
     def grid_points(self) -> list[dict[str, Any]]:
-        """Nuisance values of a grid search (the cartesian product); [] for optuna."""
-        if self.search != "grid":
+        """Nuisance values of a grid search (the cartesian product; adaptive: the grid it draws from); [] for
+        optuna."""
+        if self.search == "optuna":
             return []
         names = list(self.nuisance)
         return [dict(zip(names, vals, strict=True)) for vals in itertools.product(*self.nuisance.values())]
@@ -169,6 +174,10 @@ class SweepSpec:
         return [dict(zip(self.nuisance, vals, strict=True)) for vals in itertools.product(*ends)]
 
     def num_trials(self) -> int:
+        """The sweep's trials (adaptive: the most it may run, its trial budget or its whole grid)."""
+        if self.search == "adaptive":
+            space = len(self.trial_configs())
+            return space if self.adaptive.budget_trials is None else min(space, self.adaptive.budget_trials)
         if self.search == "grid":
             points = self.grid_points()
             per = max(1, len(self.samplers))
@@ -209,6 +218,7 @@ def parse_spec(data: dict, *, sweep_dir: str | None = None, source: str = "spec"
         raise UserError(f"{source} is a branched study (kind: branched); run it with bcrit branch {source}")
     _keys(data, TOP_KEYS, "")
     name, workload = name_and_workload(data, source, example="tiny")
+    name = name.strip()
     sci = _section(data, "scientific", SCIENTIFIC_KEYS, required=True)
     nui = _section(data, "nuisance", NUISANCE_KEYS, required=True)
     fixed = dict(_section(data, "fixed", None))
@@ -239,8 +249,7 @@ def parse_spec(data: dict, *, sweep_dir: str | None = None, source: str = "spec"
     for key in PER_BATCH_SIZE_STOPPING:
         if isinstance(stop.get(key), dict):
             stop[key] = _per_batch_size(stop[key], batch_sizes, f"stopping.{key}")
-    seeds = fixed.pop("seeds", [0])
-    seeds = [seeds] if isinstance(seeds, int) else seeds
+    seeds = [s] if isinstance(s := fixed.pop("seeds", [0]), int) else s
     if not isinstance(seeds, list) or not seeds or not all(isinstance(s, int) and s >= 0 for s in seeds):
         raise UserError(f"fixed.seeds must be a non-negative integer or a list of them, got {seeds!r}")
 
@@ -282,7 +291,22 @@ def parse_spec(data: dict, *, sweep_dir: str | None = None, source: str = "spec"
         },
         samplers=_samplers(sci.get("timestep_sampling"), fixed, search),
         storage_uri=storage_uri,
+        adaptive=_adaptive(nui, stop, seeds, batch_sizes, splits, nuisance) if search == "adaptive" else None,
     )
+
+
+def _adaptive(nui: dict, stop: dict, seeds: list, batch_sizes: list, splits: dict, nuisance: dict) -> Adaptive:
+    """``search: adaptive``'s goal and budget, and what its space needs: >= 3 batch sizes, one split each, one
+    value of every nuisance parameter but ``lr``."""
+    if len(batch_sizes) < 3:
+        raise UserError(f"search: adaptive needs >= 3 scientific.batch_sizes to fit B_crit, got {batch_sizes}")
+    many = [b for b in batch_sizes if len(splits[b]) > 1]
+    if many:
+        raise UserError(f"search: adaptive runs one split per batch size; batch size {many[0]} has several")
+    fixed_many = [k for k, v in nuisance.items() if k != "lr" and len(v) > 1]
+    if fixed_many:
+        raise UserError(f"nuisance.{fixed_many[0]}: search: adaptive searches lr only; give it one value")
+    return parse_adaptive(nui, stop, len(seeds))
 
 
 def _samplers(v: Any, fixed: dict, search: str) -> tuple[str, ...]:
@@ -442,8 +466,10 @@ def _check_split_seeds(splits: dict[int, tuple[Split, ...]], n_seeds: int) -> No
 
 def _nuisance(nui: dict) -> tuple[str, dict[str, Any], int]:
     search = nui.get("search", "grid")
-    if search not in ("grid", "optuna"):
-        raise UserError(f"nuisance.search must be 'grid' or 'optuna', got {search!r}")
+    if search not in ("grid", "optuna", "adaptive"):
+        raise UserError(f"nuisance.search must be 'grid', 'optuna' or 'adaptive', got {search!r}")
+    if search != "adaptive" and ("goal" in nui or "budget" in nui):
+        raise UserError("nuisance.goal and nuisance.budget are for search: adaptive; drop them or set it")
     if "lr" not in nui:
         raise UserError("nuisance.lr is required (grid: a list of values; optuna: {low: 1e-4, high: 1e-2})")
     out: dict[str, Any] = {}
@@ -451,10 +477,10 @@ def _nuisance(nui: dict) -> tuple[str, dict[str, Any], int]:
         if k not in nui:
             continue
         v = nui[k]
-        if search == "grid":
+        if search in ("grid", "adaptive"):
             v = v if isinstance(v, list) else [v]
             if not v or not all(isinstance(x, (int, float)) and not isinstance(x, bool) for x in v):
-                raise UserError(f"nuisance.{k} must be a number or a non-empty list of numbers for search: grid")
+                raise UserError(f"nuisance.{k} must be a number or a non-empty list of numbers for search: {search}")
             out[k] = v
         elif isinstance(v, dict):
             _keys(v, ("low", "high"), f"nuisance.{k}")
@@ -468,8 +494,8 @@ def _nuisance(nui: dict) -> tuple[str, dict[str, Any], int]:
             out[k] = v
         else:
             raise UserError(f"nuisance.{k} must be {{low, high}} or a constant for search: optuna, got {v!r}")
-    if search == "grid" and "trials_per_batch_size" in nui:
-        raise UserError("nuisance.trials_per_batch_size is for search: optuna; a grid runs every listed value")
+    if search != "optuna" and "trials_per_batch_size" in nui:
+        raise UserError(f"nuisance.trials_per_batch_size is for search: optuna, not {search}; drop it")
     n = _pos_int(nui.get("trials_per_batch_size", 8), "nuisance.trials_per_batch_size") if search == "optuna" else 0
     if search == "optuna" and not isinstance(out["lr"], tuple):
         raise UserError("nuisance.lr must be a range {low, high} for search: optuna")

@@ -21,6 +21,8 @@ def register(sub) -> None:
 
 
 def run(args) -> int:
+    from orchestrator.adaptive_resume import resume_spec
+    from orchestrator.spec import load_spec
     from orchestrator.sweep_state import restore_spec
     from orchestrator.uri_storage import fetch, is_uri, probe
 
@@ -31,7 +33,8 @@ def run(args) -> int:
             raise UserError(f"{args.spec} is a storage URI; pass a spec YAML, or --resume to continue its sweep")
         probe(args.spec)
         args.spec = fetch(args.spec)
-    spec = options.spec_to_run(args, load_and_fetch, restore_spec, what="sweep", command="sweep")
+    spec = resume_spec(args, load_spec, restore_spec)  # an adaptive sweep resumed with a new goal or budget
+    spec = spec or options.spec_to_run(args, load_and_fetch, restore_spec, what="sweep", command="sweep")
     return _run(spec, args.resume, getattr(args, "verbose", False))
 
 
@@ -133,8 +136,9 @@ def _run(spec, resume: bool, verbose: bool = False) -> int:
         configs = check_spec(spec, local_resources(spec))
         resume = plan_start(spec, resume)
         start_ray(spec, verbose)
+    count = f"at most {spec.num_trials()}" if spec.search == "adaptive" else str(spec.num_trials())
     print(
-        f"[bcrit] sweep {spec.name!r}: {spec.num_trials()} trials over batch sizes {list(spec.batch_sizes)} "
+        f"[bcrit] sweep {spec.name!r}: {count} trials over batch sizes {list(spec.batch_sizes)} "
         f"({spec.search} search), workload {spec.workload}"
     )
     if spec.storage_uri:

@@ -33,11 +33,18 @@ def callbacks(spec: SweepSpec, verbose: bool = False, total: int | None = None) 
     from orchestrator.tracking import MLflowTracking
 
     tracking = MLflowTracking(spec.mlflow_uri, spec.experiment, spec.name, spec.sweep_dir, spec.to_yaml())
+    progress = SweepProgress(spec.num_trials() if total is None else total, live=not verbose)
+    watch = []
+    if spec.search == "adaptive":  # its refits as progress lines and parent-run metrics (before tracking ends it)
+        from orchestrator.adaptive_view import AdaptiveWatch
+
+        watch = [AdaptiveWatch(spec.sweep_dir, tracking, progress)]
     return [
         *fault_callbacks(),
+        *watch,
         tracking,
         TablesCallback(spec.sweep_dir, storage_uri=spec.storage_uri),
-        SweepProgress(spec.num_trials() if total is None else total, live=not verbose),
+        progress,
     ]
 
 
@@ -63,6 +70,13 @@ def build_tuner(
         f.write(spec.to_yaml())
     if spec.search == "grid":
         param_space, search_alg, num_samples = {"trial": tune.grid_search(configs)}, None, 1
+    elif (
+        spec.search == "adaptive"
+    ):  # trials chosen by the B_crit interval until it stops (orchestrator.adaptive_search)
+        from orchestrator.adaptive_search import AdaptiveSearch
+
+        # one more than the space: the searcher, not Tune's count, ends the sweep (and records why)
+        search_alg, param_space, num_samples = AdaptiveSearch.from_spec(spec), {}, len(configs) + 1
     else:  # one TPE study per (batch size, split, seed) group; its quota of trials each (orchestrator.search)
         from orchestrator.search import GroupedOptunaSearch
 
@@ -99,7 +113,12 @@ def restore_tuner(spec: SweepSpec, worker_failures: int = 3, verbose: bool = Fal
     if not can_restore(spec.sweep_dir, spec.storage_uri):
         raise UserError(f"{spec.sweep_dir}: no interrupted sweep to resume; run it without --resume")
     quiet_driver_logs(verbose)
-    return Tuner.restore(path, trainable=sweep_trainable(spec, worker_failures, verbose), resume_unfinished=True)
+    tuner = Tuner.restore(path, trainable=sweep_trainable(spec, worker_failures, verbose), resume_unfinished=True)
+    if spec.search == "adaptive":  # its goal and budget may have changed (orchestrator.adaptive_resume)
+        from orchestrator.adaptive_resume import renew
+
+        renew(tuner, spec, path)
+    return tuner
 
 
 def run(tuner, spec: SweepSpec):

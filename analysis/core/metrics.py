@@ -84,6 +84,9 @@ SECONDS_TO_TARGET = "seconds_to_target"  # training seconds until then (start-up
 SCIENTIFIC = ("batch_size", "micro_batch_size", "grad_accum", "num_workers", "lr")  # numeric copies of the params
 TRACKING_ONLY = (STEP, EXAMPLES, WALL_TIME, STEPS_TO_TARGET, EXAMPLES_TO_TARGET, SECONDS_TO_TARGET, *SCIENTIFIC)
 
+# --- MLflow parent run of a sweep only (orchestrator.adaptive_view): one point per refit of an adaptive sweep ----
+ADAPTIVE_REL_CI = "adaptive/rel_ci"  # relative half-width of the B_crit interval at the goal's widest target
+
 
 def per_bin(template: str, k: int) -> str:
     """Name of a per-bin metric, e.g. ``per_bin(EVAL_LOSS_BIN, 3) == "eval/loss/bin3"``."""
@@ -148,9 +151,16 @@ TRACKING_DOCS: dict[str, str] = {
     SECONDS_TO_TARGET: "training seconds to the target (start-up excluded)",
 }
 
+PARENT_DOCS: dict[str, str] = {
+    ADAPTIVE_REL_CI: "`nuisance.search: adaptive` only: after each refit, the relative half-width `(hi - lo) / "
+    "(2 B_crit)` of the 90% B_crit interval at the goal target where it is widest (the one the sweep waits for); "
+    "step = trials finished at that refit. Not logged while a target has no fit yet",
+}
+
 
 def markdown_table(docs: dict[str, str] | None = None) -> str:
-    """The metric tables of docs/metrics.md (``python -m analysis.core.metrics``; ``--tracking``: MLflow children)."""
+    """The metric tables of docs/metrics.md (``python -m analysis.core.metrics``; ``--tracking``: MLflow children;
+    ``--parent``: a sweep's MLflow parent run)."""
     lines = ["| name | meaning |", "| --- | --- |"]
     lines += [f"| `{name}` | {doc} |" for name, doc in (METRIC_DOCS if docs is None else docs).items()]
     return "\n".join(lines)
@@ -159,4 +169,5 @@ def markdown_table(docs: dict[str, str] | None = None) -> str:
 if __name__ == "__main__":
     import sys
 
-    print(markdown_table(TRACKING_DOCS if "--tracking" in sys.argv[1:] else None))
+    args = sys.argv[1:]
+    print(markdown_table(TRACKING_DOCS if "--tracking" in args else PARENT_DOCS if "--parent" in args else None))

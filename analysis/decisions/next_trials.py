@@ -257,9 +257,12 @@ def next_trials(
     if budget.examples is not None and committed >= budget.examples:
         dec.stop = BUDGET_EXAMPLES if dec.examples_spent >= budget.examples else None
         return dec
+    if budget.trials is not None:  # never more trials than the budget, pending and chosen ones included
+        n = min(n, budget.trials - n_done - len(pending))
     design = [t for t in initial_design(space) if t not in tried]
     if design:
         dec.choices = [Choice(t, "design", np.inf, cost.of(t.batch_size, fits), "initial design") for t in design[:n]]
+        _within_examples(dec, budget, committed)
         return dec
     if _goal_met(fits, goal, space, tried):
         dec.stop = GOAL_MET
@@ -273,9 +276,24 @@ def next_trials(
             break
         dec.choices.append(c)
         tried.append(c.trial)
+    _within_examples(dec, budget, committed)
     if not dec.choices and not pending:
         dec.stop = EXHAUSTED
     return dec
+
+
+def _within_examples(dec: Decision, budget: Budget, committed: float) -> None:
+    """Keep the choices that start while the examples committed (spent, pending, chosen before) are under the
+    budget: several trials chosen at once spend it as they would one at a time (the first always starts)."""
+    if budget.examples is None:
+        return
+    keep = []
+    for c in dec.choices:
+        if committed >= budget.examples:
+            break
+        keep.append(c)
+        committed += c.examples
+    dec.choices = keep
 
 
 def _fits(runs: Runs, goal: Goal, metric: str, bootstrap: int, seed: int) -> list[dict]:

@@ -29,6 +29,7 @@ from analysis.fits.steps import (
 )
 from analysis.fits.sweep_fit import analyze_metric
 from analysis.fits.trust import headline
+from analysis.reporting import adaptive_report
 from analysis.reporting.html_report import HTML_FILE, render_html
 from analysis.sources.loaders import Runs
 
@@ -79,6 +80,9 @@ def analyze(
     result["bootstrap"] = {"replicates": bootstrap, "level": level, "seed": seed}
     result["source"] = runs.source
     result["notes"] = notes
+    design = adaptive_report.load_decisions(runs.source) if runs.source else None
+    if design is not None:
+        result["adaptive"] = design
     if out_dir is not None:
         write_outputs(result, runs, Path(out_dir), plots=plots, gns_window=gns_window)
     return result
@@ -190,6 +194,8 @@ def render_markdown(result: dict, pngs: list[str]) -> str:
             )
     if result["notes"]:
         lines += ["", "Notes:", ""] + [f"- {n}" for n in result["notes"]]
+    if result.get("adaptive"):
+        lines += adaptive_report.markdown_lines(result["adaptive"])
     lines += [""] + [f"![{p}]({p})" for p in pngs]
     return "\n".join(lines) + "\n"
 

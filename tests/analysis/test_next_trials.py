@@ -53,6 +53,15 @@ def test_budget_of_trials_and_examples_stop_and_say_which():
     assert dec.stop is None and not dec.choices
 
 
+def test_several_choices_never_exceed_the_budget():
+    # n trials at once: no more than the trials left (pending counted), and no start once the examples are committed
+    pending = [nt.Trial(16, 0.8, 0), nt.Trial(16, 1.2, 0)]
+    dec = nt.next_trials(None, SPACE, GOAL, nt.Budget(trials=5), pending=pending, n=10)
+    assert len(dec.choices) == 3 and dec.stop is None
+    dec = nt.next_trials(None, SPACE, GOAL, nt.Budget(examples=2.5), n=10)  # no runs: each costs 1 (the unit)
+    assert len(dec.choices) == 3
+
+
 def test_unreached_batch_size_is_bracketed_towards_the_closed_form_best_lr():
     """At B=16 the lrs 0.8-1.6 sit on a noise floor above the target (closed form: best lr 0.3): the rule goes
     below them, then past the edge while the best stays at the edge."""

@@ -62,7 +62,7 @@ def test_documented_commands_of_a_quadratic_example(name, tmp_path, capsys, no_r
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("name", QUADRATIC_EXAMPLES)
+@pytest.mark.parametrize("name", [*QUADRATIC_EXAMPLES, "quadratic-adaptive.yaml"])  # adaptive: only through Tune
 def test_bcrit_sweep_then_the_documented_commands(name, tmp_path, capsys):
     spec = os.path.join(ROOT, "examples", name)
     assert main(["sweep", spec, "--set", f"storage={tmp_path / 'sweep'}"]) == 0, capsys.readouterr().err

@@ -1,0 +1,98 @@
+"""What an adaptive sweep waits for, shown as it runs: a progress line per refit and the MLflow parent run's
+``adaptive/rel_ci`` metric, both read from the decisions file the searcher writes (orchestrator.adaptive_search's
+`DECISIONS_FILE`), so they hold after a driver restart too."""
+
+from __future__ import annotations
+
+import json
+import os
+
+from ray.tune import Callback
+
+from analysis.core import metrics as M
+from orchestrator.adaptive_search import DECISIONS_FILE
+from orchestrator.progress import fmt_lr
+
+STOPS = {
+    "goal_met": "goal met",
+    "budget_trials": "trial budget spent",
+    "budget_examples": "examples budget spent",
+    "space_exhausted": "nothing left to try",
+}
+
+
+def read_decisions(sweep_dir: str) -> dict | None:
+    """The decisions file of a sweep directory, or None (not an adaptive sweep, or no refit yet)."""
+    try:
+        with open(os.path.join(sweep_dir, DECISIONS_FILE), encoding="utf-8") as f:
+            return json.load(f)
+    except (OSError, ValueError):
+        return None
+
+
+def widest(refit: dict) -> float | None:
+    """The relative half-width at the goal target where it is widest (None while a target has no fit)."""
+    w = list(refit["widths"].values())
+    return None if not w or any(x is None for x in w) else max(w)
+
+
+def status_line(decisions: dict, refit: dict) -> str:
+    """E.g. ``B_crit at 0.3: +-23% -> goal 15%; next: seed 2 at B=32 lr=1.2`` (one refit)."""
+    widths = ", ".join(f"{t}: +-{w:.0%}" if w is not None else f"{t}: no fit yet" for t, w in refit["widths"].items())
+    head = f"B_crit at {widths} -> goal {decisions['goal']['rel_ci']:.0%}"
+    if refit["stop"]:
+        return f"{head}; stop: {STOPS.get(refit['stop'], refit['stop'])} after {refit['trials_finished']} trials"
+    if not refit["choices"]:
+        return f"{head}; waiting for {refit['trials_pending']} running trial(s)"
+    seeds = decisions["seeds"]
+    c = refit["choices"][0]
+    what = f"seed {seeds[c['seed']]}" if c["kind"] == "seed" else c["kind"].replace("_", " ")
+    more = f" (+{len(refit['choices']) - 1} more)" if len(refit["choices"]) > 1 else ""
+    return f"{head}; next: {what} at B={c['batch_size']} lr={fmt_lr(c['lr'])}{more}"
+
+
+class AdaptiveWatch(Callback):
+    """Driver-side Tune callback: each new refit in the decisions file becomes a progress line and an
+    ``adaptive/rel_ci`` point on the sweep's MLflow parent run. Listed before the tracking callback, so the last
+    refit is logged before the parent run ends."""
+
+    def __init__(self, sweep_dir: str, tracking, progress):
+        self.sweep_dir, self.tracking, self.progress = sweep_dir, tracking, progress
+        self._shown = 0  # refits shown and logged
+        self._mtime: float | None = None
+
+    def _check(self, trials=()) -> None:
+        path = os.path.join(self.sweep_dir, DECISIONS_FILE)
+        try:
+            mtime = os.stat(path).st_mtime_ns
+        except OSError:
+            return
+        if mtime == self._mtime:
+            return
+        self._mtime = mtime
+        d = read_decisions(self.sweep_dir)
+        if d is None:
+            return
+        if self._shown > len(d["refits"]):  # a restored searcher state older than this driver's view
+            self._shown = len(d["refits"])
+        for refit in d["refits"][self._shown :]:
+            self.progress.line(status_line(d, refit), trials)
+            w = widest(refit)
+            if w is not None and self.tracking.parent_id is not None:
+                self.tracking.client.log_metric(
+                    self.tracking.parent_id, M.ADAPTIVE_REL_CI, w, step=int(refit["trials_finished"])
+                )
+        self._shown = len(d["refits"])
+
+    def setup(self, **info) -> None:
+        d = read_decisions(self.sweep_dir)  # a resumed sweep: what the killed driver showed is not shown again
+        self._shown = len(d["refits"]) if d else 0
+
+    def on_step_end(self, iteration, trials, **info) -> None:
+        self._check(trials)
+
+    def on_experiment_end(self, trials, **info) -> None:
+        self._check(trials)
+        d = read_decisions(self.sweep_dir)
+        if d is not None and d.get("stop") and self.tracking.parent_id is not None:
+            self.tracking.client.set_tag(self.tracking.parent_id, "bcrit.adaptive_stop", d["stop"])

@@ -1,0 +1,106 @@
+"""``nuisance.search: adaptive``: its goal and budget parsed, every bad value one UserError line (exit 2 through
+the CLI, before Ray starts)."""
+
+from __future__ import annotations
+
+import pytest
+
+from orchestrator.cli import main
+from orchestrator.overrides import UserError
+from orchestrator.spec import parse_spec
+from tests.orchestrator.conftest import quadratic_spec, write_spec
+
+
+def adaptive_spec(tmp_path, **nuisance) -> dict:
+    nui = {"search": "adaptive", "lr": [0.5, 1.0, 1.5], "goal": {"rel_ci": 0.2, "targets": "auto"},
+           "budget": {"trials": 12}, **nuisance}  # fmt: skip
+    spec = quadratic_spec(tmp_path, nuisance=nui)
+    spec["scientific"]["batch_sizes"] = [16, 64, 256]
+    spec["fixed"]["seeds"] = [0, 1]
+    return spec
+
+
+def test_goal_and_budget_parsed(tmp_path):
+    spec = parse_spec(adaptive_spec(tmp_path))
+    assert spec.search == "adaptive"
+    assert spec.adaptive.rel_ci == 0.2 and spec.adaptive.min_seeds == 2
+    assert spec.adaptive.targets == (0.5,)  # auto: the stopping target
+    assert spec.adaptive.budget_trials == 12 and spec.adaptive.budget_examples is None
+    assert len(spec.trial_configs()) == 3 * 3 * 2  # the space: batch sizes x lr grid x seeds
+    assert spec.num_trials() == 12  # at most the trial budget
+    spec = parse_spec(adaptive_spec(tmp_path, goal={"rel_ci": 0.1, "targets": [0.6, 0.8]}, budget={"examples": 1e5}))
+    assert spec.adaptive.targets == (0.6, 0.8) and spec.adaptive.budget_examples == 1e5
+    assert spec.num_trials() == 18
+
+
+@pytest.mark.parametrize(
+    "change, message",
+    [
+        ({"goal": {"rel_ci": 1.5}}, "nuisance.goal.rel_ci must be a number in (0, 1)"),
+        ({"goal": {"rel_ci": 0.2, "bins": True}}, "per-bin goals are not supported yet"),
+        ({"goal": {"rel_ci": 0.2, "targets": [0.1]}}, "below stopping.target_loss"),
+        ({"goal": {"rel_ci": 0.2, "targets": "all"}}, "must be 'auto' or a non-empty list"),
+        ({"goal": {"rel_ci": 0.2, "min_seeds": 3}}, "exceeds the 2 seed(s) of fixed.seeds"),
+        ({"goal": {"rel_ci": 0.2, "width": 1}}, "unknown key nuisance.goal.width"),
+        ({"goal": None}, "needs nuisance.goal"),
+        ({"budget": {}}, "needs nuisance.budget"),
+        ({"budget": {"trials": 0}}, "nuisance.budget.trials must be an integer >= 1"),
+        ({"budget": {"examples": "2.0e6"}}, "nuisance.budget.examples must be a number > 0"),
+        ({"budget": {"hours": 2}}, "unknown key nuisance.budget.hours"),
+        ({"beta2": [0.9, 0.99]}, "searches lr only"),
+        ({"trials_per_batch_size": 4}, "trials_per_batch_size is for search: optuna"),
+    ],
+)
+def test_bad_adaptive_spec_is_one_line(tmp_path, change, message):
+    with pytest.raises(UserError) as e:
+        parse_spec(adaptive_spec(tmp_path, **change))
+    assert message in str(e.value) and "\n" not in str(e.value)
+
+
+def test_goal_without_adaptive_refused(tmp_path):
+    spec = quadratic_spec(tmp_path)
+    spec["nuisance"]["goal"] = {"rel_ci": 0.2}
+    with pytest.raises(UserError, match="for search: adaptive"):
+        parse_spec(spec)
+
+
+def test_too_few_batch_sizes_refused(tmp_path):
+    spec = adaptive_spec(tmp_path)
+    spec["scientific"]["batch_sizes"] = [16, 64]
+    with pytest.raises(UserError, match=">= 3 scientific.batch_sizes"):
+        parse_spec(spec)
+
+
+def test_bad_adaptive_spec_exits_2_through_the_cli(tmp_path, capsys, no_ray_address):
+    spec = adaptive_spec(tmp_path, goal={"rel_ci": 0})
+    assert main(["sweep", write_spec(tmp_path, spec)]) == 2
+    err = capsys.readouterr().err
+    assert "nuisance.goal.rel_ci" in err and "Traceback" not in err
+    assert not (tmp_path / "sweep").exists()
+
+
+def test_resume_may_change_only_the_goal_and_budget(tmp_path):
+    import argparse
+    import os
+
+    from orchestrator.adaptive_resume import resume_spec
+    from orchestrator.spec import SPEC_FILE, load_spec
+    from orchestrator.sweep_state import restore_spec
+
+    raw = adaptive_spec(tmp_path)
+    path = write_spec(tmp_path, raw)
+    spec = load_spec(path)
+    os.makedirs(spec.sweep_dir)
+    with open(os.path.join(spec.sweep_dir, SPEC_FILE), "w") as f:
+        f.write(spec.to_yaml())
+
+    def args(target, *sets):
+        return argparse.Namespace(spec=target, set=list(sets), resume=True)
+
+    new = resume_spec(args(spec.sweep_dir, "nuisance.goal.rel_ci=0.1"), load_spec, restore_spec)
+    assert new.adaptive.rel_ci == 0.1 and new.sweep_dir == spec.sweep_dir
+    new = resume_spec(args(path, "nuisance.budget.trials=20"), load_spec, restore_spec)  # the YAML form
+    assert new.adaptive.budget_trials == 20
+    assert resume_spec(args(spec.sweep_dir, "stopping.max_steps=5"), load_spec, restore_spec) is None
+    assert resume_spec(args(path, "fixed.dim=10"), load_spec, restore_spec) is None  # the usual refusal then
+    assert main(["sweep", spec.sweep_dir, "--resume", "--set", "nuisance.goal.rel_ci=2"]) == 2  # still validated
