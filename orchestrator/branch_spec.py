@@ -112,6 +112,13 @@ class BranchSpec:
     sweep_dir: str
     raw: dict = field(compare=False, repr=False)
 
+    storage_uri = None  # a branched study's storage is a directory (a URI is refused when the spec is read)
+
+    @property
+    def storage_root(self) -> str:
+        """Where Ray Tune and Ray Train write: the study directory (a branched study refuses URI storage)."""
+        return self.sweep_dir
+
     @property
     def keep_dir(self) -> str:
         return self.checkpoints or os.path.join(self.sweep_dir, KEEP_DIR)

@@ -156,8 +156,8 @@ def overrides(p: argparse.ArgumentParser) -> None:
         action="append",
         default=[],
         metavar="KEY=VALUE",
-        help="override a key of the YAML, dotted, e.g. --set fixed.seeds=[3,4,5] (repeatable; with --resume only an "
-        "adaptive sweep's nuisance.goal.* and nuisance.budget.*)",
+        help="override a key of the YAML, dotted, e.g. --set fixed.seeds=[3,4,5] (repeatable; on `sweep --resume` "
+        "only an adaptive sweep's nuisance.goal.* and nuisance.budget.*)",
     )
 
 

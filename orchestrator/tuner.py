@@ -35,7 +35,7 @@ def callbacks(spec: SweepSpec, verbose: bool = False, total: int | None = None) 
     tracking = MLflowTracking(spec.mlflow_uri, spec.experiment, spec.name, spec.sweep_dir, spec.to_yaml())
     progress = SweepProgress(spec.num_trials() if total is None else total, live=not verbose)
     watch = []
-    if spec.search == "adaptive":  # its refits as progress lines and parent-run metrics (before tracking ends it)
+    if getattr(spec, "search", None) == "adaptive":  # its refits as progress lines and parent-run metrics
         from orchestrator.adaptive_view import AdaptiveWatch
 
         watch = [AdaptiveWatch(spec.sweep_dir, tracking, progress)]

@@ -84,3 +84,16 @@ def test_cli_refuses_in_one_line(tmp_path, capsys):
     assert len(err) == 1 and "multiples of the reference's report cadence" in err[0]
     assert main(["sweep", str(path)]) == 2  # a sweep refuses a branched spec and says where it goes
     assert "bcrit branch" in capsys.readouterr().err
+
+
+def test_a_branched_spec_builds_the_sweeps_trainable_and_callbacks(tmp_path):
+    """A branched study runs its phases through the sweep's trainable and callbacks (orchestrator.tuner): they
+    read only what a BranchSpec has too (a sweep-only attribute broke `bcrit branch` once: storage_root, search)."""
+    from orchestrator.branch_spec import load_branch_spec
+    from orchestrator.tuner import callbacks, sweep_trainable
+
+    spec = load_branch_spec(os.path.join(ROOT, "examples", "branched-quadratic.yaml"), [f"storage={tmp_path / 'b'}"])
+    assert spec.storage_root == spec.sweep_dir and spec.storage_uri is None
+    assert sweep_trainable(spec, 0) is not None
+    names = [type(cb).__name__ for cb in callbacks(spec, total=3)]
+    assert {"MLflowTracking", "TablesCallback", "SweepProgress"} <= set(names)
