@@ -24,7 +24,7 @@ from analysis.core import metrics as M
 from analysis.core.nqm_noise import bin_noise, noise_allocation, weighted_noise
 from trainables.branch_points import start_quadratic
 from trainables.config import BASE_BOUNDS, COUNT, BaseConfig, Bound, ConfigError
-from trainables.skeleton import Learner, Session, StepOutcome, TrialSkeleton
+from trainables.skeleton import ExamplesRate, Learner, Session, StepOutcome, TrialSkeleton
 
 STATE_FILE = "quadratic_state.json"
 
@@ -117,7 +117,7 @@ class QuadraticLearner(Learner):
         self.rng = np.random.default_rng(cfg.seed)
         self._stages: dict[int, tuple[np.ndarray, int, float]] = {}  # stage -> (noise sd, unit draws, lr)
         self.alloc = None  # (s, q, p) of the noise sampler; uniform keeps the plain draws
-        self._since = (0, 0.0)  # (step, train_seconds) at the last report: the throughput interval's start
+        self._rate = ExamplesRate(cfg.stages, 0, 0.0)  # sys/examples_per_s per report (restarted by `start`)
         if cfg.timestep_sampling == "noise":
             s, q = bin_noise(cfg.timestep_bins, cfg.bin_noise_ratio), np.full(cfg.timestep_bins, 1 / cfg.timestep_bins)
             self.alloc = (s, q, noise_allocation(s, q, cfg.alloc_floor))
@@ -157,20 +157,14 @@ class QuadraticLearner(Learner):
         return StepOutcome(time.perf_counter() - t0, values)
 
     def start(self, step: int, train_seconds: float) -> None:
-        self._since = (step, train_seconds)
+        self._rate = ExamplesRate(self.cfg.stages, step, train_seconds)
 
     def interval(self, step: int, train_seconds: float) -> dict[str, float]:
-        """``sys/examples_per_s`` of the steps since the last report, as trainables.sys_metrics defines it (the
-        examples of the interval over its training seconds: the wall clock around each step, ``step_seconds``
-        included), so that ``bcrit recommend`` has a measured step time on a quadratic sweep too. No
-        ``sys/peak_mem_gb``: the model is a few vectors."""
-        s0, t0 = self._since
-        steps, seconds = step - s0, train_seconds - t0
-        if steps <= 0 or seconds <= 0:
-            return {}
-        self._since = (step, train_seconds)
-        stages = self.cfg.stages
-        return {M.SYS_EXAMPLES_PER_S: (stages.examples(step) - stages.examples(s0)) / seconds}
+        """``sys/examples_per_s`` of the steps since the last report (the wall clock around each step,
+        ``step_seconds`` included), so that ``bcrit recommend`` has a measured step time on a quadratic sweep too.
+        No ``sys/peak_mem_gb``: the model is a few vectors."""
+        rate = self._rate.interval(step, train_seconds)
+        return {} if rate is None else {M.SYS_EXAMPLES_PER_S: rate}
 
     def evaluate(self) -> dict[str, float]:
         with np.errstate(over="ignore", invalid="ignore"):

@@ -85,6 +85,23 @@ class StepOutcome:
     finite: bool = True  # False: a non-finite loss or gradient; the trial ends as diverged without evaluating
 
 
+class ExamplesRate:
+    """``sys/examples_per_s`` of each report interval (trainables.sys_metrics defines it): the examples of the steps
+    trained since the last call (each step's stage batch size) over the training seconds counted for them."""
+
+    def __init__(self, stages: BatchStages, step: int, train_seconds: float) -> None:
+        self.stages = stages
+        self._step, self._seconds = step, train_seconds
+
+    def interval(self, step: int, train_seconds: float) -> float | None:
+        """The rate since the last call; None when no step was trained or no time was counted."""
+        steps, seconds = step - self._step, train_seconds - self._seconds
+        if steps <= 0 or seconds <= 0:
+            return None
+        self._step, self._seconds = step, train_seconds
+        return (self.stages.examples(step) - self.stages.examples(step - steps)) / seconds
+
+
 class Learner:
     """What a workload plugs into the skeleton. Subclasses implement the first six methods; the hooks after them
     default to nothing."""

@@ -24,6 +24,7 @@ import torch
 
 from analysis.core import metrics as M
 from analysis.core.stages import BatchStages
+from trainables.skeleton import ExamplesRate
 
 GIB = 2**30
 
@@ -46,17 +47,13 @@ class SysMetrics:
     ) -> None:  # fmt: skip
         self.device, self.batch_size = torch.device(device), batch_size
         self.stages = stages if stages is not None else BatchStages((0,), (batch_size,))
-        self._step, self._seconds = step, train_seconds
+        self._rate = ExamplesRate(self.stages, step, train_seconds)
         if self.device.type == "cuda":
             torch.cuda.reset_peak_memory_stats(self.device)
 
     def interval(self, step: int, train_seconds: float) -> dict[str, float]:
         """Metrics of the steps trained since the last call (none when no step was, or no time was counted)."""
-        steps, seconds = step - self._step, train_seconds - self._seconds
-        if steps <= 0 or seconds <= 0:
+        rate = self._rate.interval(step, train_seconds)
+        if rate is None:
             return {}
-        self._step, self._seconds = step, train_seconds
-        return {
-            M.SYS_EXAMPLES_PER_S: (self.stages.examples(step) - self.stages.examples(step - steps)) / seconds,
-            M.SYS_PEAK_MEM_GB: peak_mem_gb(self.device),
-        }
+        return {M.SYS_EXAMPLES_PER_S: rate, M.SYS_PEAK_MEM_GB: peak_mem_gb(self.device)}
