@@ -36,6 +36,7 @@ from analysis.core import metrics as M
 from analysis.decisions import next_trials as nt
 from analysis.reporting.adaptive_report import DECISIONS_FILE  # every refit and every trial handed out
 from analysis.sources.loaders import RunsTableError, load_sweep_dir, runs_from_tables
+from orchestrator.search import read_state
 from orchestrator.tune_trainable import OBJECTIVE
 
 STATE_FORMAT = "bcrit-adaptive-search/1"
@@ -227,13 +228,9 @@ class AdaptiveSearch(Searcher):
     def restore(self, checkpoint_path: str) -> None:
         """Read what `save` wrote (JSON only). A goal or budget changed since (``--resume --set``) re-opens a
         stopped search and drops the queue, which was chosen for the old goal."""
-        try:
-            with open(checkpoint_path, encoding="utf-8") as f:
-                state = json.load(f)
-            if state.get("format") != STATE_FORMAT:
-                raise ValueError
-        except (ValueError, UnicodeDecodeError, AttributeError):
-            raise ValueError(f"{checkpoint_path}: not a bcrit adaptive searcher state (JSON, {STATE_FORMAT})") from None
+        state = read_state(checkpoint_path, STATE_FORMAT)
+        if state is None:
+            raise ValueError(f"{checkpoint_path}: not a bcrit adaptive searcher state (JSON, {STATE_FORMAT})")
         if {k: state[k] for k in self._fingerprint()} != self._fingerprint():
             raise ValueError(f"{checkpoint_path}: searcher state of another sweep spec (batch sizes, lrs or seeds)")
         self._issued = {k: list(v) for k, v in state["issued"].items()}

@@ -66,6 +66,17 @@ def startup_trials(trials_per_group: int) -> int:
     return max(2, min(10, trials_per_group // 2))
 
 
+def read_state(path: str, fmt: str) -> dict | None:
+    """A searcher's state as its ``save`` wrote it: a JSON object whose ``"format"`` is ``fmt``; None for any other
+    file (never unpickled)."""
+    try:
+        with open(path, encoding="utf-8") as f:
+            state = json.load(f)
+    except (ValueError, UnicodeDecodeError):
+        return None
+    return state if isinstance(state, dict) and state.get("format") == fmt else None
+
+
 class GroupedOptunaSearch(Searcher):
     """One TPE study per group; ``groups[i]`` is group i's fixed trial config (nuisance constants included).
     ``storage_path``: the journal file holding the studies (None: in memory, for tests and tools)."""
@@ -267,16 +278,12 @@ class GroupedOptunaSearch(Searcher):
 
     def restore(self, checkpoint_path: str) -> None:
         """Read what `save` wrote: JSON only; any other file (an older bcrit's pickle) is refused, not unpickled."""
-        try:
-            with open(checkpoint_path, encoding="utf-8") as f:
-                state = json.load(f)
-            if state.get("format") != STATE_FORMAT:
-                raise ValueError
-        except (ValueError, UnicodeDecodeError, AttributeError):
+        state = read_state(checkpoint_path, STATE_FORMAT)
+        if state is None:
             raise ValueError(
                 f"{checkpoint_path}: not a bcrit searcher state (JSON, {STATE_FORMAT}); a sweep of an older bcrit "
                 "(its searcher state was a pickle, which is not loaded) cannot be resumed: start it again"
-            ) from None
+            )
         if {k: state[k] for k in ("groups", "space", "quota")} != self._fingerprint():
             raise ValueError(f"{checkpoint_path}: searcher state of another sweep spec (groups, ranges or quota)")
         self._issued, self._next = list(state["issued"]), int(state["next"])
