@@ -24,7 +24,9 @@ killed mid-upload can leave a searcher state older (or newer) than the trial lis
 the quotas are therefore recounted from the trials Tune actually restores (`reconcile`). ``Tuner.restore`` thus
 neither re-issues nor loses trials; a restored trial still running is found again in its study by its Tune trial
 id (a user attribute of the Optuna trial), and one the study never saw is told to it when it completes
-(``add_trial``); one the study saw but Tune lost is simply never completed.
+(``add_trial``). Tune also loses the trials started after its last save of the trial list: one its study holds as
+ended still counts (its result is in the study and the tables); one lost while running is never completed, another
+trial takes its place, and its rows and MLflow run are removed (orchestrator.lost_trials).
 """
 
 from __future__ import annotations
@@ -101,7 +103,7 @@ class GroupedOptunaSearch(Searcher):
         self._storage_path = storage_path
         self._studies: list | None = None  # built at the first suggestion (metric/mode final), from the storage
         self._open: dict[str, Any] = {}  # trial id -> its running optuna Trial
-        self._told: set[str] = set()  # trial ids whose result the storage holds already
+        self._told: dict[str, int] = {}  # trial id whose result the storage holds already -> its group
         self._issued = [0] * len(groups)
         self._next = 0  # round-robin position
         self._group_of: dict[str, int] = {}  # trial id -> group index
@@ -119,7 +121,7 @@ class GroupedOptunaSearch(Searcher):
 
     def __getstate__(self) -> dict:
         """What Tune pickles into ``tuner.pkl``: the configuration, never open studies (they live in the storage)."""
-        return {**self.__dict__, "_studies": None, "_open": {}, "_told": set()}
+        return {**self.__dict__, "_studies": None, "_open": {}, "_told": {}}
 
     @property
     def total_trials(self) -> int:
@@ -171,7 +173,7 @@ class GroupedOptunaSearch(Searcher):
                     trial_id = storage.get_trial_id_from_study_id_trial_number(study_id, t.number)
                     self._open[tune_id] = optuna.trial.Trial(study, trial_id)
                 else:
-                    self._told.add(tune_id)
+                    self._told[tune_id] = i
             studies.append(study)
         return studies
 
@@ -226,7 +228,7 @@ class GroupedOptunaSearch(Searcher):
                 dists = distributions(self._space)
                 self.studies()[i].add_trial(optuna.trial.create_trial(params=params, distributions=dists, value=value))
         elif trial is not None and trial_id not in self._told:
-            self._told.add(trial_id)
+            self._told[trial_id] = i
             try:
                 self.studies()[i].tell(trial, value if state == State.COMPLETE else None, state=state)
             except Exception as e:  # noqa: BLE001 - e.g. a NaN objective: the study keeps the trial as failed
@@ -242,9 +244,16 @@ class GroupedOptunaSearch(Searcher):
 
     def reconcile(self, trials: dict[str, dict]) -> None:
         """Recount the quotas from the trials Tune restores (trial id -> config): a group's issued count is the
-        number of its trials Tune knows, whatever the (possibly older or newer) searcher state said."""
+        number of its trials Tune knows, whatever the (possibly older or newer) searcher state said, plus those its
+        study holds as ended that Tune lost (started and ended after Tune's last save: their results are in the
+        study and the tables, and Tune never runs them again). One Tune lost while running is not counted: another
+        trial takes its place (its records are removed, orchestrator.lost_trials)."""
         self.studies()  # finds the studies' running and finished trials again (by Tune trial id)
         self._issued, self._group_of, self._adopted = [0] * len(self._groups), {}, {}
+        for trial_id, i in self._told.items():
+            if trial_id not in trials:
+                self._issued[i] += 1
+                self._group_of[trial_id] = i
         for trial_id, config in trials.items():
             i = self.group_index(config.get("trial", {}))
             if i is None:

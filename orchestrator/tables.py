@@ -13,6 +13,7 @@ from __future__ import annotations
 import glob
 import json
 import os
+import shutil
 import time
 from typing import Any
 
@@ -101,6 +102,17 @@ class RunsTables:
         if not os.path.exists(path):
             return None
         return pq.read_table(path, columns=["status"]).column("status")[0].as_py()
+
+    def unfinished(self) -> list[str]:
+        """The trials whose parts hold no final status (still "running", or no row yet), sorted."""
+        ids = sorted(os.path.basename(d) for d in glob.glob(os.path.join(self.parts, "*")) if os.path.isdir(d))
+        return [tid for tid in ids if self.trial_status(tid) not in M.FINAL_STATUSES]
+
+    def drop(self, trial_ids: list[str]) -> None:
+        """Remove the trials' parts (their row and metric rows): the next `compact` leaves them out."""
+        for tid in trial_ids:
+            shutil.rmtree(os.path.join(self.parts, tid), ignore_errors=True)
+            self._watermarks.pop(tid, None)
 
     def add_rows(self, trial_id: str, rows: list) -> int:
         """Write the rows ``[step, examples, metric, value, wall_time(, unix_time)]`` past the watermark; returns

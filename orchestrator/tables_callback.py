@@ -36,6 +36,19 @@ class TablesCallback(Callback):
         except OSError as e:  # a storage hiccup must not stop the sweep: the next push (and the last) retries
             print(f"[bcrit] mirroring to {self.storage_uri} failed, retried at the next compaction: {e}")
 
+    def forget(self, trial_ids: list[str]) -> None:
+        """Remove trials from the tables (orchestrator.lost_trials), and from the URI's mirror of them."""
+        self.tables.drop(trial_ids)
+        if self.storage_uri:
+            from orchestrator.tables import PARTS
+            from orchestrator.uri_storage import Mirror
+
+            if self._mirror is None:
+                self._mirror = Mirror(self.storage_uri, self.sweep_dir)
+            for tid in trial_ids:  # else a pull on another machine would bring them back
+                self._mirror.remove(f"{PARTS}/{tid}/")
+        self._compact()
+
     @property
     def tables(self) -> RunsTables:
         if self._tables is None:

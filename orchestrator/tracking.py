@@ -289,6 +289,26 @@ class MLflowTracking(Callback):
         self.client.set_terminated(run_id, status=run_status)
         self._status[trial_id] = status
 
+    def forget_lost(self, known: set[str]) -> list[str]:
+        """Delete the parent's child runs still "running" whose trial is not in ``known`` (the trials Tune
+        restored: orchestrator.lost_trials); returns their trial ids."""
+        parent = self.open_parent()
+        query = f"tags.`mlflow.parentRunId` = '{parent}' and tags.status = '{M.STATUS_RUNNING}'"
+        lost, token = [], None
+        while True:
+            page = self.client.search_runs([self.experiment_id], filter_string=query, page_token=token)
+            lost += [r for r in page if r.data.tags.get("trial_id") not in known]
+            token = page.token
+            if not token:
+                break
+        for run in lost:
+            self.client.delete_run(run.info.run_id)
+            tid = run.data.tags.get("trial_id")
+            self._children.pop(tid, None)
+            self._marks.pop(tid, None)
+            self._status.pop(tid, None)
+        return sorted(str(r.data.tags.get("trial_id")) for r in lost)
+
     # --- Tune callback hooks ----------------------------------------------------------------------------------
     def on_trial_start(self, iteration, trials, trial, **info) -> None:
         self.child(trial.trial_id, trial.config["trial"], trial.path)

@@ -26,8 +26,10 @@ def sweep_trainable(spec: SweepSpec, worker_failures: int, verbose: bool = False
 
 def callbacks(spec: SweepSpec, verbose: bool = False, total: int | None = None) -> list:
     """The driver-side callbacks every bcrit sweep needs: MLflow tracking, the Parquet tables, the terminal
-    (event lines; the live bar unless ``verbose``); fault injection for tests (orchestrator.faults)."""
+    (event lines; the live bar unless ``verbose``); on resume, trials Tune lost removed from the first two
+    (orchestrator.lost_trials); fault injection for tests (orchestrator.faults)."""
     from orchestrator.faults import fault_callbacks
+    from orchestrator.lost_trials import ForgetLost
     from orchestrator.progress import SweepProgress
     from orchestrator.tables_callback import TablesCallback
     from orchestrator.tracking import MLflowTracking
@@ -39,13 +41,8 @@ def callbacks(spec: SweepSpec, verbose: bool = False, total: int | None = None) 
         from orchestrator.adaptive_view import AdaptiveWatch
 
         watch = [AdaptiveWatch(spec.sweep_dir, tracking, progress)]
-    return [
-        *fault_callbacks(),
-        *watch,
-        tracking,
-        TablesCallback(spec.sweep_dir, storage_uri=spec.storage_uri),
-        progress,
-    ]
+    tables = TablesCallback(spec.sweep_dir, storage_uri=spec.storage_uri)
+    return [*fault_callbacks(), ForgetLost(tracking, tables), *watch, tracking, tables, progress]
 
 
 def build_tuner(

@@ -175,6 +175,23 @@ class Mirror:
                 f.write(json.dumps({**old, **now}, sort_keys=True).encode())
         return len(sent)
 
+    def remove(self, prefix: str) -> int:
+        """Delete the pushed files under ``prefix`` (relative, e.g. ``parts/<trial_id>/``) at the URI and from the
+        manifest, so that a pull no longer brings back what was removed here; returns how many."""
+        import json
+
+        old = self.manifest()
+        gone = [rel for rel in old if rel.startswith(prefix)]
+        for rel in gone:
+            try:
+                self.fs.delete_file(f"{self._root}/{rel}")
+            except FileNotFoundError:
+                pass
+        if gone:
+            with self.fs.open_output_stream(f"{self._root}/{MANIFEST}") as f:
+                f.write(json.dumps({k: v for k, v in old.items() if k not in gone}, sort_keys=True).encode())
+        return len(gone)
+
     def pull(self) -> int:
         """Download the pushed files that are missing here or older here; returns how many."""
         here, n = self._local(), 0

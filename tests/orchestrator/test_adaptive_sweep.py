@@ -78,8 +78,8 @@ def test_driver_killed_mid_sweep_then_resumed(tmp_path, ray_local, no_ray_addres
     trials = pq.read_table(os.path.join(sweep_dir, "trials.parquet")).to_pylist()
     d = json.loads(open(os.path.join(sweep_dir, DECISIONS_FILE)).read())
     assert d["stop"] == "budget_trials"
-    # a trial started just before the kill and lost by Tune keeps its "running" row in the tables (as in any
-    # sweep): the searcher neither counts it nor waits for it, and its setting may run again
+    # a trial started just before the kill and lost by Tune has its rows removed by --resume
+    # (orchestrator.lost_trials): the searcher neither counts it nor waits for it, and its setting may run again
     final = [t for t in trials if t["status"] in M.FINAL_STATUSES]
     assert len(final) == BUDGET  # none lost, none extra
     assert {t["trial_id"] for t in final} <= {t["trial_id"] for t in d["issued"]}

@@ -211,3 +211,68 @@ def test_resume_with_mlflow_db_deleted(tmp_path, capsys, launch_trap, no_ray_add
     err = capsys.readouterr().err
     assert f"the sweep's MLflow store {db} is gone" in err and "mlflow_parent.json" in err
     assert not os.path.exists(db)  # not re-created empty
+
+
+# --- a trial started after Tune's last saved state ---------------------------------------------------------------
+def tune_calls(cbs: list, hook: str, **kw) -> None:
+    """What Tune's CallbackList does with a driver-side event: every callback's hook, in their order."""
+    for cb in cbs:
+        getattr(cb, hook)(**kw)
+
+
+def lived(cbs: list, trial, steps: list[int], status: str, trials: list) -> None:
+    """A trial's start and its results at ``steps``, the last one with ``status``, as Tune hands them over."""
+    tune_calls(cbs, "on_trial_start", iteration=0, trials=trials, trial=trial)
+    for s in steps:
+        result = {"rows": [[s, 16 * s, M.EVAL_LOSS, 1.0 / (1 + s), s / 10.0]], M.STEP: s, "time_total_s": 1.0}
+        result["status"] = status if s == steps[-1] else M.STATUS_RUNNING
+        tune_calls(cbs, "on_trial_result", iteration=0, trials=trials, trial=trial, result=result)
+    trial.last_result = result
+
+
+def test_trial_lost_at_the_kill_leaves_no_record_after_resume(tmp_path, empty_mlflow_db, capsys):
+    """Tune saves its trial list every few tenths of a second: a trial started after the last save is unknown to
+    the restored Tune, which never runs it again (the search or the grid gives its place to a new trial). Its
+    "running" row, metric rows and MLflow run must not stay in the sweep's records (the slow Optuna kill+resume test
+    found 4 trials for a quota of 3: 3 finished + the lost one, still "running")."""
+    from types import SimpleNamespace
+
+    from orchestrator.tuner import callbacks
+    from tests.orchestrator.conftest import mlflow_runs
+
+    spec = parse_spec(quadratic_spec(tmp_path))
+    os.makedirs(spec.sweep_dir)
+    shutil.copy(empty_mlflow_db, os.path.join(spec.sweep_dir, "mlflow.db"))
+    cfgs = spec.trial_configs()
+    a, b, late, again = (
+        SimpleNamespace(trial_id=tid, config={"trial": cfg}, path=None, last_result={}, status="RUNNING")
+        for tid, cfg in zip(("a", "b", "late", "again"), [*cfgs[:3], cfgs[2]], strict=True)
+    )
+    killed = callbacks(spec)  # the driver that is killed
+    tune_calls(killed, "setup")
+    lived(killed, a, [0, 5], M.STATUS_REACHED_TARGET, [a, b])
+    lived(killed, b, [0], M.STATUS_RUNNING, [a, b])  # saved in Tune's state: restored, continued
+    lived(killed, late, [0, 5], M.STATUS_RUNNING, [a, b, late])  # started after Tune's last save; then SIGKILL
+
+    resumed = callbacks(spec)  # --resume: Tune restores a (finished) and b, not `late`
+    tune_calls(resumed, "setup")
+    capsys.readouterr()
+    tune_calls(resumed, "on_step_begin", iteration=7, trials=[a, b])
+    said = capsys.readouterr().out
+    lived(resumed, b, [0, 5], M.STATUS_BUDGET_SPENT, [a, b])
+    tune_calls(resumed, "on_step_begin", iteration=8, trials=[a, b])
+    lived(resumed, again, [0, 5], M.STATUS_REACHED_TARGET, [a, b, again])  # its place, filled again
+    tune_calls(resumed, "on_step_begin", iteration=9, trials=[a, b, again])  # only a driver's first step forgets
+    for t in (a, b, again):
+        t.status = "TERMINATED"
+    tune_calls(resumed, "on_experiment_end", trials=[a, b, again])
+
+    trials = pq.read_table(os.path.join(spec.sweep_dir, "trials.parquet")).to_pylist()
+    assert sorted(r["trial_id"] for r in trials) == ["a", "again", "b"]
+    assert all(r["status"] in M.FINAL_STATUSES for r in trials)
+    metrics = pq.read_table(os.path.join(spec.sweep_dir, "metrics.parquet"))
+    assert set(metrics.column("trial_id").to_pylist()) == {"a", "again", "b"}
+    _, parents, children = mlflow_runs(spec.sweep_dir)
+    assert len(parents) == 1 and sorted(c.data.tags["trial_id"] for c in children) == ["a", "again", "b"]
+    assert all(c.info.status == "FINISHED" for c in [*parents, *children])
+    assert said.count("\n") == 1 and "trial late started after" in said  # one line says what was removed

@@ -184,6 +184,27 @@ def test_restore_recounts_quotas_from_the_trials_tune_restores(tmp_path):
     assert resumed.group_index({"batch_size": -1}) is None
 
 
+def test_restore_counts_a_trial_that_ended_after_tunes_last_save(tmp_path):
+    """A trial suggested and ended between Tune's last save of its trial list and the kill: Tune never runs it
+    again, its study holds its result (and the tables its final row), so it counts towards its group's quota: the
+    group gets no trial too many. One lost while running is replaced (its records go: orchestrator.lost_trials)."""
+    spec = optuna_spec(tmp_path, trials=3)
+    first = GroupedOptunaSearch.from_spec(spec)
+    suggested = {f"t{j}": first.suggest(f"t{j}") for j in range(8)}
+    first.on_trial_complete("t7", {OBJECTIVE: 5.0, "training_iteration": 1})  # started and ended after the save
+    tune_knows = {tid: c for tid, c in suggested.items() if tid not in ("t6", "t7")}  # t6: lost while running
+
+    resumed = GroupedOptunaSearch.from_spec(spec)  # what Tuner.restore unpickles; the studies from the journal
+    resumed.reconcile(tune_knows)
+    group_of = {tid: resumed.group_index(c["trial"]) for tid, c in suggested.items()}
+    expected = [sum(1 for tid in [*tune_knows, "t7"] if group_of[tid] == i) for i in range(6)]
+    assert resumed.issued() == expected and sum(expected) == 7
+    tail = [resumed.suggest(f"n{j}") for j in range(3 * 6 - 7 + 1)]
+    assert tail[-1] == GroupedOptunaSearch.FINISHED and resumed.issued() == [3] * 6  # t6's place taken, not t7's
+    study = resumed.studies()[group_of["t7"]]
+    assert [t.value for t in study.trials if t.user_attrs.get("tune_trial_id") == "t7"] == [5.0]  # told once
+
+
 @pytest.mark.ray
 def test_bcrit_sweep_optuna_end_to_end(tmp_path, ray_local, no_ray_address):
     spec = quadratic_spec(

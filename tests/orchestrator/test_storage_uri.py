@@ -112,6 +112,30 @@ def test_mirror_round_trip(s3_user, tmp_path):
     assert Mirror(uri).pull() == 0 and open(os.path.join(here, "spec.yaml")).read() == "name: z\n"
 
 
+def test_trials_removed_from_the_tables_leave_the_mirror_too(s3_user, tmp_path):
+    """A trial the tables forget (lost with a killed driver: orchestrator.lost_trials) is deleted at the URI as well:
+    the mirror's manifest keeps what a push no longer sees, so a pull on another machine would bring it back."""
+    from analysis.core import metrics as M
+    from orchestrator.tables import trial_row
+    from orchestrator.tables_callback import TablesCallback
+    from orchestrator.uri_storage import fetch
+
+    uri = f"s3://{BUCKET}/runs/forget"
+    cb = TablesCallback(str(tmp_path / "driver"), storage_uri=uri)
+    cfg = {"batch_size": 16, "micro_batch_size": 16, "num_workers": 0, "lr": 0.5}
+    for tid, status in (("kept", M.STATUS_REACHED_TARGET), ("late", M.STATUS_RUNNING)):
+        cb.tables.write_trial(trial_row(tid, cfg, status))
+        cb.tables.add_rows(tid, [[0, 0, M.EVAL_LOSS, 1.0, 0.0]])
+    cb.mirror()
+    assert cb.tables.unfinished() == ["late"]
+    cb.forget(["late"])
+    here = fetch(uri)  # another machine
+    assert sorted(p.name for p in Path(here, "parts").iterdir()) == ["kept"]
+    import pyarrow.parquet as pq
+
+    assert pq.read_table(os.path.join(here, "trials.parquet")).column("trial_id").to_pylist() == ["kept"]
+
+
 def _newer(path: Path) -> None:
     """Push the file's mtime a second past any mirrored copy's (whatever the file system's time resolution)."""
     t = path.stat().st_mtime_ns + 10**9
