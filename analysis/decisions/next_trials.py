@@ -210,8 +210,8 @@ class _Model:
     def var(self, F: np.ndarray | None = None) -> float:
         F = self.F if F is None else F
         a = np.array([-1.0, 1.0])
-        if abs(np.linalg.det(F)) < 1e-12 * max(float(np.trace(F)) ** 2, 1e-300):
-            return np.inf
+        if np.linalg.det(F) < 1e-12 * max(float(np.trace(F)) ** 2, 1e-300):
+            return np.inf  # singular, or not positive definite (more seeds removed at a B than this fit holds)
         return float(a @ np.linalg.solve(F, a))
 
     def narrowing(self, b: float, k: float = 1.0, remove: bool = False) -> float:
