@@ -286,7 +286,7 @@ def next_trials(
         dec.choices = [Choice(t, "design", np.inf, cost.of(t.batch_size, fits), "initial design") for t in design[:n]]
         _within_examples(dec, budget, committed)
         return dec
-    if _goal_met(fits, goal, space, tried) and _bins_met(dec.bins, goal, runs):
+    if _goal_met(fits, goal, space, tried) and _bins_met(dec.bins, goal):
         dec.stop = GOAL_MET
         if not pending:
             return dec
@@ -364,7 +364,7 @@ def _goal_met(fits: list[dict], goal: Goal, space: Space, tried: list[Trial]) ->
     return True
 
 
-def _bins_met(bins: list[BinInterval], goal: Goal, runs: Runs | None) -> bool:
+def _bins_met(bins: list[BinInterval], goal: Goal) -> bool:
     """Goal.bins: bins were reported, and every counted bin is within ``rel_ci`` with ``min_seeds`` at its
     points (its best settings may differ from the global ones). Untrusted bins are not counted (bin_goals)."""
     if not goal.bins:
