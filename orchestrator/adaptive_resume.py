@@ -65,7 +65,8 @@ def renew(tuner, spec: SweepSpec, experiment_dir: str) -> None:
         fresh = AdaptiveSearch.from_spec(spec)
 
         def key(a: AdaptiveSearch) -> list:
-            return [a.goal.rel_ci, list(a.goal.targets), a.goal.min_seeds, a.budget.examples, a.budget.trials]
+            return [a.goal.rel_ci, list(a.goal.targets), a.goal.min_seeds, a.goal.bins, a.budget.examples,
+                    a.budget.trials]  # fmt: skip
 
         if is_uri(experiment_dir) and key(searcher) != key(fresh):
             # Tune's generator state lives at the URI; re-opening it there is not built

@@ -83,7 +83,7 @@ class AdaptiveSearch(Searcher):
             c.pop("seed")
             configs[b] = c
         space = nt.Space(tuple(spec.batch_sizes), tuple(spec.nuisance["lr"]), max_seeds=len(spec.seeds))
-        goal = nt.Goal(a.targets, a.rel_ci, a.min_seeds)
+        goal = nt.Goal(a.targets, a.rel_ci, a.min_seeds, bins=a.bins)
         budget = nt.Budget(a.budget_examples, a.budget_trials)
         return cls(space, goal, budget, configs, spec.seeds, spec.sweep_dir, seed=spec.search_seed)
 
@@ -160,6 +160,7 @@ class AdaptiveSearch(Searcher):
         )  # fmt: skip
         self._seen_done = list(done)
         self._stop = dec.stop
+        label, width = dec.widest()
         self._queue = [
             {"batch_size": c.trial.batch_size, "lr": c.trial.lr, "seed": c.trial.seed, "kind": c.kind,
              "reason": c.reason, "score": _finite(c.score), "examples": _finite(c.examples)}
@@ -173,6 +174,8 @@ class AdaptiveSearch(Searcher):
                 "examples_spent": dec.examples_spent,
                 "widths": {f"{t:g}": _finite(w) for t, w in dec.widths.items()},
                 "b_crit": {f"{f['target']:g}": _finite(f["b_crit"]) for f in dec.fits},
+                "widest": {"what": label, "width": _finite(width)},  # global targets and counted bins
+                "bins": [b.record() for b in dec.bins],  # goal.bins only
                 "choices": [dict(c) for c in self._queue],
                 "stop": dec.stop,
             }
@@ -184,7 +187,12 @@ class AdaptiveSearch(Searcher):
         """What DECISIONS_FILE holds: the goal, the budget, every refit, every trial handed out, the stop."""
         return {
             "format": STATE_FORMAT,
-            "goal": {"rel_ci": self.goal.rel_ci, "targets": list(self.goal.targets), "min_seeds": self.goal.min_seeds},
+            "goal": {
+                "rel_ci": self.goal.rel_ci,
+                "targets": list(self.goal.targets),
+                "min_seeds": self.goal.min_seeds,
+                "bins": self.goal.bins,
+            },  # fmt: skip
             "budget": {"examples": self.budget.examples, "trials": self.budget.trials},
             "seeds": list(self._seeds),
             "stop": self._stop,
@@ -217,7 +225,7 @@ class AdaptiveSearch(Searcher):
             "stop": self._stop,
             "completed": sorted(self._completed),
             "batch": self._batch,
-            "goal": [self.goal.rel_ci, list(self.goal.targets), self.goal.min_seeds],
+            "goal": goal_key(self.goal),
             "budget": [self.budget.examples, self.budget.trials],
         }
 
@@ -237,8 +245,7 @@ class AdaptiveSearch(Searcher):
         self._queue, self._seen_done = list(state["queue"]), list(state["seen_done"])
         self._refits, self._stop, self._batch = list(state["refits"]), state["stop"], int(state["batch"])
         self._completed = set(state["completed"])
-        now = ([self.goal.rel_ci, list(self.goal.targets), self.goal.min_seeds],
-               [self.budget.examples, self.budget.trials])  # fmt: skip
+        now = (goal_key(self.goal), [self.budget.examples, self.budget.trials])
         if now != (state["goal"], state["budget"]):
             self._stop, self._queue, self._seen_done = None, [], []
         self._adopt(os.path.dirname(os.path.abspath(checkpoint_path)))
@@ -252,6 +259,12 @@ class AdaptiveSearch(Searcher):
             if trial_id in self._issued or "batch_size" not in c or c.get("seed") not in self._seeds:
                 continue
             self._issued[trial_id] = [int(c["batch_size"]), float(c["lr"]), self._seeds.index(c["seed"]), "", ""]
+
+
+def goal_key(goal: nt.Goal) -> list:
+    """The goal as saved state: ``[rel_ci, targets, min_seeds]``, ``+ [True]`` with ``bins`` (a state saved
+    before per-bin goals existed reads as ``bins: false``)."""
+    return [goal.rel_ci, list(goal.targets), goal.min_seeds] + ([True] if goal.bins else [])
 
 
 def _only(table: pa.Table, ids: list[str]) -> pa.Table:

@@ -10,10 +10,12 @@ nuisance:
 
 ``goal.rel_ci``: stop when the relative half-width ``(hi - lo) / (2 B_crit)`` of the 90% B_crit interval is at
 most this at every target; ``targets``: a list of loss values, or ``auto`` (the sweep's ``stopping.target_loss``,
-the one loss every trial that reaches its target crosses); ``bins``: per-bin goals (not supported yet: ``false``);
-``min_seeds``: seeds of every fitted batch size's best setting before the goal counts (default 2). ``budget``:
-the most trials and/or examples the sweep may spend. The seeds of ``fixed.seeds`` are the seeds a setting may get.
-Each mistake is one UserError line, raised before any compute.
+the one loss every trial that reaches its target crosses); ``bins``: ``true`` also requires every timestep bin's
+B_crit that the analysis trusts (no flags) at every target within ``rel_ci``, with ``min_seeds`` at the bin's own
+best settings (analysis.decisions.bin_goals; the workload must report >= 2 per-bin eval losses, checked before
+launch by orchestrator.sweep_checks.check_bins); ``min_seeds``: seeds of every fitted batch size's best setting
+before the goal counts (default 2). ``budget``: the most trials and/or examples the sweep may spend. The seeds of
+``fixed.seeds`` are the seeds a setting may get. Each mistake is one UserError line, raised before any compute.
 """
 
 from __future__ import annotations
@@ -35,6 +37,7 @@ class Adaptive:
     rel_ci: float
     targets: tuple[float, ...]
     min_seeds: int
+    bins: bool
     budget_examples: float | None
     budget_trials: int | None
 
@@ -55,8 +58,8 @@ def parse_adaptive(nui: dict, stopping: dict, n_seeds: int) -> Adaptive:
     if not _number(rel) or not 0 < rel < 1:
         raise UserError(f"nuisance.goal.rel_ci must be a number in (0, 1) (e.g. 0.15 for +-15%), got {rel!r}")
     bins = goal.get("bins", False)
-    if bins is not False:
-        raise UserError(f"nuisance.goal.bins: {bins!r} -- per-bin goals are not supported yet; use bins: false")
+    if not isinstance(bins, bool):
+        raise UserError(f"nuisance.goal.bins must be true or false (per-timestep-bin goals), got {bins!r}")
     min_seeds = goal.get("min_seeds", 2)
     if isinstance(min_seeds, bool) or not isinstance(min_seeds, int) or min_seeds < 1:
         raise UserError(f"nuisance.goal.min_seeds must be an integer >= 1, got {min_seeds!r}")
@@ -80,7 +83,7 @@ def parse_adaptive(nui: dict, stopping: dict, n_seeds: int) -> Adaptive:
             f"nuisance.goal.targets: {low:g} is below stopping.target_loss {stop_target:g}, where trials stop, so "
             "no trial reaches it; use targets >= the stopping target"
         )
-    return Adaptive(float(rel), tuple(float(t) for t in targets), min_seeds, *_budget(budget))
+    return Adaptive(float(rel), tuple(float(t) for t in targets), min_seeds, bins, *_budget(budget))
 
 
 def _budget(budget: Any) -> tuple[float | None, int | None]:

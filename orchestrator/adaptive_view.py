@@ -1,6 +1,6 @@
 """What an adaptive sweep waits for, shown as it runs: a progress line per refit and the MLflow parent run's
-``adaptive/rel_ci`` metric, both read from the decisions file the searcher writes (orchestrator.adaptive_search's
-`DECISIONS_FILE`), so they hold after a driver restart too."""
+``adaptive/*`` metrics (and, with ``goal.bins``, the tag ``bcrit.adaptive_widest``), both read from the decisions
+file the searcher writes (orchestrator.adaptive_search's `DECISIONS_FILE`), so they hold after a driver restart too."""
 
 from __future__ import annotations
 
@@ -30,16 +30,45 @@ def read_decisions(sweep_dir: str) -> dict | None:
         return None
 
 
-def widest(refit: dict) -> float | None:
+def widest_global(refit: dict) -> float | None:
     """The relative half-width at the goal target where it is widest (None while a target has no fit)."""
     w = list(refit["widths"].values())
     return None if not w or any(x is None for x in w) else max(w)
 
 
+def widest(refit: dict) -> float | None:
+    """What the goal compares with ``rel_ci``: the widest of the global targets and (``goal.bins``) the counted
+    bins (None while one of them has no fit)."""
+    if "widest" not in refit:  # a decisions file written before per-bin goals
+        return widest_global(refit)
+    return refit["widest"]["width"] if widest_global(refit) is not None else None
+
+
+def bin_widths(refit: dict) -> dict[int, float]:
+    """Per counted (trusted) bin, its widest target's relative half-width (``goal.bins``; else empty)."""
+    out: dict[int, float] = {}
+    for b in refit.get("bins", []):
+        if b["counted"]:
+            out[b["bin"]] = max(out.get(b["bin"], 0.0), b["width"])
+    return out
+
+
+def _bins_text(refit: dict) -> str:
+    """``; widest: bin t=750-999 at 0.3 +-23%; 2 of 20 bin intervals untrusted`` (``goal.bins``; else empty)."""
+    bins = refit.get("bins", [])
+    if not bins:
+        return ""
+    w = refit["widest"]
+    out = f"; widest: {w['what']} " + (f"+-{w['width']:.0%}" if w["width"] is not None else "no fit yet")
+    bad = sum(1 for b in bins if not b["counted"])
+    return out + (f"; {bad} of {len(bins)} bin intervals untrusted" if bad else "")
+
+
 def status_line(decisions: dict, refit: dict) -> str:
-    """E.g. ``B_crit at 0.3: +-23% -> goal 15%; next: seed 2 at B=32 lr=1.2`` (one refit)."""
+    """E.g. ``B_crit at 0.3: +-23% -> goal 15%; next: seed 2 at B=32 lr=1.2`` (one refit); with ``goal.bins``
+    ``B_crit at 0.3: +-12%; widest: bin t=750-999 at 0.3 +-23% -> goal 15%; ...``."""
     widths = ", ".join(f"{t}: +-{w:.0%}" if w is not None else f"{t}: no fit yet" for t, w in refit["widths"].items())
-    head = f"B_crit at {widths} -> goal {decisions['goal']['rel_ci']:.0%}"
+    head = f"B_crit at {widths}{_bins_text(refit)} -> goal {decisions['goal']['rel_ci']:.0%}"
     if refit["stop"]:
         return f"{head}; stop: {STOPS.get(refit['stop'], refit['stop'])} after {refit['trials_finished']} trials"
     if not refit["choices"]:
@@ -52,8 +81,8 @@ def status_line(decisions: dict, refit: dict) -> str:
 
 
 class AdaptiveWatch(Callback):
-    """Driver-side Tune callback: each new refit in the decisions file becomes a progress line and an
-    ``adaptive/rel_ci`` point on the sweep's MLflow parent run. Listed before the tracking callback, so the last
+    """Driver-side Tune callback: each new refit in the decisions file becomes a progress line and a point of
+    the ``adaptive/*`` metrics on the sweep's MLflow parent run. Listed before the tracking callback, so the last
     refit is logged before the parent run ends."""
 
     def __init__(self, sweep_dir: str, tracking, progress):
@@ -77,12 +106,24 @@ class AdaptiveWatch(Callback):
             self._shown = len(d["refits"])
         for refit in d["refits"][self._shown :]:
             self.progress.line(status_line(d, refit), trials)
-            w = widest(refit)
-            if w is not None and self.tracking.parent_id is not None:
-                self.tracking.client.log_metric(
-                    self.tracking.parent_id, M.ADAPTIVE_REL_CI, w, step=int(refit["trials_finished"])
-                )
+            if self.tracking.parent_id is not None:
+                self._log(refit)
         self._shown = len(d["refits"])
+
+    def _log(self, refit: dict) -> None:
+        """One refit's points: ``adaptive/rel_ci`` (what the goal compares); with ``goal.bins`` also
+        ``adaptive/rel_ci_global``, ``adaptive/bin{k}/rel_ci`` per counted bin and the tag naming the widest."""
+        step, run, client = int(refit["trials_finished"]), self.tracking.parent_id, self.tracking.client
+        w = widest(refit)
+        if w is None:
+            return
+        client.log_metric(run, M.ADAPTIVE_REL_CI, w, step=step)
+        if not refit.get("bins"):
+            return
+        client.log_metric(run, M.ADAPTIVE_REL_CI_GLOBAL, widest_global(refit), step=step)
+        for k, bw in bin_widths(refit).items():
+            client.log_metric(run, M.per_bin(M.ADAPTIVE_BIN_REL_CI, k), bw, step=step)
+        client.set_tag(run, "bcrit.adaptive_widest", refit["widest"]["what"])
 
     def setup(self, **info) -> None:
         d = read_decisions(self.sweep_dir)  # a resumed sweep: what the killed driver showed is not shown again

@@ -71,6 +71,8 @@ def check_spec(spec: SweepSpec, resources: dict | None = None) -> list[dict[str,
             cfg = w.config_cls.from_dict(raw)
         except (ConfigError, TypeError) as e:
             raise UserError(f"{trial}: {e}") from None
+        if spec.adaptive is not None and spec.adaptive.bins:
+            check_bins(w, cfg, spec.workload)
         need = trial_need(cfg.to_dict())
         bundle = worker_bundle(cfg.to_dict())
         if cap is not None and bundle and cap.nodes and not cap.fits_one_node(bundle):
@@ -96,6 +98,20 @@ def check_spec(spec: SweepSpec, resources: dict | None = None) -> list[dict[str,
             checked.add(key)
         out.append(cfg.to_dict())
     return out
+
+
+def check_bins(w, cfg, name: str) -> None:
+    """An adaptive sweep's ``goal.bins: true`` needs trials that report >= 2 per-timestep-bin eval losses."""
+    n = None if w.eval_bins is None else w.eval_bins(cfg)
+    if n is None:
+        raise UserError(
+            f"nuisance.goal.bins: true, but workload {name} does not say whether it reports per-timestep-bin eval "
+            "losses (its Workload has no eval_bins); use bins: false"
+        )
+    if n < 2:
+        what = "reports no per-timestep-bin eval loss" if n == 0 else "evaluates a single timestep bin"
+        fix = " (set fixed.timestep_bins >= 2)" if n == 1 else ""
+        raise UserError(f"nuisance.goal.bins: true, but workload {name} {what}; use bins: false{fix}")
 
 
 def _show(bundle: dict[str, float]) -> str:

@@ -40,7 +40,9 @@ class Workload:
     numbers across batch sizes: the NQM's ``noise_unit``), ``branch_keys`` the keys every branch gets (the DiT: no
     warm-up, the reference's is behind it), ``check_kept(path)`` refuses a kept checkpoint before anything runs (the
     DiT: one that does not load as data). The default lr rule across batch sizes is the config's
-    ``schedule_lr_rule`` default (`lr_rule`)."""
+    ``schedule_lr_rule`` default (`lr_rule`). ``eval_bins(cfg)``: how many per-timestep-bin eval losses
+    (``eval/loss/bin{k}``) a trial of ``cfg`` reports, 0 for none (None: the workload does not say; an adaptive
+    sweep's ``goal.bins: true`` needs a count >= 2)."""
 
     name: str
     config_cls: type
@@ -49,6 +51,7 @@ class Workload:
     noise_key: str | None = None
     branch_keys: dict[str, Any] = field(default_factory=dict)
     check_kept: Callable[[str], None] | None = None
+    eval_bins: Callable[[Any], int] | None = None
 
     @property
     def lr_rule(self) -> str:
@@ -76,20 +79,38 @@ def _dit_kept_loads_as_data(path: str) -> None:
             raise ConfigError(str(e)) from None
 
 
+def _dit_eval_bins(cfg: Any) -> int:
+    """The DiT evaluates its held-out loss in every one of ``timestep_bins`` bins (trainables.loop)."""
+    return int(cfg.timestep_bins)
+
+
+def _no_eval_bins(cfg: Any) -> int:
+    """The quadratic model's bins share one loss: it reports no per-bin eval loss (trainables.nqm_trial)."""
+    return 0
+
+
 def _dit() -> Workload:
     from trainables.config import TrialConfig
     from trainables.loop import train_loop
     from trainables.trial import check_trial
 
     return Workload(
-        "dit", TrialConfig, train_loop, check_trial, branch_keys={"warmup_steps": 0}, check_kept=_dit_kept_loads_as_data
+        "dit",
+        TrialConfig,
+        train_loop,
+        check_trial,
+        branch_keys={"warmup_steps": 0},
+        check_kept=_dit_kept_loads_as_data,
+        eval_bins=_dit_eval_bins,
     )
 
 
 def _quadratic() -> Workload:
     from trainables import nqm_trial as q
 
-    return Workload("quadratic", q.QuadraticConfig, q.train_loop, q.check_quadratic, noise_key="noise_unit")
+    return Workload(
+        "quadratic", q.QuadraticConfig, q.train_loop, q.check_quadratic, noise_key="noise_unit", eval_bins=_no_eval_bins
+    )
 
 
 # name -> its factory (imports are inside: the DiT's loads torch and diffusers, a spec check needs only the names)

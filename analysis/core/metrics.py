@@ -85,7 +85,9 @@ SCIENTIFIC = ("batch_size", "micro_batch_size", "grad_accum", "num_workers", "lr
 TRACKING_ONLY = (STEP, EXAMPLES, WALL_TIME, STEPS_TO_TARGET, EXAMPLES_TO_TARGET, SECONDS_TO_TARGET, *SCIENTIFIC)
 
 # --- MLflow parent run of a sweep only (orchestrator.adaptive_view): one point per refit of an adaptive sweep ----
-ADAPTIVE_REL_CI = "adaptive/rel_ci"  # relative half-width of the B_crit interval at the goal's widest target
+ADAPTIVE_REL_CI = "adaptive/rel_ci"  # relative half-width of the widest interval the goal looks at
+ADAPTIVE_REL_CI_GLOBAL = "adaptive/rel_ci_global"  # goal.bins: the same over the global targets only
+ADAPTIVE_BIN_REL_CI = "adaptive/bin{k}/rel_ci"  # goal.bins: the same for timestep bin k (trusted bins only)
 
 
 def per_bin(template: str, k: int) -> str:
@@ -153,8 +155,14 @@ TRACKING_DOCS: dict[str, str] = {
 
 PARENT_DOCS: dict[str, str] = {
     ADAPTIVE_REL_CI: "`nuisance.search: adaptive` only: after each refit, the relative half-width `(hi - lo) / "
-    "(2 B_crit)` of the 90% B_crit interval at the goal target where it is widest (the one the sweep waits for); "
-    "step = trials finished at that refit. Not logged while a target has no fit yet",
+    "(2 B_crit)` of the 90% B_crit interval at the goal target where it is widest (the one the sweep waits for; "
+    "with `goal.bins: true` the widest of the global targets and the trusted timestep bins, named by the parent "
+    "run's tag `bcrit.adaptive_widest`, e.g. `bin t=700-799 at 0.3`); step = trials finished at that refit. Not "
+    "logged while a target has no fit yet",
+    ADAPTIVE_REL_CI_GLOBAL: "`goal.bins: true` only: the same over the global targets alone",
+    ADAPTIVE_BIN_REL_CI: "`goal.bins: true` only: the same for timestep bin k, the widest over the goal targets "
+    "where the analysis trusts the bin (no flags); not logged at a refit where it trusts it at none (the decisions "
+    "file and the report say why)",
 }
 
 

@@ -8,6 +8,11 @@ A pure function of the runs (analysis ``Runs``), the candidate space, the pendin
 ``(hi - lo) / (2 B_crit)`` of the B_crit interval is at most ``rel_ci``, the best setting of every fitted batch size
 has at least ``min_seeds`` seeds (the minimum design; it guards the interval against stopping on a lucky draw), and
 no fitted point has its best learning rate at an edge of what was tried while the grid goes further there.
+With ``Goal.bins`` every timestep bin is also fitted at every goal target (:mod:`analysis.decisions.bin_goals`: the
+analysis's per-bin answer, same estimator and bootstrap settings), and the goal further needs every bin the analysis
+trusts (no flags) within ``rel_ci`` with ``min_seeds`` at the bin's own best settings; untrusted bins are listed in
+the decision (``Decision.bins``, ``summary()``) and not counted. ``Decision.widest()`` names the interval the goal
+waits for (the widest of the global targets and the counted bins).
 
 **Expected narrowing (the documented proxy).** In log space the fit ``log S(B) = log(S_min + E_min/B)`` is, near
 its optimum, linear in ``p = (log S_min, log E_min)`` with the row ``g(B) = (S_min, E_min/B) / S(B)`` per point;
@@ -16,9 +21,15 @@ its optimum, linear in ``p = (log S_min, log E_min)`` with the row ``g(B) = (S_m
 ``v' = v - (a'F⁻¹g)² / (σ² + g'F⁻¹g)``, and its expected narrowing at one target is ``w_now (1 - sqrt(v'/v))``,
 where ``w_now`` is the bootstrap interval's measured relative half-width (the linearization only scales it).
 ``σ²`` is the pooled seed-to-seed variance of log steps over the settings with two or more seeds (else the fit's
-mean squared log residual), floored at ``SIGMA2_FLOOR``. A candidate's score is its narrowing summed over the goal
-targets not yet met, divided by its expected examples (an estimate from the trials at that batch size, or
-``B · S(B)`` from the fit scaled by the measured ratio of examples spent to ``B · S(B)``).
+mean squared log residual), floored at ``SIGMA2_FLOOR``. A candidate's score is its narrowing summed over the
+intervals the goal still waits for (the goal targets not yet met; with ``Goal.bins`` also the counted bins too wide
+or short of seeds, each bin its own linearized fit and ``σ²`` of its own loss), divided by its expected examples
+(an estimate from the trials at that batch size, or ``B · S(B)`` from the fit scaled by the measured ratio of
+examples spent to ``B · S(B)``). A sum, not the widest interval's narrowing alone: the sweep stops only when every
+open interval is met, so a trial that narrows several is worth more than one that narrows the widest a little
+more; the widest alone would ignore the others until it is met, and which interval is widest changes from refit
+to refit with the bootstrap's noise. Intervals already met add nothing (the goal no longer looks at them), unless
+all are and the goal waits for seeds or a learning-rate edge: then every interval counts.
 
 Candidates, and their rows:
 
@@ -46,6 +57,7 @@ import pyarrow as pa
 import pyarrow.compute as pc
 
 from analysis.core import metrics as m
+from analysis.decisions.bin_goals import BinInterval, bin_intervals, rel_width, untrusted_text
 from analysis.fits import flags as fl
 from analysis.fits import pareto
 from analysis.fits.steps import final_losses, steps_to_target
@@ -75,12 +87,14 @@ class Space:
 
 @dataclass(frozen=True)
 class Goal:
-    """Stop when every target's relative half-width <= ``rel_ci`` (with ``min_seeds`` at every fitted point)."""
+    """Stop when every target's relative half-width <= ``rel_ci`` (with ``min_seeds`` at every fitted point);
+    ``bins``: and every trusted timestep bin's at every target (analysis.decisions.bin_goals)."""
 
     targets: tuple[float, ...]
     rel_ci: float = 0.15
     min_seeds: int = 2
     level: float = 0.9
+    bins: bool = False
 
 
 @dataclass(frozen=True)
@@ -115,10 +129,23 @@ class Decision:
     fits: list[dict] = field(default_factory=list)  # analyze_metric's entries at the goal targets
     examples_spent: float = 0.0
     trials_spent: int = 0
+    bins: list[BinInterval] = field(default_factory=list)  # Goal.bins: every bin at every fitted goal target
+
+    def widest(self) -> tuple[str, float]:
+        """The interval the goal waits for: ``(label, relative half-width)`` of the widest of the global targets
+        and the counted (trusted) bins, e.g. ``("bin t=750-999 at 0.3", 0.23)`` (inf: a target without a fit)."""
+        cands = [(f"B_crit at {t:g}", w) for t, w in self.widths.items()]
+        cands += [(b.label(), b.width) for b in self.bins if b.counted]
+        return max(cands, key=lambda c: c[1]) if cands else ("B_crit", np.inf)
 
     def summary(self) -> str:
         w = ", ".join(f"{t:g}: +-{v:.0%}" if np.isfinite(v) else f"{t:g}: no fit" for t, v in self.widths.items())
         nxt = "; ".join(f"{c.kind} B={c.trial.batch_size} lr={c.trial.lr:g} seed={c.trial.seed}" for c in self.choices)
+        if self.bins:
+            label, width = self.widest()
+            w += f"; widest {label}: " + (f"+-{width:.0%}" if np.isfinite(width) else "no fit")
+            bad = untrusted_text(self.bins)
+            w += f"; untrusted bins: {bad}" if bad else ""
         return f"B_crit at {w}" + (f" -> stop: {self.stop}" if self.stop else f"; next: {nxt or '-'}")
 
 
@@ -168,7 +195,7 @@ class _Model:
 
     def __init__(self, fit: dict, sigma2: float):
         self.s_min, self.e_min, self.sigma2 = fit["s_min"], fit["e_min"], sigma2
-        self.width = _rel_width(fit)
+        self.width = rel_width(fit)
         self.F = np.zeros((2, 2))
         for p in fit["points"]:
             self.add(p["batch_size"], p["seeds"])
@@ -183,8 +210,8 @@ class _Model:
     def var(self, F: np.ndarray | None = None) -> float:
         F = self.F if F is None else F
         a = np.array([-1.0, 1.0])
-        if abs(np.linalg.det(F)) < 1e-12 * max(float(np.trace(F)) ** 2, 1e-300):
-            return np.inf
+        if np.linalg.det(F) < 1e-12 * max(float(np.trace(F)) ** 2, 1e-300):
+            return np.inf  # singular, or not positive definite (more seeds removed at a B than this fit holds)
         return float(a @ np.linalg.solve(F, a))
 
     def narrowing(self, b: float, k: float = 1.0, remove: bool = False) -> float:
@@ -198,13 +225,6 @@ class _Model:
         if not np.isfinite(v):
             return self.width if np.isfinite(self.width) else 1.0
         return self.width * (1 - np.sqrt(self.var(self.F + dF) / v))
-
-
-def _rel_width(fit: dict) -> float:
-    lo, hi = fit["b_crit_ci"]
-    if lo is None or hi is None:
-        return np.inf
-    return (hi - lo) / (2 * fit["b_crit"])
 
 
 def _sigma2(runs: Runs, fit: dict, metric: str) -> float:
@@ -248,8 +268,10 @@ def next_trials(
         fits = _fits(runs, goal, metric, bootstrap, seed)
     widths = {float(t): np.inf for t in goal.targets}
     for f in fits:
-        widths[float(f["target"])] = _rel_width(f)
+        widths[float(f["target"])] = rel_width(f)
     dec = Decision(None, [], widths, fits, float(spent.sum()), n_done)
+    if goal.bins and fits:
+        dec.bins = bin_intervals(runs, fits, metric, bootstrap, seed, goal.level)
     committed = dec.examples_spent + sum(cost.of(t.batch_size, fits) for t in pending)
     if budget.trials is not None and n_done + len(pending) >= budget.trials:
         dec.stop = BUDGET_TRIALS if n_done >= budget.trials else None
@@ -264,14 +286,14 @@ def next_trials(
         dec.choices = [Choice(t, "design", np.inf, cost.of(t.batch_size, fits), "initial design") for t in design[:n]]
         _within_examples(dec, budget, committed)
         return dec
-    if _goal_met(fits, goal, space, tried):
+    if _goal_met(fits, goal, space, tried) and _bins_met(dec.bins, goal):
         dec.stop = GOAL_MET
         if not pending:
             return dec
         dec.stop = None  # met on the finished trials, but pending ones may change the fit: wait for them
         return dec
     for _ in range(n):
-        c = _best_candidate(runs, space, goal, fits, tried, cost, metric)
+        c = _best_candidate(runs, space, goal, fits, tried, cost, metric, dec.bins)
         if c is None:
             break
         dec.choices.append(c)
@@ -332,7 +354,7 @@ def _goal_met(fits: list[dict], goal: Goal, space: Space, tried: list[Trial]) ->
     if len(fits) < len(goal.targets):
         return False
     for f in fits:
-        if not _rel_width(f) <= goal.rel_ci:
+        if not rel_width(f) <= goal.rel_ci:
             return False
         for p in f["points"]:
             if p["seeds"] < goal.min_seeds:
@@ -340,6 +362,21 @@ def _goal_met(fits: list[dict], goal: Goal, space: Space, tried: list[Trial]) ->
             if fl.LR_AT_EDGE in p["flags"] and _beyond_edge(space, tried, p["batch_size"], p["lr"]) is not None:
                 return False
     return True
+
+
+def _bins_met(bins: list[BinInterval], goal: Goal) -> bool:
+    """Goal.bins: bins were reported, and every counted bin is within ``rel_ci`` with ``min_seeds`` at its
+    points (its best settings may differ from the global ones). Untrusted bins are not counted (bin_goals)."""
+    if not goal.bins:
+        return True
+    if not bins:
+        return False  # asked for per-bin goals, but the trials reported no per-bin eval loss: nothing to check
+    return all(not _open_bin(b, goal) for b in bins if b.counted)
+
+
+def _open_bin(b: BinInterval, goal: Goal) -> bool:
+    """A counted bin the goal still waits for: too wide, or too few seeds at one of its points."""
+    return not b.width <= goal.rel_ci or any(p["seeds"] < goal.min_seeds for p in b.fit["points"])
 
 
 def _lrs_at(tried: list[Trial], b: int) -> list[float]:
@@ -388,7 +425,7 @@ def _lr_for_new_b(space: Space, fit: dict, b: int) -> float:
     return float(grid[int(np.argmin(np.abs(np.log(grid) - guess)))])
 
 
-def _best_candidate(runs, space, goal, fits, tried, cost, metric) -> Choice | None:  # long: one list, five kinds
+def _best_candidate(runs, space, goal, fits, tried, cost, metric, bins=()) -> Choice | None:  # long: five kinds
     out: list[Choice] = []
     fitted = {p["batch_size"] for f in fits for p in f["points"]}
     for b in space.batch_sizes:  # bracket: a batch size without a fitted point
@@ -399,15 +436,18 @@ def _best_candidate(runs, space, goal, fits, tried, cost, metric) -> Choice | No
             out.append(Choice(Trial(b, lr, 0), "bracket", np.inf, cost.of(b, fits), "no fitted point at this B"))
     if out:
         return min(out, key=lambda c: c.examples)
-    unmet = [f for f in fits if not _rel_width(f) <= goal.rel_ci] or fits
-    models = [_Model(f, _sigma2(runs, f, metric)) for f in unmet]
+    # the intervals the goal waits for: global targets too wide, counted bins too wide or short of seeds
+    unmet = [(f, metric) for f in fits if not rel_width(f) <= goal.rel_ci]
+    unmet += [(b.fit, b.metric) for b in bins if b.counted and _open_bin(b, goal)]
+    unmet = unmet or [(f, metric) for f in fits] + [(b.fit, b.metric) for b in bins if b.counted]
+    models = [_Model(f, _sigma2(runs, f, mt)) for f, mt in unmet]
     done = set(_tried(runs, []))
     for mdl in models:  # pending trials count as done
         for t in tried:
             if t.batch_size in fitted and t not in done:
                 mdl.add(t.batch_size)
     seen: set[tuple[int, float, str]] = set()
-    for f in unmet:
+    for f, _ in unmet:
         for p in f["points"]:
             b, lr = p["batch_size"], p["lr"]
             e = cost.of(b, fits)

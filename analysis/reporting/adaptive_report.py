@@ -41,6 +41,31 @@ def _pct(w: float | None) -> str:
     return "no fit" if w is None else f"±{w:.0%}"
 
 
+def _bins_goal(goal: dict) -> str:
+    return ", and so every timestep bin's the analysis trusts (`goal.bins`)" if goal.get("bins") else ""
+
+
+def _bins_lines(refit: dict) -> list[str]:
+    """The last refit's per-bin intervals: the widest counted one, and each bin the goal did not count, and why."""
+    bins = refit.get("bins", [])
+    if not bins:
+        return ["At the last refit no trial had reported a per-bin eval loss: the per-bin goal could not be checked."]
+    w = refit["widest"]
+    out = [f"At the last refit the widest interval the goal counted was {w['what']} ({_pct(w['width'])})."]
+    bad = [b for b in bins if not b["counted"]]
+    if bad:
+        out.append(
+            f"Not counted (untrusted by the analysis, {len(bad)} of {len(bins)} bin intervals): "
+            + "; ".join(
+                f"t={b['timesteps'][0]}-{b['timesteps'][1]} at {b['target']:g} "
+                f"({', '.join(b['flags']) or 'no interval'})"
+                for b in bad
+            )  # fmt: skip
+            + "."
+        )
+    return out
+
+
 def markdown_lines(d: dict) -> list[str]:
     """The report's section on the adaptive design."""
     goal, budget = d["goal"], d["budget"]
@@ -51,9 +76,9 @@ def markdown_lines(d: dict) -> list[str]:
         "## Adaptive design (`nuisance.search: adaptive`)",
         "",
         f"Goal: the {', '.join(f'{t:g}' for t in goal['targets'])} target(s)' 90% B_crit interval within "
-        f"±{goal['rel_ci']:.0%} of B_crit, with {goal['min_seeds']} seeds at every batch size's best setting; "
-        f"budget {spend}. It stopped because {STOPS.get(d['stop'], d['stop'])}, after {len(d['issued'])} trials "
-        f"and {len(d['refits'])} refits.",
+        f"±{goal['rel_ci']:.0%} of B_crit{_bins_goal(goal)}, with {goal['min_seeds']} seeds at every batch size's "
+        f"best setting; budget {spend}. It stopped because {STOPS.get(d['stop'], d['stop'])}, after "
+        f"{len(d['issued'])} trials and {len(d['refits'])} refits.",
     ]
     if fitted:
         a, b = fitted[0], fitted[-1]
@@ -62,6 +87,8 @@ def markdown_lines(d: dict) -> list[str]:
             f"after {a['trials_finished']} trials, {', '.join(f'{t}: {_pct(w)}' for t, w in b['widths'].items())} "
             f"after {b['trials_finished']} (the decisions' own refits, {len(fitted)} with a fit)."
         )
+    if goal.get("bins") and d["refits"]:
+        lines += _bins_lines(d["refits"][-1])
     counts = Counter(t["kind"] for t in d["issued"])
     lines += ["", "Why each trial was chosen:", ""]
     lines += [f"- `{k or 'adopted'}` ({n}): {KINDS.get(k, k)}" for k, n in counts.most_common()]

@@ -109,3 +109,12 @@ def test_adaptive_sweep_ends_with_a_reason_within_budget_and_covers_the_closed_f
     lo, hi = dec.fits[0]["b_crit_ci"]
     assert lo < truth < hi  # seed 1: covered (coverage over many sweeps: benchmarks/bench_adaptive.py)
     assert all(d.widths for d in hist)
+
+
+def test_removing_more_seeds_than_a_fit_holds_is_the_points_whole_value():
+    # an lr_edge point's value is scored on every open interval's model; another target's (or bin's) fit may hold
+    # fewer seeds at that B: the remainder is not a fit (not positive definite), so the point is worth the width
+    fit = {"s_min": 20.0, "e_min": 2000.0, "b_crit_ci": [80.0, 120.0], "b_crit": 100.0,
+           "points": [{"batch_size": b, "seeds": 1} for b in (16, 64, 256)]}  # fmt: skip
+    mdl = nt._Model(fit, 0.01)
+    assert mdl.narrowing(16, 3, remove=True) == pytest.approx(mdl.width)

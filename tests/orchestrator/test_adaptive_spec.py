@@ -37,7 +37,7 @@ def test_goal_and_budget_parsed(tmp_path):
     "change, message",
     [
         ({"goal": {"rel_ci": 1.5}}, "nuisance.goal.rel_ci must be a number in (0, 1)"),
-        ({"goal": {"rel_ci": 0.2, "bins": True}}, "per-bin goals are not supported yet"),
+        ({"goal": {"rel_ci": 0.2, "bins": "yes"}}, "nuisance.goal.bins must be true or false"),
         ({"goal": {"rel_ci": 0.2, "targets": [0.1]}}, "below stopping.target_loss"),
         ({"goal": {"rel_ci": 0.2, "targets": "all"}}, "must be 'auto' or a non-empty list"),
         ({"goal": {"rel_ci": 0.2, "min_seeds": 3}}, "exceeds the 2 seed(s) of fixed.seeds"),
