@@ -15,8 +15,13 @@ replace): the progress line, the MLflow metric ``adaptive/rel_ci`` and ``bcrit a
 
 **State as data**: ``save``/``restore`` (Tune's ``searcher-state-*.pkl``) hold JSON only -- the trials handed out
 (trial id -> batch size, lr, seed index), the queue, the refit count, the stop reason -- so a resumed sweep continues
-exactly where the driver was killed; after a restore, the trials Tune itself restores (its experiment state beside
-the searcher state) are adopted as handed out, so the two files being saved at different moments loses nothing.
+exactly where the driver was killed. After a restore the trials handed out are reconciled with the trials Tune
+itself restores (its experiment state beside the searcher state; the two files are saved at different moments,
+`reconcile`): one Tune restores that this state never handed out is adopted as handed out; one this state handed
+out that Tune lost (started after Tune's last save of its trial list) counts as finished when the tables hold its
+final row (it ended before the kill; Tune never runs it again), else it was lost while running -- Tune never runs
+it again and its records are removed (orchestrator.lost_trials) -- so it is no longer pending and its setting is
+handed out again first (listed under ``lost`` in `DECISIONS_FILE`).
 The goal and budget are the spec's, not the saved ones: ``bcrit sweep --resume --set nuisance.goal.rel_ci=0.1``
 continues from the trials already run towards the new goal.
 """
@@ -71,6 +76,7 @@ class AdaptiveSearch(Searcher):
         self._refits: list[dict] = []  # every refit's record (DECISIONS_FILE)
         self._stop: str | None = None
         self._completed: set[str] = set()  # trial ids Tune reported complete
+        self._lost: list[dict] = []  # trials handed out, lost with a killed driver and handed out again
 
     @classmethod
     def from_spec(cls, spec) -> AdaptiveSearch:
@@ -201,6 +207,7 @@ class AdaptiveSearch(Searcher):
                 {"trial_id": t, "batch_size": v[0], "lr": v[1], "seed": self._seeds[v[2]], "kind": v[3], "reason": v[4]}
                 for t, v in self._issued.items()
             ],  # fmt: skip
+            "lost": [{**t, "seed": self._seeds[t["seed"]]} for t in self._lost],
         }
 
     def _write(self) -> None:
@@ -224,6 +231,7 @@ class AdaptiveSearch(Searcher):
             "refits": self._refits,
             "stop": self._stop,
             "completed": sorted(self._completed),
+            "lost": self._lost,
             "batch": self._batch,
             "goal": goal_key(self.goal),
             "budget": [self.budget.examples, self.budget.trials],
@@ -245,16 +253,41 @@ class AdaptiveSearch(Searcher):
         self._queue, self._seen_done = list(state["queue"]), list(state["seen_done"])
         self._refits, self._stop, self._batch = list(state["refits"]), state["stop"], int(state["batch"])
         self._completed = set(state["completed"])
+        self._lost = [dict(t) for t in state.get("lost", [])]
         now = (goal_key(self.goal), [self.budget.examples, self.budget.trials])
-        if now != (state["goal"], state["budget"]):
+        changed = now != (state["goal"], state["budget"])
+        if changed:
             self._stop, self._queue, self._seen_done = None, [], []
-        self._adopt(os.path.dirname(os.path.abspath(checkpoint_path)))
-
-    def _adopt(self, experiment_dir: str) -> None:
-        """Trials Tune restores that this (older) state never handed out count as handed out."""
         from orchestrator.search import tune_trials
 
-        for trial_id, config in (tune_trials(experiment_dir) or {}).items():
+        trials = tune_trials(os.path.dirname(os.path.abspath(checkpoint_path)))
+        if trials is not None:
+            self.reconcile(trials, again=not changed)
+
+    def reconcile(self, trials: dict[str, dict], again: bool = True) -> None:
+        """Match the trials handed out with those Tune restores (trial id -> config). Tune's trials this state
+        never handed out count as handed out. A trial handed out that Tune lost counts as finished when the tables
+        hold its final row, as ended when Tune reported it complete; otherwise it was lost while running: it is no
+        longer handed out (so not pending: the rule neither waits for it nor counts it against the budget) and,
+        when ``again`` (the queue was chosen for this goal), its setting is queued first to be handed out again."""
+        from orchestrator.tables import RunsTables
+
+        done, parts = set(self.finished_ids()) | self._completed, RunsTables(self.sweep_dir)
+        # a final row still in its part (killed before the compaction): ended too, as orchestrator.lost_trials sees it
+        lost = [
+            t
+            for t in self._issued
+            if t not in trials and t not in done and parts.trial_status(t) not in M.FINAL_STATUSES
+        ]
+        back = []
+        for t in lost:
+            b, lr, seed, kind, reason = self._issued.pop(t)
+            self._lost.append({"trial_id": t, "batch_size": b, "lr": lr, "seed": seed, "kind": kind, "reason": reason})
+            back.append({"batch_size": b, "lr": lr, "seed": seed, "kind": kind, "reason": reason, "score": None,
+                         "examples": None})  # fmt: skip
+        if again:
+            self._queue = back + self._queue
+        for trial_id, config in trials.items():
             c = config.get("trial", {})
             if trial_id in self._issued or "batch_size" not in c or c.get("seed") not in self._seeds:
                 continue

@@ -49,23 +49,31 @@ def has_results(sweep_dir: str) -> bool:
 
 def reset_unstarted(spec: SweepSpec) -> None:
     """Clear what a sweep killed before Tune's first state file left behind -- Tune and Train directories, table
-    parts, and the child runs under the MLflow parent (the parent itself is kept and adopted) -- so that it starts
-    again from scratch with nothing stale mixed in."""
+    parts and tables, the searchers' files (Optuna's journal, the adaptive decisions), and the child runs under the
+    MLflow parent (the parent itself is kept and adopted) -- so that it starts again from scratch with nothing stale
+    mixed in. For a URI sweep also at ``<URI>/bcrit/`` (else a pull would bring them back)."""
     import shutil
 
+    from analysis.reporting.adaptive_report import DECISIONS_FILE
+    from analysis.sources.schema import METRICS_FILE, TRIALS_FILE
+    from orchestrator.search import SEARCH_FILE
     from orchestrator.tables import PARTS
     from orchestrator.tune_trainable import TRAIN_DIR
 
     d = spec.sweep_dir
     for sub in (TUNE_DIR, TRAIN_DIR, PARTS):
         shutil.rmtree(os.path.join(d, sub), ignore_errors=True)
-    if spec.storage_uri:
-        from orchestrator.uri_storage import remove_dirs
-
-        remove_dirs(spec.storage_uri, TUNE_DIR, TRAIN_DIR)
-    for name in ("trials.parquet", "metrics.parquet"):
+    files = (TRIALS_FILE, METRICS_FILE, SEARCH_FILE, DECISIONS_FILE)
+    for name in files:
         with contextlib.suppress(FileNotFoundError):
             os.remove(os.path.join(d, name))
+    if spec.storage_uri:
+        from orchestrator.uri_storage import Mirror, remove_dirs
+
+        remove_dirs(spec.storage_uri, TUNE_DIR, TRAIN_DIR)
+        mirror = Mirror(spec.storage_uri, d)
+        for prefix in (f"{TUNE_DIR}/", f"{TRAIN_DIR}/", f"{PARTS}/", *files):
+            mirror.remove(prefix)
     parent = recorded_parent(spec)
     if parent:
         from mlflow.tracking import MlflowClient

@@ -98,4 +98,9 @@ def markdown_lines(d: dict) -> list[str]:
             f"| {i} | `{t['trial_id']}` | {t['batch_size']} | {t['lr']:g} | {t['seed']} | {t['kind'] or 'adopted'} "
             f"| {t['reason'] or '–'} |"
         )
+    lost = d.get("lost", [])
+    if lost:
+        named = ", ".join(f"`{t['trial_id']}` (B={t['batch_size']}, lr={t['lr']:g}, seed {t['seed']})" for t in lost)
+        lines += ["", f"Lost with a killed driver (handed out after Tune's last save, running at the kill): {named}."]
+        lines.append("Each lost setting was handed out again; the trials above are the ones that ran.")
     return lines

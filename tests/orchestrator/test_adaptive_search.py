@@ -56,13 +56,16 @@ class Lab:
         write_sweep_dir(self.runs, self.dir)
 
 
-def drive(s: AdaptiveSearch, lab: Lab, concurrency: int = 2, limit: int = 200) -> list[tuple[str, dict]]:
-    """Tune's loop in miniature: keep ``concurrency`` trials live, finish the oldest, until FINISHED."""
-    live: list[tuple[str, dict]] = []
+def drive(
+    s: AdaptiveSearch, lab: Lab, concurrency: int = 2, limit: int = 200, live=(), first: int = 0
+) -> list[tuple[str, dict]]:
+    """Tune's loop in miniature: keep ``concurrency`` trials live, finish the oldest, until FINISHED. A resumed
+    sweep starts with the trials Tune restores running (``live``), new trial ids numbered from ``first``."""
+    live: list[tuple[str, dict]] = list(live)
     issued: list[tuple[str, dict]] = []
     for _ in range(limit):
         while len(live) < concurrency:
-            tid = f"t{len(issued):03d}"
+            tid = f"t{first + len(issued):03d}"
             cfg = s.suggest(tid)
             if cfg == Searcher.FINISHED or cfg is None:
                 break
@@ -179,3 +182,74 @@ def test_restore_refuses_other_files(tmp_path):
     with pytest.raises(ValueError, match="another sweep spec"):
         s.restore(str(tmp_path / "o.json"))
     assert not os.path.exists(tmp_path / "trials.parquet")
+
+
+def tune_saves(experiment_dir, trials: dict[str, dict]) -> None:
+    """Tune's trial list (``experiment_state-*.json``) as ``Tuner.restore`` reads it: the trials and their configs."""
+    data = [[json.dumps({"trial_id": t, "config": c}), "{}"] for t, c in trials.items()]
+    (experiment_dir / "experiment_state-2026-01-01_00-00-00.json").write_text(json.dumps({"trial_data": data}))
+
+
+def killed_after(tmp_path, lab: Lab, *, lost_ends: bool, state_after_lost: bool):
+    """A sweep (trial budget 8, 2 at once) killed after Tune's last save of its trial list (trials t0..t5, t5
+    still running) and after one more trial, t6, was handed out: it ended before the kill (its final row in the
+    tables) when ``lost_ends``, else it was running. The searcher state is saved after t6 was handed out when
+    ``state_after_lost`` (the two files are uploaded one after the other), else just before. Returns the restored
+    searcher, t6's config, and the trial Tune restores running."""
+    exp = tmp_path / "tune"
+    exp.mkdir()
+    a = searcher(tmp_path, goal=0.01, trials=8)
+    issued = {t: a.suggest(t) for t in ("t0", "t1")}
+    for k in range(4):  # finish the oldest, hand out the next
+        lab.finish(f"t{k}", issued[f"t{k}"])
+        issued[f"t{k + 2}"] = a.suggest(f"t{k + 2}")
+    lab.finish("t4", issued["t4"])
+    tune_saves(exp, issued)  # Tune's last save: t0..t5 (t4 finished since, t5 running)
+    if not state_after_lost:
+        a.save(str(exp / "searcher-state-2026-01-01_00-00-00.pkl"))
+    lost = a.suggest("t6")
+    if lost_ends:
+        lab.finish("t6", lost)
+        a.on_trial_complete("t6", {})
+    if state_after_lost:
+        a.save(str(exp / "searcher-state-2026-01-01_00-00-00.pkl"))
+    b = searcher(tmp_path, goal=0.01, trials=8)  # the resumed driver: Tuner.restore restores the searcher
+    b.restore_from_dir(str(exp))
+    return b, lost, ("t5", issued["t5"])
+
+
+def setting(cfg: dict) -> nt.Trial:
+    c = cfg["trial"]
+    return nt.Trial(c["batch_size"], c["lr"], SEEDS.index(c["seed"]))
+
+
+@pytest.mark.parametrize("state_after_lost", [True, False], ids=["state-newer", "state-older"])
+def test_a_trial_tune_lost_while_running_is_handed_out_again(tmp_path, state_after_lost):
+    """A trial handed out after Tune's last save of its trial list and running at the kill is lost (Tune never
+    runs it again; its records are removed, orchestrator.lost_trials). The resumed searcher must not wait for it
+    (pending for ever: the trial budget never spent, the sweep stalled with nothing running): its setting is
+    handed out again, and the sweep spends exactly its budget."""
+    lab = Lab(tmp_path)
+    b, lost, running = killed_after(tmp_path, lab, lost_ends=False, state_after_lost=state_after_lost)
+    assert setting(lost) not in b.pending()
+    assert sorted(b.pending()) == [setting(running[1])]  # only the trial Tune restores running
+    rest = drive(b, lab, live=[running], first=8)
+    assert rest[0][1] == lost  # the lost trial's setting, handed out again first
+    assert len(lab.runs.trial_ids) == 8 and b.decisions()["stop"] == nt.BUDGET_TRIALS
+    assert [t["trial_id"] for t in b.decisions()["lost"]] == (["t6"] if state_after_lost else [])  # the record
+    assert "t6" not in {r["trial_id"] for r in b.decisions()["issued"]}
+    assert ("Lost with a killed driver" in "\n".join(markdown_lines(b.decisions()))) == state_after_lost
+
+
+@pytest.mark.parametrize("state_after_lost", [True, False], ids=["state-newer", "state-older"])
+def test_a_trial_that_ended_after_tunes_last_save_counts_as_finished(tmp_path, state_after_lost):
+    """A trial handed out and ended between Tune's last save and the kill: Tune never runs it again, the tables
+    hold its result. It counts as finished -- not pending, not handed out again -- and the budget holds."""
+    lab = Lab(tmp_path)
+    b, lost, running = killed_after(tmp_path, lab, lost_ends=True, state_after_lost=state_after_lost)
+    assert "t6" in b.finished_ids() and setting(lost) not in b.pending()
+    rest = drive(b, lab, live=[running], first=8)
+    assert all(setting(c) != setting(lost) for _, c in rest)
+    settings = [tuple(r.values()) for r in lab.runs.trials.select(["batch_size", "lr", "seed"]).to_pylist()]
+    assert len(lab.runs.trial_ids) == 8 and len(set(settings)) == 8  # the budget, no setting run twice
+    assert b.decisions()["stop"] == nt.BUDGET_TRIALS and not b.decisions().get("lost")

@@ -136,6 +136,36 @@ def test_trials_removed_from_the_tables_leave_the_mirror_too(s3_user, tmp_path):
     assert pq.read_table(os.path.join(here, "trials.parquet")).column("trial_id").to_pylist() == ["kept"]
 
 
+def test_unstarted_uri_sweep_is_cleared_at_the_mirror_too(s3_user, tmp_path):
+    """A URI sweep killed before Tune's first state file starts again from scratch (orchestrator.sweep_state
+    ``reset_unstarted``): its table parts, tables and searcher files go from ``<URI>/bcrit/`` as well as locally,
+    else the restarted sweep's pushes keep them in the manifest and a pull on another machine brings them back."""
+    from analysis.core import metrics as M
+    from analysis.reporting.adaptive_report import DECISIONS_FILE
+    from orchestrator.search import SEARCH_FILE
+    from orchestrator.spec import parse_spec
+    from orchestrator.sweep_state import reset_unstarted
+    from orchestrator.tables import RunsTables, trial_row
+    from orchestrator.uri_storage import Mirror
+
+    uri = f"s3://{BUCKET}/runs/unstarted"
+    spec = parse_spec(quadratic_spec(tmp_path, storage=uri))
+    t = RunsTables(spec.sweep_dir)
+    t.write_trial(trial_row("old", {"batch_size": 16, "micro_batch_size": 16, "num_workers": 0, "lr": 0.5}, "running"))
+    t.add_rows("old", [[0, 0, M.EVAL_LOSS, 1.0, 0.0]])
+    t.compact()
+    Path(spec.sweep_dir, SEARCH_FILE).write_text("{}\n")
+    Path(spec.sweep_dir, DECISIONS_FILE).write_text("{}")
+    Path(spec.sweep_dir, "spec.yaml").write_text(spec.to_yaml())
+    assert Mirror(uri, spec.sweep_dir).push() == 7
+    reset_unstarted(spec)
+    Mirror(uri, spec.sweep_dir).push()  # the restarted sweep's first push (nothing new yet)
+    other = tmp_path / "other"  # another machine
+    Mirror(uri, str(other)).pull()
+    assert sorted(p.relative_to(other).as_posix() for p in other.rglob("*") if p.is_file()) == ["spec.yaml"]
+    assert sorted(p.name for p in Path(spec.sweep_dir).iterdir()) == ["spec.yaml"]
+
+
 def _newer(path: Path) -> None:
     """Push the file's mtime a second past any mirrored copy's (whatever the file system's time resolution)."""
     t = path.stat().st_mtime_ns + 10**9
