@@ -184,6 +184,7 @@ class AdaptiveSearch(Searcher):
                 "bins": [b.record() for b in dec.bins],  # goal.bins only
                 "choices": [dict(c) for c in self._queue],
                 "stop": dec.stop,
+                "confirmed": dec.confirmed,  # resamples of a refit that re-checked a goal met (else null)
             }
         )
         self._write()

@@ -14,6 +14,13 @@ trusts (no flags) within ``rel_ci`` with ``min_seeds`` at the bin's own best set
 the decision (``Decision.bins``, ``summary()``) and not counted. ``Decision.widest()`` names the interval the goal
 waits for (the widest of the global targets and the counted bins).
 
+**Stopping.** A refit's interval comes from ``bootstrap`` resamples (200 by default: cheap, but its width moves
+by several points from one refit to the next at these widths). A stop on the goal is a choice made by looking at
+that noisy width, so it is not taken on one: when a refit meets the goal with no trial pending, the goal is
+checked again on a refit with ``confirm_bootstrap`` resamples (1000, what ``bcrit analyze`` reports), and the sweep
+stops only if it holds there too; otherwise the trials are chosen from the confirming refit. The stopped answer is
+then the one ``bcrit analyze`` gives at the same seed. With trials pending, a goal met waits for them.
+
 **Expected narrowing (the documented proxy).** In log space the fit ``log S(B) = log(S_min + E_min/B)`` is, near
 its optimum, linear in ``p = (log S_min, log E_min)`` with the row ``g(B) = (S_min, E_min/B) / S(B)`` per point;
 ``log B_crit = a·p`` with ``a = (-1, 1)``. A point holding ``k`` seeds of per-seed log-variance ``σ²`` has weight
@@ -67,6 +74,7 @@ from analysis.sources.loaders import Runs
 SIGMA2_FLOOR = 1e-4  # per-seed variance of log steps never taken below (1% sd): no candidate is worth nothing
 DESIGN_BATCH_SIZES = 4  # the initial design spans the space with this many batch sizes
 NEW_B_TRIALS = 3  # a new batch size is costed as this many trials (its lr bracketed)
+CONFIRM_BOOTSTRAP = 1000  # resamples of the refit that confirms a stop on the goal (bcrit analyze's default)
 GOAL_MET, BUDGET_EXAMPLES, BUDGET_TRIALS, EXHAUSTED = "goal_met", "budget_examples", "budget_trials", "space_exhausted"
 
 
@@ -130,6 +138,7 @@ class Decision:
     examples_spent: float = 0.0
     trials_spent: int = 0
     bins: list[BinInterval] = field(default_factory=list)  # Goal.bins: every bin at every fitted goal target
+    confirmed: int | None = None  # resamples of the refit that re-checked a goal met (its fits, widths, bins)
 
     def widest(self) -> tuple[str, float]:
         """The interval the goal waits for: ``(label, relative half-width)`` of the widest of the global targets
@@ -146,6 +155,8 @@ class Decision:
             w += f"; widest {label}: " + (f"+-{width:.0%}" if np.isfinite(width) else "no fit")
             bad = untrusted_text(self.bins)
             w += f"; untrusted bins: {bad}" if bad else ""
+        if self.confirmed:
+            w += f" ({self.confirmed} resamples: " + ("goal confirmed)" if self.stop == GOAL_MET else "goal not met)")
         return f"B_crit at {w}" + (f" -> stop: {self.stop}" if self.stop else f"; next: {nxt or '-'}")
 
 
@@ -256,8 +267,13 @@ def next_trials(
     metric: str = m.EVAL_LOSS,
     bootstrap: int = 200,
     seed: int = 0,
+    confirm_bootstrap: int = CONFIRM_BOOTSTRAP,
 ) -> Decision:
-    """Refit the runs at the goal targets and choose up to ``n`` next trials, or say why the sweep stops."""
+    """Refit the runs at the goal targets and choose up to ``n`` next trials, or say why the sweep stops.
+
+    ``bootstrap``: the resamples of each refit. ``confirm_bootstrap``: when that refit meets the goal with no trial
+    pending, the goal is checked again on a refit with this many (``bcrit analyze``'s default); the sweep stops only
+    if it holds there too, else it goes on from the confirming refit (module docstring, "Stopping")."""
     pending = list(pending)
     tried = _tried(runs, pending)
     spent = spent_examples(runs) if runs is not None else np.zeros(0)
@@ -287,11 +303,15 @@ def next_trials(
         _within_examples(dec, budget, committed)
         return dec
     if _goal_met(fits, goal, space, tried) and _bins_met(dec.bins, goal):
-        dec.stop = GOAL_MET
-        if not pending:
+        if pending:  # met on the finished trials, but pending ones may change the fit: wait for them
             return dec
-        dec.stop = None  # met on the finished trials, but pending ones may change the fit: wait for them
-        return dec
+        if confirm_bootstrap <= bootstrap:
+            dec.stop = GOAL_MET
+            return dec
+        fits = _confirm(dec, runs, goal, metric, confirm_bootstrap, seed)
+        if _goal_met(fits, goal, space, tried) and _bins_met(dec.bins, goal):
+            dec.stop = GOAL_MET
+            return dec
     for _ in range(n):
         c = _best_candidate(runs, space, goal, fits, tried, cost, metric, dec.bins)
         if c is None:
@@ -302,6 +322,16 @@ def next_trials(
     if not dec.choices and not pending:
         dec.stop = EXHAUSTED
     return dec
+
+
+def _confirm(dec: Decision, runs: Runs, goal: Goal, metric: str, bootstrap: int, seed: int) -> list[dict]:
+    """Refit with ``bootstrap`` resamples; the decision's fits, widths and bin intervals become the refit's."""
+    fits = _fits(runs, goal, metric, bootstrap, seed)
+    dec.fits, dec.confirmed = fits, bootstrap
+    dec.widths = {float(t): np.inf for t in goal.targets} | {float(f["target"]): rel_width(f) for f in fits}
+    if goal.bins and fits:
+        dec.bins = bin_intervals(runs, fits, metric, bootstrap, seed, goal.level)
+    return fits
 
 
 def _within_examples(dec: Decision, budget: Budget, committed: float) -> None:

@@ -118,3 +118,45 @@ def test_removing_more_seeds_than_a_fit_holds_is_the_points_whole_value():
            "points": [{"batch_size": b, "seeds": 1} for b in (16, 64, 256)]}  # fmt: skip
     mdl = nt._Model(fit, 0.01)
     assert mdl.narrowing(16, 3, remove=True) == pytest.approx(mdl.width)
+
+
+def test_a_goal_met_on_the_cheap_refit_stops_only_if_the_confirming_refit_meets_it(monkeypatch):
+    # the refit's width is a noisy estimate: a stop on it is re-checked with CONFIRM_BOOTSTRAP resamples
+    runs = _runs(nt.initial_design(SPACE))
+    real = nt._fits(runs, GOAL, "eval/loss", 50, 0)
+    assert real
+    calls = []
+
+    def fits_with(width_by_boot):
+        def fake(runs, goal, metric, bootstrap, seed):
+            calls.append(bootstrap)
+            out = []
+            for f in real:
+                b, w = f["b_crit"], width_by_boot(bootstrap)
+                out.append({**f, "b_crit_ci": [b * (1 - w), b * (1 + w)]})
+            return out
+
+        return fake
+
+    monkeypatch.setattr(
+        nt, "_goal_met", lambda fits, goal, space, tried: all(nt.rel_width(f) <= goal.rel_ci for f in fits)
+    )
+    noisy = fits_with(lambda boot: 0.10 if boot < nt.CONFIRM_BOOTSTRAP else 0.30)  # narrow only on 200 resamples
+    monkeypatch.setattr(nt, "_fits", noisy)
+    dec = nt.next_trials(runs, SPACE, GOAL, nt.Budget(trials=100), bootstrap=200)
+    assert calls == [200, nt.CONFIRM_BOOTSTRAP] and dec.confirmed == nt.CONFIRM_BOOTSTRAP
+    assert dec.stop is None and dec.choices  # goes on, chosen from the confirming refit
+    assert dec.widths[0.5] == pytest.approx(0.30) and "goal not met" in dec.summary()
+
+    calls.clear()
+    monkeypatch.setattr(nt, "_fits", fits_with(lambda boot: 0.10))
+    dec = nt.next_trials(runs, SPACE, GOAL, nt.Budget(trials=100), bootstrap=200)
+    assert calls == [200, nt.CONFIRM_BOOTSTRAP] and dec.stop == nt.GOAL_MET and "goal confirmed" in dec.summary()
+
+    calls.clear()  # trials pending: wait for them, no confirming refit yet
+    dec = nt.next_trials(runs, SPACE, GOAL, nt.Budget(trials=100), pending=[nt.Trial(64, 0.5, 0)], bootstrap=200)
+    assert calls == [200] and dec.stop is None and not dec.choices and dec.confirmed is None
+
+    calls.clear()  # a refit already as large as the confirming one is not repeated
+    dec = nt.next_trials(runs, SPACE, GOAL, nt.Budget(trials=100), bootstrap=nt.CONFIRM_BOOTSTRAP)
+    assert calls == [nt.CONFIRM_BOOTSTRAP] and dec.stop == nt.GOAL_MET
