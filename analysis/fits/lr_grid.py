@@ -11,8 +11,8 @@ coverage of the 90% interval 0.43). Measured from the sweep's own data:
    the steps penalty relative to the optimum's), ``kappa`` the median over the batch sizes whose best setting has
    known neighbours on both sides of the parabola through those three. Shared, because one batch size's three points
    locate its vertex but estimate its curvature poorly, and a batch size with one known neighbour needs it. A
-   parabola in log steps extrapolates the one-sided case (a diverged neighbour) about 3x too short on
-   ``synth_sweeps``, whose penalty is this one.
+   parabola in log steps extrapolated the one-sided case (a diverged neighbour) 3x short in a worked ``quiet3`` case
+   (``synth_sweeps``' penalty is this one).
 2. **Vertex** per batch size: that curve least-squares fitted in log steps through the best setting and its known
    neighbours in lr (one or two; brute force over the vertex, :func:`vertex_fit`), the vertex clipped to the
    *bracket*: between the tried learning rates on either side of the best (a diverged, failed or censored neighbour

@@ -129,3 +129,15 @@ def test_flag_fires_on_the_coarse_grid_and_not_on_the_fine_one():
             assert flagged[~hit].all() and flagged.mean() >= 0.5
         else:
             assert hit.mean() >= 0.8 and flagged.mean() <= 0.1
+
+
+def test_decisions_see_the_flag_through_the_targets_flags():
+    """``recommend``'s trust note (the same analyze_metric, interval included) carries ``coarse_lr_grid`` into its
+    UNTRUSTED line, with no case of its own."""
+    from analysis.decisions.trust_note import flags_at, untrusted_line
+
+    runs = simulate(np.random.default_rng(4), COARSE)
+    target = next(r["target"] for r in _global(COARSE, 4) if fl.COARSE_LR_GRID in r["flags"])
+    flags = flags_at(runs, m.EVAL_LOSS, target)
+    assert fl.COARSE_LR_GRID in flags
+    assert fl.COARSE_LR_GRID in untrusted_line({target: flags}, "this recommendation")
