@@ -95,8 +95,9 @@ def vertex_fit(x: np.ndarray, y: np.ndarray, lo: float, hi: float, kappa: float,
     """``(gap, x_v)`` for ``log S = c + log(1 + kappa (x - x_v)²)`` least-squares fitted through the points ``(x, y)``
     (log lr, log steps; best first) by brute force: ``n`` vertices spanning the bracket ``[lo, hi]`` widened by its
     width on each side, then ``n`` within one step of the best of them. ``gap = y_best - c >= 0`` with ``c`` refitted
-    at ``x_v`` clipped to the bracket (the least-squares fit whose vertex the grid allows: the sum of squares has one
-    minimum along ``x_v``, so the constrained one is at the clip). ``(0, x_best)`` with the best alone (no slope to
+    at ``x_v`` clipped to the bracket (the fit whose vertex the grid allows: the constrained least squares where the
+    sum of squares does not rise again between the clip and ``x_v``, as with the best first and at most one
+    neighbour on each side). ``x_v`` itself is returned unclipped. ``(0, x_best)`` with the best alone (no slope to
     read)."""
     if len(x) < 2 or not kappa > 0:
         return 0.0, float(x[0])
