@@ -40,8 +40,15 @@ all are and the goal waits for seeds or a learning-rate edge: then every interva
 
 Candidates, and their rows:
 
-- ``seed``: another seed of a batch size's best setting (up to ``Space.max_seeds``), then of the tried settings
-  next to it (the bootstrap re-takes the best setting, so a close neighbour can be it): the row ``g(B)``.
+- ``seed``: another seed of a batch size's best setting (up to ``Space.max_seeds``): the row ``g(B)``. Then of the
+  tried settings next to it (the bootstrap re-takes the best setting, so a close neighbour can be it): the row
+  ``g(B)``, its narrowing in each interval's model weighted by the probability that the neighbour is the best
+  there, ``P = Φ((m_best - m_nbr) / sqrt(σ² (1/k_best + 1/k_nbr)))`` (:func:`p_better`: a normal approximation
+  to the difference of the two settings' mean log steps to that model's target over their ``k`` finished seeds,
+  ``σ²`` the model's pooled per-seed variance); ``P = 1`` where the neighbour is that model's best (another
+  target's or bin's), ``0`` where one of its seeds has not reached the target (diverged, or stopped above it),
+  none has finished, or the model has no point at that batch size. A far-worse neighbour's seed is then worth
+  about nothing, and a near-tie's about half a seed at the best.
 - ``lr_edge``: the next grid learning rate beyond the tried edge where the point is ``lr_at_edge``: until it is
   tried the point may be biased, so its value is the point's whole weight (the narrowing from its row).
 - ``lr_refine``: an untried grid learning rate between the best and its tried neighbour: the row ``g(B)``.
@@ -62,6 +69,7 @@ from dataclasses import dataclass, field
 import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
+from scipy import special
 
 from analysis.core import metrics as m
 from analysis.decisions.bin_goals import BinInterval, bin_intervals, rel_width, untrusted_text
@@ -238,11 +246,40 @@ class _Model:
         return self.width * (1 - np.sqrt(self.var(self.F + dF) / v))
 
 
-def _sigma2(runs: Runs, fit: dict, metric: str) -> float:
+def _target_steps(runs: Runs, fit: dict, metric: str) -> np.ndarray:
+    """Every trial's steps to the fit's target on ``metric`` (inf: not reached)."""
+    return steps_to_target(runs.series(metric), len(runs.trial_ids), [fit["target"]])[0]
+
+
+def p_better(mean_a: float, k_a: int, mean_b: float, k_b: int, sigma2: float) -> float:
+    """P(setting a's true mean log steps < setting b's) under a normal approximation: ``Φ((mean_b - mean_a) /
+    sqrt(σ² (1/k_a + 1/k_b)))`` from the measured means of log steps over ``k_a`` and ``k_b`` seeds."""
+    z = (mean_b - mean_a) / np.sqrt(sigma2 * (1.0 / k_a + 1.0 / k_b))
+    return float(0.5 * special.erfc(-z / np.sqrt(2.0)))
+
+
+def _p_best(runs: Runs, steps: np.ndarray, fit: dict, b: int, lr: float, sigma2: float) -> float:
+    """P that the tried setting (b, lr) is the best at b in this fit (module docstring, ``seed``): 1 at the fit's
+    best lr; against it, :func:`p_better` on the finished seeds; 0 where a seed of (b, lr) has not reached the
+    target (diverged, or stopped above it), where none has finished, or where the fit has no point at b."""
+    best = next((p for p in fit["points"] if p["batch_size"] == b), None)
+    if best is None:
+        return 0.0
+    if _same_lr(best["lr"], lr):
+        return 1.0
+    lrs = runs.trials.column("lr").to_numpy().astype(float)
+    mine = [i for i in range(len(runs.trial_ids)) if runs.batch_size[i] == b and _same_lr(lrs[i], lr)]
+    x = steps[mine]
+    y = steps[[runs.trial_ids.index(t) for t in best["trial_ids"]]]
+    if not len(x) or not np.all(np.isfinite(x)) or not np.all(np.isfinite(y)):
+        return 0.0
+    return p_better(float(np.log(x).mean()), len(x), float(np.log(y).mean()), len(y), sigma2)
+
+
+def _sigma2(runs: Runs, fit: dict, metric: str, steps: np.ndarray | None = None) -> float:
     """Pooled per-seed variance of log steps at this target over settings with >= 2 seeds (else the fit's mean
     squared log residual), floored at SIGMA2_FLOOR."""
-    n = len(runs.trial_ids)
-    steps = steps_to_target(runs.series(metric), n, [fit["target"]])[0]
+    steps = _target_steps(runs, fit, metric) if steps is None else steps
     ss, dof = 0.0, 0
     for p in fit["points"]:
         rows = [runs.trial_ids.index(t) for t in p["trial_ids"]]
@@ -455,7 +492,14 @@ def _lr_for_new_b(space: Space, fit: dict, b: int) -> float:
     return float(grid[int(np.argmin(np.abs(np.log(grid) - guess)))])
 
 
-def _best_candidate(runs, space, goal, fits, tried, cost, metric, bins=()) -> Choice | None:  # long: five kinds
+def _best_candidate(runs, space, goal, fits, tried, cost, metric, bins=()) -> Choice | None:
+    """The highest-scoring candidate (a seed first on a tie); None when nothing is left to try."""
+    out = _candidates(runs, space, goal, fits, tried, cost, metric, bins)
+    return max(out, key=lambda c: (c.score, c.kind == "seed")) if out else None
+
+
+def _candidates(runs, space, goal, fits, tried, cost, metric, bins=()) -> list[Choice]:  # long: five kinds
+    """Every candidate with its score (module docstring); only the brackets while a batch size has no point."""
     out: list[Choice] = []
     fitted = {p["batch_size"] for f in fits for p in f["points"]}
     for b in space.batch_sizes:  # bracket: a batch size without a fitted point
@@ -465,12 +509,13 @@ def _best_candidate(runs, space, goal, fits, tried, cost, metric, bins=()) -> Ch
         if lr is not None:
             out.append(Choice(Trial(b, lr, 0), "bracket", np.inf, cost.of(b, fits), "no fitted point at this B"))
     if out:
-        return min(out, key=lambda c: c.examples)
+        return [min(out, key=lambda c: c.examples)]
     # the intervals the goal waits for: global targets too wide, counted bins too wide or short of seeds
     unmet = [(f, metric) for f in fits if not rel_width(f) <= goal.rel_ci]
     unmet += [(b.fit, b.metric) for b in bins if b.counted and _open_bin(b, goal)]
     unmet = unmet or [(f, metric) for f in fits] + [(b.fit, b.metric) for b in bins if b.counted]
-    models = [_Model(f, _sigma2(runs, f, mt)) for f, mt in unmet]
+    steps = [_target_steps(runs, f, mt) for f, mt in unmet]
+    models = [_Model(f, _sigma2(runs, f, mt, st)) for (f, mt), st in zip(unmet, steps, strict=True)]
     done = set(_tried(runs, []))
     for mdl in models:  # pending trials count as done
         for t in tried:
@@ -498,7 +543,13 @@ def _best_candidate(runs, space, goal, fits, tried, cost, metric, bins=()) -> Ch
                 if kn < space.max_seeds and (b, x, "s") not in seen:
                     seen.add((b, x, "s"))
                     s = _next_seed(tried, b, x)
-                    out.append(Choice(Trial(b, x, s), "seed", gain / e, e, f"{kn} seed(s) at a neighbour of the best"))
+                    pb = [
+                        _p_best(runs, st, mdl_f, b, x, mdl.sigma2)
+                        for (mdl_f, _), st, mdl in zip(unmet, steps, models, strict=True)
+                    ]
+                    g = sum(q * mdl.narrowing(b) for q, mdl in zip(pb, models, strict=True))
+                    why = f"{kn} seed(s) at a neighbour of the best (P best {max(pb):.2f})"
+                    out.append(Choice(Trial(b, x, s), "seed", g / e, e, why))
             for x in _refine(space, tried, b, lr):
                 if (b, x, "r") not in seen:
                     seen.add((b, x, "r"))
@@ -510,9 +561,7 @@ def _best_candidate(runs, space, goal, fits, tried, cost, metric, bins=()) -> Ch
         e = NEW_B_TRIALS * cost.of(b, fits)
         gain = sum(mdl.narrowing(b) for mdl in models)
         out.append(Choice(Trial(b, _lr_for_new_b(space, ref, b), 0), "batch_size", gain / e, e, "untried batch size"))
-    if not out:
-        return None
-    return max(out, key=lambda c: (c.score, c.kind == "seed"))
+    return out
 
 
 def _bracket_lr(runs: Runs | None, space: Space, tried: list[Trial], b: int, metric: str) -> float | None:

@@ -15,7 +15,7 @@ KINDS = {
     "bracket": "a batch size with no fitted point yet: the next learning rate past its best tried one",
     "lr_edge": "the best learning rate sat at the edge of those tried: the next one beyond it",
     "lr_refine": "an untried learning rate between a batch size's best and a tried neighbour",
-    "seed": "another seed of a batch size's best setting (or a close neighbour)",
+    "seed": "another seed of a batch size's best setting (or a close neighbour's, by its chance to be best)",
     "batch_size": "an untried batch size where the fit was least determined",
     "": "running when the driver was restarted; adopted from Tune's restored trials",
 }

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import math
+
 import numpy as np
 import pytest
 
@@ -160,3 +162,37 @@ def test_a_goal_met_on_the_cheap_refit_stops_only_if_the_confirming_refit_meets_
     calls.clear()  # a refit already as large as the confirming one is not repeated
     dec = nt.next_trials(runs, SPACE, GOAL, nt.Budget(trials=100), bootstrap=nt.CONFIRM_BOOTSTRAP)
     assert calls == [nt.CONFIRM_BOOTSTRAP] and dec.stop == nt.GOAL_MET
+
+
+def test_p_better_is_the_normal_tail_of_the_difference_of_mean_log_steps():
+    # float64 closed form: P = Phi(d / sqrt(s2 (1/ka + 1/kb))), Phi(z) = (1 + erf(z / sqrt 2)) / 2
+    ma, mb, ka, kb, s2 = np.log(100.0), np.log(110.0), 2, 3, 0.01
+    z = (mb - ma) / math.sqrt(s2 * (1 / ka + 1 / kb))
+    want = 0.5 * (1 + math.erf(z / math.sqrt(2)))
+    assert nt.p_better(ma, ka, mb, kb, s2) == pytest.approx(want, rel=1e-12)
+    assert 0.5 < want < 1  # a faster by 10% over a 9% pooled sd: more likely better, not sure
+    assert nt.p_better(mb, kb, ma, ka, s2) == pytest.approx(1 - want, rel=1e-12)
+    assert nt.p_better(ma, 1, ma, 1, s2) == pytest.approx(0.5, rel=1e-12)
+    assert nt.p_better(np.log(200.0), 3, ma, 3, s2) < 1e-12  # twice as slow over a 10% sd: z = -8.5, never the best
+
+
+def test_a_far_worse_neighbours_seed_ranks_below_a_seed_elsewhere():
+    """B=16's best (lr 0.5) has its max_seeds; its tried neighbours are lr 0.2 (1.6x its steps) and lr 0.8
+    (diverged). B=16's trials are the cheapest per unit of narrowing, so a neighbour's seed scored as a seed at the
+    best would rank above the seeds of B=64's and B=1024's best; weighted by P(best), it ranks below them."""
+    stop = {**STOP, "target_loss": 0.5}  # every trial ends at the goal target: its examples are B * steps
+    space = nt.Space(SPACE.batch_sizes, LRS, max_seeds=2)
+    trials = [nt.Trial(16, lr, 0) for lr in (0.2, 0.5, 0.8)] + [nt.Trial(16, 0.5, 1)]
+    trials += [nt.Trial(b, lr, 0) for b in (64, 256, 1024) for lr in (1.6, 1.85, 1.95, 2.1)]
+    runs = None
+    for t in trials:
+        runs = concat(runs, run_trial(H, H, THETA0, t, 0, **stop))
+    fits = nt._fits(runs, GOAL, "eval/loss", 50, 0)
+    best16 = next(p for p in fits[0]["points"] if p["batch_size"] == 16)
+    assert (best16["lr"], best16["seeds"]) == (0.5, 2)
+    cost = nt._Cost(runs, nt.spent_examples(runs), space)
+    cands = nt._candidates(runs, space, GOAL, fits, nt._tried(runs, []), cost, "eval/loss")
+    score = {(c.kind, c.trial.batch_size, c.trial.lr): c.score for c in cands}
+    far, diverged = score["seed", 16, 0.2], score["seed", 16, 0.8]
+    assert diverged == 0.0
+    assert 0 <= far < score["seed", 64, 1.6] and far < score["seed", 1024, 1.95]
