@@ -100,7 +100,8 @@ def test_untrusted_bin_is_reported_and_not_counted(runs, probe):
     rel_ci = max([probe.widths[TARGET]] + [b.width for b in probe.bins if b.counted]) * 1.01
     dec = _decide(runs, rel_ci, True)
     assert dec.stop == nt.GOAL_MET  # bin 2 is wider than the goal, but the analysis does not trust it
-    assert "untrusted bins: t=666-999 at 0.3 (extrapolated" in dec.summary()
+    # (the stop's confirming refit may flag another bin too, e.g. coarse_lr_grid, which depends on the interval)
+    assert "untrusted bins: " in dec.summary() and "t=666-999 at 0.3 (extrapolated" in dec.summary()
     assert dec.bins[2].record()["counted"] is False and dec.bins[2].record()["flags"] == list(bad[0].flags)
 
 
