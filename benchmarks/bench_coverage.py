@@ -232,17 +232,15 @@ def trusted_coverage(sims: list[str], draws: int, n_boot: int, ablations: bool) 
 
 def shapes_coverage(names: list[str], draws: int, n_boot: int, first_seed: int) -> None:
     """Issue 30: the 90% interval at the trusted targets on every shape of ``synth_shapes``, before (the nominal
-    level) and after (the level calibrated by the parametric double bootstrap), on the same sweeps; how many targets
-    the ``coarse_lr_grid`` flag alone takes out of the trusted ones, and how often their interval held the truth."""
+    level) and after (the level calibrated by the parametric double bootstrap), on the same sweeps."""
     from coverage_sims import coverage_records, summary
 
     print(f"## calibrated intervals: {draws} sweeps per shape (seeds {first_seed}..), bootstrap {n_boot}")
     print(
         "| shape | scope | trusted targets | coverage before ± SE | after ± SE | min/max over batches of 10 "
-        "sweeps, after | median level after | median width before | after | width ratio | median abs. error | "
-        "lost to coarse_lr_grid (of trusted without it), after | their coverage |"
+        "sweeps, after | median level after | median width before | after | width ratio | median abs. error |"
     )
-    print("|---|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|")  # fmt: skip
+    print("|---|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|")  # fmt: skip
     for name in names:
         t0 = time.perf_counter()
         rec = {c: coverage_records(f"shape:{name}", draws, n_boot, first_seed, calibrate=c) for c in (False, True)}
@@ -258,13 +256,10 @@ def shapes_coverage(names: list[str], draws: int, n_boot: int, first_seed: int) 
                 if (sel & (r["draw"] // 10 == k)).any()
             ]
             mm = f"{min(batch):.2f} / {max(batch):.2f}" if batch else "-"
-            lost = which & r["lr_grid_only"]
-            n_lost = int(lost.sum())
-            lost_cov = f"{hit[lost].mean():.3f}" if n_lost else "-"
             print(
                 f"| {name} | {scope} | {a['n']} | {b['coverage']:.3f} ± {b['se']:.3f} | **{a['coverage']:.3f}** ± "
                 f"{a['se']:.3f} | {mm} | {a['level']:.3f} | {b['width']:.3f} | {a['width']:.3f} | "
-                f"{a['width'] / b['width']:.2f} | {a['error']:.3f} | {n_lost} ({n_lost + a['n']}) | {lost_cov} |"
+                f"{a['width'] / b['width']:.2f} | {a['error']:.3f} |"
             )
         print(f"<!-- {name}: {time.perf_counter() - t0:.0f} s -->", flush=True)
 

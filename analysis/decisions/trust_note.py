@@ -9,10 +9,9 @@ from analysis.sources.loaders import Runs
 
 
 def flags_at(runs: Runs, metric: str, target: float) -> list[str]:
-    """The flags ``bcrit analyze`` gives ``target`` on these runs (the same fit, and its bootstrap interval at
-    ``analyze``'s defaults: ``coarse_lr_grid`` is judged against it); [] when trusted or when too few batch sizes
-    reach it (the decision's own fit then refuses)."""
-    res = analyze_metric(runs, metric, [float(target)], strict=False, notes=[])
+    """The flags ``bcrit analyze`` gives ``target`` on these runs (the same fit, without its bootstrap); [] when
+    trusted or when too few batch sizes reach it (the decision's own fit then refuses)."""
+    res = analyze_metric(runs, metric, [float(target)], bootstrap=0, strict=False, notes=[])
     return list(res[0]["flags"]) if res else []
 
 

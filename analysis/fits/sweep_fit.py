@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from analysis.fits import calibration, lr_grid, pareto
+from analysis.fits import calibration, pareto
 from analysis.fits import flags as fl
 from analysis.fits.steps import (
     aggregate_seeds,
@@ -36,8 +36,7 @@ def analyze_metric(
     calibrate: bool = True,
 ) -> list[dict]:
     """Per target: ``{"target", "b_crit", "b_crit_ci", "s_min", "e_min", "flags", "ci_resamples",
-    "b_crit_refined", "b_crit_lr_opt", "points", "censored", "censored_batch_sizes", "unreached_batch_sizes",
-    "ci_level"}``.
+    "b_crit_refined", "points", "censored", "censored_batch_sizes", "unreached_batch_sizes", "ci_level"}``.
 
     ``calibrate``: the interval's percentile level is calibrated by a parametric double bootstrap
     (:mod:`analysis.fits.calibration`) so that it holds ``level``; ``ci_level`` is the level used (``level`` itself
@@ -124,9 +123,6 @@ def _target_result(runs, ctx, y: float, steps: np.ndarray, val, st, best, fit, c
     flags = {f for p in points for f in p["flags"]}
     if not best.batch_sizes[fitted].min() <= fit.b_crit <= best.batch_sizes[fitted].max():
         flags.add(fl.EXTRAPOLATED)
-    at_opt, beyond = _b_crit_at_lr_opt(val, st, best, ctx.tried)
-    if beyond or lr_grid.exceeds(fit.b_crit, at_opt, ci, fl.COARSE_LR_FRAC):
-        flags.add(fl.COARSE_LR_GRID)
     censored_b = [ctx.censored_reason(int(i), best, steps) for i in np.flatnonzero(best.censored)]
     if censored_b:
         flags.add(fl.CENSORED_BATCH_SIZES)
@@ -139,24 +135,11 @@ def _target_result(runs, ctx, y: float, steps: np.ndarray, val, st, best, fit, c
         "flags": [f for f in fl.FLAGS if f in flags],
         "ci_resamples": resample,
         "b_crit_refined": refined,
-        "b_crit_lr_opt": _num(at_opt),
         "points": points,
         "censored": [runs.trial_ids[r] for r in np.flatnonzero(ok & np.isinf(steps))],
         "censored_batch_sizes": censored_b,
         "unreached_batch_sizes": [int(b) for b, k in zip(best.batch_sizes, best.setting, strict=True) if k < 0],
     }
-
-
-def _b_crit_at_lr_opt(val, st, best, tried) -> tuple[float, bool]:
-    """B_crit through each batch size's interpolated learning-rate optimum (:mod:`analysis.fits.lr_grid`): the fit with
-    every point lowered by its vertex gap (``nan`` where the sweep gives no curvature to interpolate with), and whether
-    some batch size's interpolated optimum lies beyond a tried neighbour that gave no point."""
-    gaps, beyond, kappa = lr_grid.vertex_gaps(val, st, best, tried)
-    if not np.isfinite(kappa):
-        return float("nan"), False
-    fitted = np.isfinite(best.steps)
-    at_opt = pareto.fit_pareto(best.batch_sizes[fitted], best.steps[fitted] * np.exp(-gaps[fitted])).b_crit
-    return at_opt, bool(beyond[fitted].any())
 
 
 def _num(x: float) -> float | None:

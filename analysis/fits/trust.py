@@ -31,9 +31,8 @@ class PointChecks:
             ends = np.append(starts[1:], len(series.trial))
             self.rows[series.trial[starts]] = np.stack([starts, ends], axis=1)
         lr = runs.trials.column("lr").to_numpy()
-        # every learning rate tried per batch size, diverged and failed trials included
-        self.tried = {int(b): np.unique(lr[runs.batch_size == b]) for b in np.unique(runs.batch_size)}
-        self.lr_range = {b: (t[0], t[-1]) for b, t in self.tried.items()}
+        self.lr_range = {int(b): (lr[runs.batch_size == b].min(), lr[runs.batch_size == b].max()) for b in
+                         np.unique(runs.batch_size)}  # fmt: skip
 
     def point(self, i: int, best, steps: np.ndarray, ref_steps: float, ref_lr: float) -> dict:
         """One fitted point: the best setting of batch size ``best.batch_sizes[i]`` and its flags."""

@@ -82,10 +82,7 @@ def test_calibrated_coverage_on_two_shapes():
     assert np.median(np.concatenate(levels)) > 0.9
 
 
-QUIET3_BIAS = (
-    "3 lrs an octave apart, optimum off centre: the estimate is biased (median error 13%); coarse_lr_grid "
-    "takes ~87% of its targets, too few stay trusted and they still miss (RESULTS.md, 2026-11-27)"
-)
+QUIET3_BIAS = "3 lrs an octave apart, optimum off centre: the estimate is biased (median error 13%, RESULTS.md)"
 QUIET3 = pytest.param("quiet3", marks=pytest.mark.xfail(strict=True, reason=QUIET3_BIAS))
 
 
