@@ -123,6 +123,7 @@ def make_bar(
         miniters=0,  # redraw on time alone: the counts change rarely, elapsed and ETA all the time
         smoothing=0,
         leave=False,
+        position=0,  # one bar per process: a bar still open elsewhere (an earlier driver's) must not push it down
         dynamic_ncols=False,
     )
     if clock is not None:

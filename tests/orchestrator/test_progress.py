@@ -15,6 +15,7 @@ from orchestrator.progress import (
     TrainProgress,
     fmt_lr,
     fmt_seconds,
+    make_bar,
     trial_label,
     write_progress,
 )
@@ -226,3 +227,16 @@ def test_global_gns_note_is_one_line_per_sweep():
     )
     assert gns_note([dit(2, 1), dit(0, 1, gns=False, halves=False)]) is None  # all have it, or asked for none
     assert gns_note([{"dim": 10, "num_workers": 0, "grad_accum": 1}]) is None  # the quadratic workload has no GNS
+
+
+def test_a_bar_opened_while_another_is_open_writes_no_cursor_moves():
+    # tqdm stacks concurrent bars with cursor-up escapes; bcrit has one bar per process, and a bar an earlier
+    # driver left open (a resume in the same process, the tests' drivers) must not make the log lines "\x1b[A"
+    s = io.StringIO()
+    first = make_bar(4, "{bar} {n}/{total}", stream=s, tty=False)
+    second = make_bar(4, "{bar} {n}/{total}", stream=s, tty=False)
+    second.update(1)
+    second.refresh()
+    second.close()
+    first.close()
+    assert "\x1b" not in s.getvalue() and "[bcrit] ##........ 1/4" in s.getvalue()
