@@ -96,7 +96,7 @@ def test_report_html_embeds_the_plots(tmp_path):
     assert "<table>" in page and "<h1>" in page and "![" not in page
 
 
-def test_log_analysis_twice_replaces_table_and_description(tmp_path, empty_mlflow_db):
+def test_log_analysis_twice_replaces_table_and_description(tmp_path, empty_mlflow_db, monkeypatch):
     from mlflow.tracking import MlflowClient
 
     shutil.copy(empty_mlflow_db, tmp_path / "mlflow.db")
@@ -116,14 +116,14 @@ def test_log_analysis_twice_replaces_table_and_description(tmp_path, empty_mlflo
     assert json.loads(run.data.tags["mlflow.loggedArtifacts"]) == [{"path": publish.TABLE_FILE, "type": "table"}]
     table = json.loads(open(client.download_artifacts(parent, publish.TABLE_FILE, str(tmp_path / "dl"))).read())
     assert len(table["data"]) == 5  # not appended to the first analysis' rows
-    import mlflow
+    # MLflow's own table reader searches the global tracking URI. Not mlflow.set_tracking_uri: it also sets
+    # $MLFLOW_TRACKING_URI for the rest of the session (a later sweep's default store would follow it, e.g. into
+    # the checkout); both are restored at the test's end
+    from mlflow.tracking._tracking_service import utils as tracking_utils
 
-    before = mlflow.get_tracking_uri()
-    mlflow.set_tracking_uri(uri)  # MLflow's own table reader searches the global tracking URI
-    try:
-        assert len(client.load_table(exp, publish.TABLE_FILE, run_ids=[parent])) == 5
-    finally:
-        mlflow.set_tracking_uri(before)
+    monkeypatch.setattr(tracking_utils, "_tracking_uri", None)
+    monkeypatch.setenv("MLFLOW_TRACKING_URI", uri)
+    assert len(client.load_table(exp, publish.TABLE_FILE, run_ids=[parent])) == 5
     assert {f.path for f in client.list_artifacts(parent, "analysis")} >= {"analysis/bcrit.json", "analysis/report.md"}
 
 
