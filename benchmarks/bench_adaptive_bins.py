@@ -32,8 +32,8 @@ from analysis.sources.loaders import runs_from_tables
 from tests.analysis.synth_sweeps import Sweep, simulate
 
 
-def _subset(grid, ids: list[str]):
-    """The revealed trials of the pre-drawn grid as ``Runs``."""
+def subset(grid, ids: list[str]):
+    """The revealed trials of the pre-drawn grid as ``Runs`` (also benchmarks/bench_adaptive_shapes.py)."""
     keep = pa.array(ids)
     trials = grid.trials.filter(pc.is_in(pc.cast(grid.trials.column("trial_id"), pa.string()), keep))
     metrics = grid.metrics.filter(pc.is_in(pc.cast(grid.metrics.column("trial_id"), pa.string()), keep))
@@ -45,26 +45,35 @@ def _subset(grid, ids: list[str]):
     return runs_from_tables(trials, metrics, source="synth_sweeps (revealed)")
 
 
+def grid_index(grid) -> dict[tuple[int, float, int], str]:
+    """``(batch size, lr rounded to 12 digits, seed) -> trial id`` of every trial of the pre-drawn grid."""
+    lr = grid.trials.column("lr").to_numpy()
+    seed = grid.trials.column("seed").to_numpy()
+    return {(int(b), round(float(x), 12), int(s)): t for b, x, s, t in zip(grid.batch_size, lr, seed, grid.trial_ids,
+                                                                         strict=True)}  # fmt: skip
+
+
+def trial_id(index: dict, t: nt.Trial) -> str:
+    """The grid's trial the decision rule chose."""
+    return index[(t.batch_size, round(t.lr, 12), t.seed)]
+
+
 def one_sweep(rep: int, rel_ci: float, progress: float, first_seed: int) -> dict:
     """One adaptive sweep with per-bin goals; its stop and, per interval at the stop, truth, bounds, counted."""
     sw = Sweep()
     grid = simulate(np.random.default_rng(first_seed + rep), sw)
-    lr = grid.trials.column("lr").to_numpy()
-    seed = grid.trials.column("seed").to_numpy()
-    index = {(int(b), round(float(x), 12), int(s)): t for b, x, s, t in zip(grid.batch_size, lr, seed, grid.trial_ids,
-                                                                          strict=True)}  # fmt: skip
-    space = nt.Space(sw.batch_sizes, tuple(sorted({round(float(x), 12) for x in lr})), max_seeds=sw.seeds)
+    index = grid_index(grid)
+    space = nt.Space(sw.batch_sizes, tuple(sorted({k[1] for k in index})), max_seeds=sw.seeds)
     target = float(sw.curve.loss(progress))
     goal = nt.Goal((target,), rel_ci, bins=True)
     budget = nt.Budget(trials=len(grid.trial_ids))
     ids: list[str] = []
     while True:
-        runs = _subset(grid, ids) if ids else None
+        runs = subset(grid, ids) if ids else None
         dec = nt.next_trials(runs, space, goal, budget, n=1, bootstrap=200, seed=rep)
         if dec.stop is not None or not dec.choices:
             break
-        t = dec.choices[0].trial
-        ids.append(index[(t.batch_size, round(t.lr, 12), t.seed)])
+        ids.append(trial_id(index, dec.choices[0].trial))
     out = {"rep": rep, "stop": dec.stop, "trials": len(ids), "intervals": []}
     for f in dec.fits:
         out["intervals"].append({"what": "global", "truth": sw.curve.b_crit(f["target"]), "ci": f["b_crit_ci"],

@@ -32,37 +32,17 @@ import time
 from pathlib import Path
 
 import numpy as np
-import pyarrow as pa
-import pyarrow.compute as pc
 
 from analysis.core import metrics as m
 from analysis.decisions import next_trials as nt
 from analysis.fits.sweep_fit import analyze_metric
-from analysis.sources.loaders import Runs, runs_from_tables
+from analysis.sources.loaders import Runs
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tests" / "analysis"))
 from synth_shapes import SHAPES  # noqa: E402
 from synth_sweeps import simulate, truth  # noqa: E402
 
-
-def subset(full: Runs, ids: list[str]) -> Runs:
-    keep = pa.array(ids)
-    t = full.trials.filter(pc.is_in(full.trials.column("trial_id"), value_set=keep))
-    mt = full.metrics.filter(pc.is_in(full.metrics.column("trial_id"), value_set=keep))
-    return runs_from_tables(t, mt, source=full.source)
-
-
-def _index(full: Runs) -> dict[tuple[int, float, int], str]:
-    lr = full.trials.column("lr").to_numpy().astype(float)
-    seed = pc.cast(full.trials.column("seed"), pa.int64()).to_numpy()
-    return {(int(b), float(x), int(s)): t for b, x, s, t in zip(full.batch_size, lr, seed, full.trial_ids, strict=True)}
-
-
-def _lookup(index: dict, t: nt.Trial) -> str:
-    for (b, lr, s), tid in index.items():
-        if b == t.batch_size and s == t.seed and abs(lr - t.lr) <= 1e-9 * lr:
-            return tid
-    raise KeyError(t)
+from benchmarks.bench_adaptive_bins import grid_index, subset, trial_id  # noqa: E402  (the grid revealed trial by trial)
 
 
 def _hits(runs: Runs, sw, metric: str, targets, bootstrap: int, seed: int) -> list[dict]:
@@ -89,7 +69,7 @@ def one_sweep(shape: str, seed: int, bootstrap: int, dec_boot: int, concurrency:
     pick = [trusted[0], trusted[-1]] if len(trusted) > 1 else trusted
     targets = [g["target"] for g in pick]
     goal = nt.Goal(tuple(targets), rel_ci=max(g["width"] for g in pick))
-    index = _index(full)
+    index = grid_index(full)
     space = nt.Space(sw.batch_sizes, sorted({k[1] for k in index}), sw.seeds)
     budget = nt.Budget(trials=len(full.trial_ids))
     chosen: list[str] = []
@@ -98,7 +78,7 @@ def one_sweep(shape: str, seed: int, bootstrap: int, dec_boot: int, concurrency:
         dec = nt.next_trials(runs, space, goal, budget, n=concurrency, bootstrap=dec_boot, seed=seed)
         if dec.stop is not None or not dec.choices:
             break
-        chosen += [_lookup(index, c.trial) for c in dec.choices]
+        chosen += [trial_id(index, c.trial) for c in dec.choices]
     runs = subset(full, chosen)
     ada = _hits(runs, sw, m.EVAL_LOSS, targets, bootstrap, seed)
     bins = {"grid": [], "adaptive": []}
