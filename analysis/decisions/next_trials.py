@@ -316,15 +316,10 @@ def next_trials(
     spent = spent_examples(runs) if runs is not None else np.zeros(0)
     cost = _Cost(runs, spent, space)
     n_done = len(spent)
-    fits: list[dict] = []
+    dec = Decision(None, [], {float(t): np.inf for t in goal.targets}, [], float(spent.sum()), n_done)
     if runs is not None and n_done:
-        fits = _fits(runs, goal, metric, bootstrap, seed)
-    widths = {float(t): np.inf for t in goal.targets}
-    for f in fits:
-        widths[float(f["target"])] = rel_width(f)
-    dec = Decision(None, [], widths, fits, float(spent.sum()), n_done)
-    if goal.bins and fits:
-        dec.bins = bin_intervals(runs, fits, metric, bootstrap, seed, goal.level)
+        _refit(dec, runs, goal, metric, bootstrap, seed)
+    fits = dec.fits
     committed = dec.examples_spent + sum(cost.of(t.batch_size, fits) for t in pending)
     if budget.trials is not None and n_done + len(pending) >= budget.trials:
         dec.stop = BUDGET_TRIALS if n_done >= budget.trials else None
@@ -342,10 +337,9 @@ def next_trials(
     if _goal_met(fits, goal, space, tried) and _bins_met(dec.bins, goal):
         if pending:  # met on the finished trials, but pending ones may change the fit: wait for them
             return dec
-        if confirm_bootstrap <= bootstrap:
-            dec.stop = GOAL_MET
-            return dec
-        fits = _confirm(dec, runs, goal, metric, confirm_bootstrap, seed)
+        if confirm_bootstrap > bootstrap:  # the stop is taken on a refit as large as bcrit analyze's
+            _refit(dec, runs, goal, metric, confirm_bootstrap, seed)
+            dec.confirmed, fits = confirm_bootstrap, dec.fits
         if _goal_met(fits, goal, space, tried) and _bins_met(dec.bins, goal):
             dec.stop = GOAL_MET
             return dec
@@ -361,14 +355,12 @@ def next_trials(
     return dec
 
 
-def _confirm(dec: Decision, runs: Runs, goal: Goal, metric: str, bootstrap: int, seed: int) -> list[dict]:
-    """Refit with ``bootstrap`` resamples; the decision's fits, widths and bin intervals become the refit's."""
-    fits = _fits(runs, goal, metric, bootstrap, seed)
-    dec.fits, dec.confirmed = fits, bootstrap
-    dec.widths = {float(t): np.inf for t in goal.targets} | {float(f["target"]): rel_width(f) for f in fits}
-    if goal.bins and fits:
-        dec.bins = bin_intervals(runs, fits, metric, bootstrap, seed, goal.level)
-    return fits
+def _refit(dec: Decision, runs: Runs, goal: Goal, metric: str, bootstrap: int, seed: int) -> None:
+    """Refit with ``bootstrap`` resamples: the decision's fits, widths (inf: a target without a fit) and, with
+    ``Goal.bins``, bin intervals become the refit's."""
+    dec.fits = _fits(runs, goal, metric, bootstrap, seed)
+    dec.widths = {float(t): np.inf for t in goal.targets} | {float(f["target"]): rel_width(f) for f in dec.fits}
+    dec.bins = bin_intervals(runs, dec.fits, metric, bootstrap, seed, goal.level) if goal.bins and dec.fits else []
 
 
 def _within_examples(dec: Decision, budget: Budget, committed: float) -> None:
