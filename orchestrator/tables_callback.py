@@ -25,14 +25,18 @@ class TablesCallback(Callback):
         if self.tables.compact(min_interval_s) is not None and self.storage_uri:
             self.mirror()
 
-    def mirror(self) -> None:
-        """Push the sweep dir to ``<storage_uri>/bcrit/`` (orchestrator.uri_storage)."""
+    def _the_mirror(self):
+        """The sweep dir's mirror at ``<storage_uri>/bcrit/`` (orchestrator.uri_storage), made once."""
         from orchestrator.uri_storage import Mirror
 
         if self._mirror is None:
             self._mirror = Mirror(self.storage_uri, self.sweep_dir)
+        return self._mirror
+
+    def mirror(self) -> None:
+        """Push the sweep dir to ``<storage_uri>/bcrit/`` (orchestrator.uri_storage)."""
         try:
-            self._mirror.push()
+            self._the_mirror().push()
         except OSError as e:  # a storage hiccup must not stop the sweep: the next push (and the last) retries
             print(f"[bcrit] mirroring to {self.storage_uri} failed, retried at the next compaction: {e}")
 
@@ -41,12 +45,9 @@ class TablesCallback(Callback):
         self.tables.drop(trial_ids)
         if self.storage_uri:
             from orchestrator.tables import PARTS
-            from orchestrator.uri_storage import Mirror
 
-            if self._mirror is None:
-                self._mirror = Mirror(self.storage_uri, self.sweep_dir)
             for tid in trial_ids:  # else a pull on another machine would bring them back
-                self._mirror.remove(f"{PARTS}/{tid}/")
+                self._the_mirror().remove(f"{PARTS}/{tid}/")
         self._compact()
 
     @property

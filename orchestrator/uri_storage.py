@@ -160,7 +160,6 @@ class Mirror:
 
     def push(self) -> int:
         """Upload the local files that changed since the last push; returns how many."""
-        import json
 
         old, now = self.manifest(), self._local()
         sent = [rel for rel, stat in sorted(now.items()) if old.get(rel) != stat]
@@ -171,15 +170,18 @@ class Mirror:
             ):
                 dst.write(src.read())
         if sent or set(old) - set(now):
-            with self.fs.open_output_stream(f"{self._root}/{MANIFEST}") as f:
-                f.write(json.dumps({**old, **now}, sort_keys=True).encode())
+            self._write_manifest({**old, **now})
         return len(sent)
+
+    def _write_manifest(self, manifest: dict[str, list[int]]) -> None:
+        import json
+
+        with self.fs.open_output_stream(f"{self._root}/{MANIFEST}") as f:
+            f.write(json.dumps(manifest, sort_keys=True).encode())
 
     def remove(self, prefix: str) -> int:
         """Delete the pushed files under ``prefix`` (relative, e.g. ``parts/<trial_id>/``) at the URI and from the
         manifest, so that a pull no longer brings back what was removed here; returns how many."""
-        import json
-
         old = self.manifest()
         gone = [rel for rel in old if rel.startswith(prefix)]
         for rel in gone:
@@ -188,8 +190,7 @@ class Mirror:
             except FileNotFoundError:
                 pass
         if gone:
-            with self.fs.open_output_stream(f"{self._root}/{MANIFEST}") as f:
-                f.write(json.dumps({k: v for k, v in old.items() if k not in gone}, sort_keys=True).encode())
+            self._write_manifest({k: v for k, v in old.items() if k not in gone})
         return len(gone)
 
     def pull(self) -> int:
