@@ -79,10 +79,18 @@ def analyze_metric(
             continue
         fit = pareto.fit_pareto(best.batch_sizes, best.steps)
         dof = _variance_dof(st, resample) if calibrate else None
-        ci, used = _b_crit_interval(best, fit, None if boot is None else boot[j], rng, level, dof)
+        ci, used = _b_crit_interval(best, fit, None if boot is None else boot[j], target_rng(seed, y), level, dof)
         res = _target_result(runs, ctx, float(y), steps[j], val, st, best, fit, ci, ok, resample)
         out.append({**res, "ci_level": used})
     return out
+
+
+def target_rng(seed: int, target: float) -> np.random.Generator:
+    """The random stream of one target's interval (lack-of-fit draws, calibration): a function of the seed and the
+    target's value only, so the interval at a target does not depend on which other targets are analysed with it
+    (``bcrit analyze --targets 0.18`` and the automatic targets agree where they share a target), and successive
+    refits of a growing sweep (the adaptive sweep's) draw the same numbers where the data allow it."""
+    return np.random.default_rng([int(seed), int(np.float64(target).view(np.uint64))])
 
 
 def _variance_dof(st, resample: str) -> float:

@@ -24,11 +24,12 @@ def test_batched_leverages_equal_the_float64_reference_per_fit():
 def test_the_calibration_fits_agree_with_the_60_step_fits():
     """ITERS Levenberg-Marquardt steps from the fitted point reach the same optimum as the analysis' 60."""
     rng = np.random.default_rng(1)
-    steps = (80.0 + 80.0 * 256.0 / BS) * np.exp(0.05 * rng.standard_normal((300, len(BS))))
-    p0 = np.log([80.0, 80.0 * 256.0])
-    a = pareto.fit_pareto_batched(BS, steps, p0, iters=cal.ITERS)
-    b = pareto.fit_pareto_batched(BS, steps, p0)
-    np.testing.assert_allclose(a[1] / a[0], b[1] / b[0], rtol=1e-6)
+    for sd, rtol in ((0.05, 1e-6), (0.2, 1e-5)):  # per-point noise in log steps: the seeds' and far beyond
+        steps = (80.0 + 80.0 * 256.0 / BS) * np.exp(sd * rng.standard_normal((3000, len(BS))))
+        p0 = np.log([80.0, 80.0 * 256.0])
+        a = pareto.fit_pareto_batched(BS, steps, p0, iters=cal.ITERS)
+        b = pareto.fit_pareto_batched(BS, steps, p0)
+        np.testing.assert_allclose(a[1] / a[0], b[1] / b[0], rtol=rtol)  # a level is read at 0.01 resolution
 
 
 def test_known_variances_need_no_calibration():

@@ -129,12 +129,12 @@ def test_finished_on_examples_budget(tmp_path):
 
 
 def test_finished_when_goal_met(tmp_path):
-    s, lab = searcher(tmp_path, goal=0.7, trials=60), Lab(tmp_path)
+    s, lab = searcher(tmp_path, goal=0.8, trials=60), Lab(tmp_path)
     issued = drive(s, lab)
     rec = json.loads((tmp_path / DECISIONS_FILE).read_text())
     assert rec["stop"] == nt.GOAL_MET and len(issued) < 60
     w = rec["refits"][-1]["widths"]["0.3"]  # the confirming refit's width, as bcrit analyze would report it
-    assert w is not None and w <= 0.7 and rec["refits"][-1]["confirmed"] == nt.CONFIRM_BOOTSTRAP
+    assert w is not None and w <= 0.8 and rec["refits"][-1]["confirmed"] == nt.CONFIRM_BOOTSTRAP
 
 
 def test_save_restore_gives_the_same_next_suggestions(tmp_path):
@@ -158,7 +158,7 @@ def test_save_restore_gives_the_same_next_suggestions(tmp_path):
 
 
 def test_restore_with_a_tighter_goal_reopens_a_finished_search(tmp_path):
-    a, lab = searcher(tmp_path, goal=0.7, trials=60), Lab(tmp_path)
+    a, lab = searcher(tmp_path, goal=0.8, trials=60), Lab(tmp_path)
     n = len(drive(a, lab))
     path = str(tmp_path / "state.json")
     a.save(path)

@@ -1,0 +1,271 @@
+"""The adaptive sweep on the tiny DiT, replayed from recorded trials: many repeats, the trajectory, and a bound.
+
+A tiny-DiT trial is a deterministic function of its (batch size, lr, seed) on the CPU (checked here: every trial the
+live adaptive sweep ``runs/adaptive-tiny`` ran has the same steps and examples as the grid's trial of the same
+setting), so a sweep of any subset of the settings is what recorded trials of those settings measured. Given sweep
+directories that together hold every setting of ``examples/adaptive-tiny.yaml``'s space for some seeds (the demo's
+grid ``examples/tiny.yaml`` at seeds 0-2, 3-5, 6-8, plus the settings outside its per-batch-size lr grid), each
+repeat takes three seeds and:
+
+- **grid**: the 60 trials of ``examples/tiny.yaml``'s grid at those seeds (its two split trials left out, so the
+  grid's examples are 2-3% below a real grid's: the ratios below are a little against the adaptive sweep);
+- **adaptive**: ``analysis.decisions.next_trials`` as the Tune searcher calls it (``--concurrency`` trials in flight,
+  the oldest finishing first; goal at the demo's two targets, ``min_seeds`` 2, 200 resamples per refit, the stop
+  confirmed on 1000), the chosen trials revealed from the recordings with their seeds relabelled 0-2;
+- **oracle**: a design that knows every batch size's best lr at the first target beforehand: 3 seeds at it and 1 at
+  each grid neighbour (the least a design needs to bracket the best lr and measure the seed noise at it).
+
+Every answer is ``bcrit analyze``'s (``analyze_metric``, 1000 resamples, calibrated, seed 0). The goal ``rel_ci``
+is the grid's own widest relative half-width at the two targets (``--rel-ci`` overrides it), so "the goal met" is
+"the grid's width reached". Printed per repeat: examples / grid's at the stop and at the first refit whose answer is
+at most the grid's width at both targets without flags (re-analysed with 1000 resamples), the widths, the stop.
+
+Run (the recordings: benchmarks/RESULTS.md, "replayed"):
+    PYTHONPATH=. .venv/bin/python benchmarks/bench_adaptive_tiny_replay.py --dirs GRID0 GRID1 GRID2 FILL \
+        --triplets 0,1,2 3,4,5 6,7,8 --json out.json
+"""
+
+from __future__ import annotations
+
+import argparse
+import itertools
+import json
+import time
+
+import numpy as np
+import pyarrow as pa
+import pyarrow.compute as pc
+
+from analysis.core import metrics as m
+from analysis.decisions import next_trials as nt
+from analysis.fits.sweep_fit import analyze_metric
+from analysis.sources.loaders import load_sweep_dir, runs_from_tables
+
+TARGETS = (0.2097, 0.1802)
+BATCH_SIZES = (8, 16, 32, 64, 128)
+LRS = (2.5e-3, 5e-3, 1e-2, 2e-2, 4e-2)
+GRID_LRS = {8: LRS[:4], 16: LRS[:4], 32: LRS[1:], 64: LRS[1:], 128: LRS[1:]}  # examples/tiny.yaml's grid
+
+
+class Pool:
+    """Every recorded main-split trial, by (batch size, lr, seed)."""
+
+    def __init__(self, dirs: list[str]):
+        cols = None
+        trials, metrics = [], []
+        for d in dirs:
+            r = load_sweep_dir(d)
+            t = r.trials
+            keep = pc.and_(pc.equal(t.column("grad_accum"), 1), pc.less_equal(t.column("num_workers"), 1))
+            keep = pc.and_(keep, pc.equal(t.column("micro_batch_size"), t.column("batch_size")))
+            t = t.filter(keep)
+            cols = [c for c in t.column_names if cols is None or c in cols]
+            trials.append(t)
+            ids = pc.cast(t.column("trial_id"), pa.string())
+            mt = r.metrics.filter(pc.is_in(pc.cast(r.metrics.column("trial_id"), pa.string()), ids))
+            metrics.append(mt.cast(metrics[0].schema) if metrics else mt)
+        trials = [t.select(cols) for t in trials]
+        self.trials = pa.concat_tables([_plain(t) for t in trials])
+        self.metrics = pa.concat_tables([_plain(t) for t in metrics])
+        ids = self.trials.column("trial_id").to_pylist()
+        if len(set(ids)) != len(ids):
+            raise SystemExit("trial ids repeat across the directories")
+        lr = self.trials.column("lr").to_numpy()
+        seed = self.trials.column("seed").to_numpy()
+        bs = self.trials.column("batch_size").to_numpy()
+        self.index: dict[tuple[int, float, int], str] = {}
+        for b, x, s, t in zip(bs, lr, seed, ids, strict=True):
+            key = (int(b), _lr(x), int(s))
+            if key in self.index:
+                raise SystemExit(f"setting {key} recorded twice")
+            self.index[key] = t
+
+    def has(self, seeds: tuple[int, ...]) -> bool:
+        return all((b, _lr(x), s) in self.index for b in BATCH_SIZES for x in LRS for s in seeds)
+
+    def reveal(self, keys: list[tuple[int, float, int]], seeds: tuple[int, ...]):
+        """The trials of ``keys`` (seeds as the rule numbers them, 0..2) as ``Runs``, their seeds relabelled."""
+        ids = [self.index[(b, _lr(x), seeds[s])] for b, x, s in keys]
+        label = dict(zip(ids, [k[2] for k in keys], strict=True))
+        keep = pa.array(ids)
+        t = self.trials.filter(pc.is_in(self.trials.column("trial_id"), keep))
+        i = t.schema.get_field_index("seed")
+        t = t.set_column(i, t.schema.field(i), pa.array([label[x] for x in t.column("trial_id").to_pylist()],
+                                                         pa.int64()))  # fmt: skip
+        mt = self.metrics.filter(pc.is_in(self.metrics.column("trial_id"), keep))
+        return runs_from_tables(t, mt, source="tiny-DiT recordings (replayed)")
+
+
+def _plain(t: pa.Table) -> pa.Table:
+    """Dictionary-encoded columns as plain strings (tables of several sweeps concatenate)."""
+    for i, f in enumerate(t.schema):
+        if pa.types.is_dictionary(f.type):
+            t = t.set_column(i, f.name, pc.cast(t.column(i), pa.string()))
+    return t
+
+
+def _lr(x: float) -> float:
+    return round(float(x), 12)
+
+
+def examples(runs) -> float:
+    return float(np.nansum(runs.trials.column("examples").to_numpy(zero_copy_only=False)))
+
+
+def answer(runs, targets=TARGETS) -> dict:
+    """``bcrit analyze``'s answer at ``targets``: per target B_crit, interval, relative half-width, flags and the
+    fewest seeds at a fitted point."""
+    fits = analyze_metric(runs, m.EVAL_LOSS, list(targets), bootstrap=1000, seed=0, strict=False, notes=[])
+    out = {}
+    for f in fits:
+        out[f["target"]] = {"b_crit": f["b_crit"], "ci": list(f["b_crit_ci"]), "width": nt.rel_width(f),
+                            "flags": f["flags"], "min_seeds": min(p["seeds"] for p in f["points"]),
+                            "best_lr": {p["batch_size"]: p["lr"] for p in f["points"]}}  # fmt: skip
+    return out
+
+
+def worst(ans: dict, targets, min_seeds: int = 1) -> float:
+    """The widest relative half-width at ``targets`` (inf: a target without an answer, flagged, or with fewer than
+    ``min_seeds`` seeds at a point: what the goal would not accept)."""
+    if any(y not in ans or ans[y]["flags"] or ans[y]["min_seeds"] < min_seeds for y in targets):
+        return float("inf")
+    return max(ans[y]["width"] for y in targets)
+
+
+def grid_keys() -> list[tuple[int, float, int]]:
+    return [(b, x, s) for b in BATCH_SIZES for x in GRID_LRS[b] for s in range(3)]
+
+
+def oracle_keys(g_ans: dict, targets) -> list[tuple[int, float, int]]:
+    """3 seeds at every batch size's best grid lr at each goal target (from the whole grid), 1 at the grid
+    neighbours of the range they span."""
+    keys = []
+    for b in BATCH_SIZES:
+        lrs = list(GRID_LRS[b])
+        best = sorted({lrs.index(g_ans[y]["best_lr"][b]) for y in targets})
+        keys += [(b, lrs[i], s) for i in best for s in range(3)]
+        keys += [(b, lrs[j], 0) for j in (best[0] - 1, best[-1] + 1) if 0 <= j < len(lrs)]
+    return keys
+
+
+def replay(pool: Pool, seeds, targets, rel_ci: float, trials_budget: int, concurrency: int) -> dict:
+    """One adaptive sweep: the oldest in-flight trial finishes, the rule refits and fills the free places."""
+    space = nt.Space(BATCH_SIZES, LRS, max_seeds=3)
+    goal = nt.Goal(tuple(targets), rel_ci)
+    budget = nt.Budget(trials=trials_budget)
+    done: list[tuple[int, float, int]] = []
+    flight: list[nt.Trial] = []
+    steps = []
+    while True:
+        runs = pool.reveal(done, seeds) if done else None
+        dec = nt.next_trials(runs, space, goal, budget, pending=flight, n=concurrency - len(flight), seed=0)
+        flight += [c.trial for c in dec.choices]
+        if done:
+            steps.append({"trials": len(done), "examples": dec.examples_spent, "widths": list(dec.widths.values()),
+                          "chose": [f"{c.kind} B={c.trial.batch_size} lr={c.trial.lr:g} s={c.trial.seed}"
+                                    for c in dec.choices]})  # fmt: skip
+        if dec.stop is not None or not flight:
+            return {"stop": dec.stop or nt.EXHAUSTED, "keys": done, "steps": steps}
+        t = flight.pop(0)
+        done.append((t.batch_size, t.lr, t.seed))
+
+
+def first_reach(pool: Pool, seeds, keys, targets, width: float, start: int) -> dict | None:
+    """The first prefix of the replayed trials (from ``start`` trials on) whose answer the goal would accept at the
+    grid's width: within it at every goal target, no flags, >= 2 seeds at every point."""
+    for k in range(start, len(keys) + 1):
+        runs = pool.reveal(keys[:k], seeds)
+        ans = answer(runs, targets)
+        if worst(ans, targets, min_seeds=2) <= width:
+            return {"trials": k, "examples": examples(runs), "widths": [ans[y]["width"] for y in targets]}
+    return None
+
+
+def one(pool: Pool, seeds: tuple[int, ...], concurrency: int, rel_ci: float | None, trials_budget: int) -> dict:
+    """Grid, oracle and adaptive sweep at one seed triplet; the goal targets are the grid's trusted ones of the two."""
+    t0 = time.time()
+    grid = pool.reveal(grid_keys(), seeds)
+    g_ans, g_ex = answer(grid), examples(grid)
+    targets = [y for y in TARGETS if y in g_ans and not g_ans[y]["flags"]]
+    out = {"seeds": list(seeds), "targets": targets, "grid": {"trials": len(grid.trial_ids), "examples": g_ex,
+                                                              "answer": g_ans}}  # fmt: skip
+    if not targets:
+        return out | {"skipped": "the grid has no trusted target of the two"}
+    g_w = worst(g_ans, targets)
+    goal = rel_ci if rel_ci is not None else g_w
+    orc = pool.reveal(oracle_keys(g_ans, targets), seeds)
+    rep = replay(pool, seeds, targets, goal, trials_budget, concurrency)
+    a_runs = pool.reveal(rep["keys"], seeds)
+    # the first prefix the goal would accept at the grid's width: scanned from where the refits' widths near it
+    near = [s["trials"] for s in rep["steps"] if max(s["widths"]) <= 1.5 * g_w]
+    reach = first_reach(pool, seeds, rep["keys"], targets, g_w, near[0]) if near else None
+    return out | {
+        "goal_rel_ci": goal, "stop": rep["stop"],
+        "oracle": {"trials": len(orc.trial_ids), "examples": examples(orc) / g_ex, "answer": answer(orc, targets)},
+        "adaptive": {"trials": len(rep["keys"]), "examples": examples(a_runs) / g_ex,
+                     "answer": answer(a_runs, targets)},
+        "reach": None if reach is None else {**reach, "examples": reach["examples"] / g_ex},
+        "steps": rep["steps"], "seconds": time.time() - t0,
+    }  # fmt: skip
+
+
+def _fmt(ans: dict) -> str:
+    return "; ".join(
+        f"{y:g}: {a['b_crit']:.1f} +-{a['width']:.2f}" + (f" ({','.join(a['flags'])})" if a["flags"] else "")
+        for y, a in ans.items()
+    )
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    ap.add_argument("--dirs", nargs="+", required=True, help="sweep directories holding the recorded trials")
+    ap.add_argument("--triplets", nargs="*", default=None, help="seed triplets like 0,1,2 (default: every 3 of the "
+                    "recorded seeds, up to --max-repeats, in a fixed random order)")  # fmt: skip
+    ap.add_argument("--max-repeats", type=int, default=12)
+    ap.add_argument("--concurrency", type=int, default=2)
+    ap.add_argument("--rel-ci", type=float, default=None)
+    ap.add_argument("--trials", type=int, default=62, help="the adaptive sweep's trial budget (the grid: 62)")
+    ap.add_argument("--json", default=None)
+    a = ap.parse_args()
+    pool = Pool(a.dirs)
+    seeds_all = sorted({k[2] for k in pool.index})
+    if a.triplets:
+        triplets = [tuple(int(x) for x in t.split(",")) for t in a.triplets]
+    else:
+        every = [t for t in itertools.combinations(seeds_all, 3) if pool.has(t)]
+        order = np.random.default_rng(0).permutation(len(every))
+        triplets = [every[i] for i in order[: a.max_repeats]]
+    results = []
+    for seeds in triplets:
+        if not pool.has(seeds):
+            raise SystemExit(f"seeds {seeds}: not every setting of the space is recorded")
+        r = one(pool, seeds, a.concurrency, a.rel_ci, a.trials)
+        results.append(r)
+        if "skipped" in r:
+            print(f"seeds {seeds}: skipped, {r['skipped']}: {_fmt(r['grid']['answer'])}", flush=True)
+            continue
+        reach = r["reach"]
+        print(
+            f"seeds {seeds}: grid {_fmt(r['grid']['answer'])} | oracle {r['oracle']['examples']:.2f} "
+            f"{_fmt(r['oracle']['answer'])} | adaptive {r['stop']} {r['adaptive']['trials']} trials "
+            f"{r['adaptive']['examples']:.2f} {_fmt(r['adaptive']['answer'])} | grid width accepted at "
+            + ("never" if reach is None else f"{reach['examples']:.2f} ({reach['trials']} trials)")
+            + f" [{r['seconds']:.0f} s]",
+            flush=True,
+        )
+    results_all, results = results, [r for r in results if "skipped" not in r]
+    ex = [r["adaptive"]["examples"] for r in results]
+    rc = [r["reach"]["examples"] for r in results if r["reach"]]
+    orc = [r["oracle"]["examples"] for r in results]
+    skipped = len(results_all) - len(results)
+    print(f"\n{len(results)} repeats ({skipped} skipped): adaptive at its stop, examples / grid median "
+          f"{np.median(ex):.2f} (range {min(ex):.2f}-{max(ex):.2f}); the grid's width first accepted in {len(rc)} "
+          f"of {len(results)}, median {np.median(rc) if rc else float('nan'):.2f}; "
+          f"oracle {np.median(orc):.2f}")  # fmt: skip
+    if a.json:
+        with open(a.json, "w") as f:
+            json.dump({"args": vars(a), "results": results_all}, f, indent=1, default=float)
+
+
+if __name__ == "__main__":
+    main()
