@@ -180,6 +180,7 @@ class AdaptiveSearch(Searcher):
                 "examples_spent": dec.examples_spent,
                 "widths": {f"{t:g}": _finite(w) for t, w in dec.widths.items()},
                 "b_crit": {f"{f['target']:g}": _finite(f["b_crit"]) for f in dec.fits},
+                "flags": {f"{f['target']:g}": list(f["flags"]) for f in dec.fits},  # the analysis's, per goal target
                 "widest": {"what": label, "width": _finite(width)},  # global targets and counted bins
                 "bins": [b.record() for b in dec.bins],  # goal.bins only
                 "choices": [dict(c) for c in self._queue],

@@ -66,11 +66,16 @@ def _bins_text(refit: dict) -> str:
 
 def status_line(decisions: dict, refit: dict) -> str:
     """E.g. ``B_crit at 0.3: +-23% -> goal 15%; next: seed 2 at B=32 lr=1.2`` (one refit); with ``goal.bins``
-    ``B_crit at 0.3: +-12%; widest: bin t=750-999 at 0.3 +-23% -> goal 15%; ...``."""
+    ``B_crit at 0.3: +-12%; widest: bin t=750-999 at 0.3 +-23% -> goal 15%; ...``. A stop names the goal targets
+    whose answer the analysis flags (the goal checks widths, seeds and ``lr_at_edge`` only)."""
     widths = ", ".join(f"{t}: +-{w:.0%}" if w is not None else f"{t}: no fit yet" for t, w in refit["widths"].items())
     head = f"B_crit at {widths}{_bins_text(refit)} -> goal {decisions['goal']['rel_ci']:.0%}"
     if refit["stop"]:
-        return f"{head}; stop: {STOPS.get(refit['stop'], refit['stop'])} after {refit['trials_finished']} trials"
+        flagged = "; ".join(f"{','.join(v)} at {t}" for t, v in refit.get("flags", {}).items() if v)
+        flagged = f"; FLAGGED: {flagged} (bcrit analyze says why)" if flagged else ""
+        return (
+            f"{head}; stop: {STOPS.get(refit['stop'], refit['stop'])} after {refit['trials_finished']} trials{flagged}"
+        )
     if not refit["choices"]:
         return f"{head}; waiting for {refit['trials_pending']} running trial(s)"
     seeds = decisions["seeds"]

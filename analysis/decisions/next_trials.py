@@ -165,7 +165,13 @@ class Decision:
             w += f"; untrusted bins: {bad}" if bad else ""
         if self.confirmed:
             w += f" ({self.confirmed} resamples: " + ("goal confirmed)" if self.stop == GOAL_MET else "goal not met)")
-        return f"B_crit at {w}" + (f" -> stop: {self.stop}" if self.stop else f"; next: {nxt or '-'}")
+        return f"B_crit at {w}" + (f" -> stop: {self.stop}{self.flagged()}" if self.stop else f"; next: {nxt or '-'}")
+
+    def flagged(self) -> str:
+        """At a stop, the goal targets whose answer the analysis flags (the goal checks widths, seeds and
+        ``lr_at_edge``, not the other flags): ``"; FLAGGED: near_floor at 0.18"``, or ``""``."""
+        bad = [f"{','.join(f['flags'])} at {f['target']:g}" for f in self.fits if f["flags"]]
+        return "; FLAGGED: " + "; ".join(bad) + " (bcrit analyze says why)" if bad else ""
 
 
 def initial_design(space: Space) -> list[Trial]:

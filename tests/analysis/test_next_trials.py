@@ -154,6 +154,10 @@ def test_a_goal_met_on_the_cheap_refit_stops_only_if_the_confirming_refit_meets_
     monkeypatch.setattr(nt, "_fits", fits_with(lambda boot: 0.10))
     dec = nt.next_trials(runs, SPACE, GOAL, nt.Budget(trials=100), bootstrap=200)
     assert calls == [200, nt.CONFIRM_BOOTSTRAP] and dec.stop == nt.GOAL_MET and "goal confirmed" in dec.summary()
+    dec.fits[0]["flags"] = []  # (the fake refit keeps the design's flags; _goal_met is faked above)
+    assert "FLAGGED" not in dec.summary()
+    dec.fits[0]["flags"] = ["near_floor"]  # a goal met on widths, seeds and lr edges; the answer flagged otherwise
+    assert dec.summary().endswith("stop: goal_met; FLAGGED: near_floor at 0.5 (bcrit analyze says why)")
 
     calls.clear()  # trials pending: wait for them, no confirming refit yet
     dec = nt.next_trials(runs, SPACE, GOAL, nt.Budget(trials=100), pending=[nt.Trial(64, 0.5, 0)], bootstrap=200)

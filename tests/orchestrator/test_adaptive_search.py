@@ -112,7 +112,11 @@ def test_finished_on_trial_budget(tmp_path):
     assert all(r["kind"] and r["reason"] for r in rec["issued"])
     assert rec["refits"][-1]["trials_finished"] == 15
     # what the user sees of it: the progress line of each refit, the report's section
-    assert status_line(rec, rec["refits"][-1]).endswith("stop: trial budget spent after 15 trials")
+    last = rec["refits"][-1]
+    assert set(last["flags"]) == {"0.3"}  # the analysis's flags at each goal target
+    assert status_line(rec, {**last, "flags": {"0.3": []}}).endswith("stop: trial budget spent after 15 trials")
+    flagged = status_line(rec, {**last, "flags": {"0.3": ["near_floor"]}})
+    assert flagged.endswith("after 15 trials; FLAGGED: near_floor at 0.3 (bcrit analyze says why)")
     first = status_line(rec, rec["refits"][0])
     assert first.startswith("B_crit at 0.3: no fit yet -> goal 1%; next: design at B=16 lr=")
     section = "\n".join(markdown_lines(rec))
