@@ -143,16 +143,17 @@ def grid_keys() -> list[tuple[int, float, int]]:
     return [(b, x, s) for b in BATCH_SIZES for x in GRID_LRS[b] for s in range(3)]
 
 
+def family_keys(g_ans: dict, targets, b: int, k: int) -> list[tuple[int, float, int]]:
+    """At batch size b: ``k`` seeds at its best grid lr at each goal target (from the whole grid), 1 at the grid
+    neighbours of the range they span (the oracle's design with k = 3; the hindsight family's with k = 2 or 3)."""
+    lrs = list(GRID_LRS[b])
+    best = sorted({lrs.index(g_ans[y]["best_lr"][b]) for y in targets})
+    keys = [(b, lrs[i], s) for i in best for s in range(k)]
+    return keys + [(b, lrs[j], 0) for j in (best[0] - 1, best[-1] + 1) if 0 <= j < len(lrs)]
+
+
 def oracle_keys(g_ans: dict, targets) -> list[tuple[int, float, int]]:
-    """3 seeds at every batch size's best grid lr at each goal target (from the whole grid), 1 at the grid
-    neighbours of the range they span."""
-    keys = []
-    for b in BATCH_SIZES:
-        lrs = list(GRID_LRS[b])
-        best = sorted({lrs.index(g_ans[y]["best_lr"][b]) for y in targets})
-        keys += [(b, lrs[i], s) for i in best for s in range(3)]
-        keys += [(b, lrs[j], 0) for j in (best[0] - 1, best[-1] + 1) if 0 <= j < len(lrs)]
-    return keys
+    return [key for b in BATCH_SIZES for key in family_keys(g_ans, targets, b, 3)]
 
 
 def cheapest_design(pool: Pool, seeds, g_ans: dict, targets, width: float) -> dict | None:
@@ -160,12 +161,7 @@ def cheapest_design(pool: Pool, seeds, g_ans: dict, targets, width: float) -> di
     out, or 2 or 3 seeds at its best lr(s) (from the whole grid) and 1 at the grid neighbours of their range; at
     least 3 batch sizes (3^5 designs, each analysed as the others). A design picked among many on the same
     recordings is picked partly for its luck, so this is below what any rule fixed beforehand could expect."""
-    per_b = {}
-    for b in BATCH_SIZES:
-        lrs = list(GRID_LRS[b])
-        best = sorted({lrs.index(g_ans[y]["best_lr"][b]) for y in targets})
-        nbr = [(b, lrs[j], 0) for j in (best[0] - 1, best[-1] + 1) if 0 <= j < len(lrs)]
-        per_b[b] = {k: [(b, lrs[i], s) for i in best for s in range(k)] + nbr for k in (2, 3)}
+    per_b = {b: {k: family_keys(g_ans, targets, b, k) for k in (2, 3)} for b in BATCH_SIZES}
     cost = {key: examples(pool.reveal([key], seeds)) for b in BATCH_SIZES for key in per_b[b][3]}
     found = None
     designs = sorted(itertools.product((0, 2, 3), repeat=len(BATCH_SIZES)),

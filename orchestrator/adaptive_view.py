@@ -10,6 +10,7 @@ import os
 from ray.tune import Callback
 
 from analysis.core import metrics as M
+from analysis.decisions.next_trials import flagged_text
 from orchestrator.adaptive_search import DECISIONS_FILE
 from orchestrator.progress import fmt_lr
 
@@ -71,8 +72,7 @@ def status_line(decisions: dict, refit: dict) -> str:
     widths = ", ".join(f"{t}: +-{w:.0%}" if w is not None else f"{t}: no fit yet" for t, w in refit["widths"].items())
     head = f"B_crit at {widths}{_bins_text(refit)} -> goal {decisions['goal']['rel_ci']:.0%}"
     if refit["stop"]:
-        flagged = "; ".join(f"{','.join(v)} at {t}" for t, v in refit.get("flags", {}).items() if v)
-        flagged = f"; FLAGGED: {flagged} (bcrit analyze says why)" if flagged else ""
+        flagged = flagged_text(refit.get("flags", {}))
         return (
             f"{head}; stop: {STOPS.get(refit['stop'], refit['stop'])} after {refit['trials_finished']} trials{flagged}"
         )

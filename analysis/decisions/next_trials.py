@@ -168,10 +168,16 @@ class Decision:
         return f"B_crit at {w}" + (f" -> stop: {self.stop}{self.flagged()}" if self.stop else f"; next: {nxt or '-'}")
 
     def flagged(self) -> str:
-        """At a stop, the goal targets whose answer the analysis flags (the goal checks widths, seeds and
-        ``lr_at_edge``, not the other flags): ``"; FLAGGED: near_floor at 0.18"``, or ``""``."""
-        bad = [f"{','.join(f['flags'])} at {f['target']:g}" for f in self.fits if f["flags"]]
-        return "; FLAGGED: " + "; ".join(bad) + " (bcrit analyze says why)" if bad else ""
+        """At a stop, the goal targets whose answer the analysis flags (:func:`flagged_text`)."""
+        return flagged_text({f"{f['target']:g}": f["flags"] for f in self.fits})
+
+
+def flagged_text(flags: dict[str, list[str]]) -> str:
+    """``"; FLAGGED: near_floor at 0.18 (bcrit analyze says why)"`` for the goal targets (``"0.18"``) with flags, or
+    ``""``: the goal checks widths, seeds and ``lr_at_edge``, not the analysis's other flags (Decision.summary, the
+    adaptive sweep's progress line)."""
+    bad = [f"{','.join(v)} at {t}" for t, v in flags.items() if v]
+    return "; FLAGGED: " + "; ".join(bad) + " (bcrit analyze says why)" if bad else ""
 
 
 def initial_design(space: Space) -> list[Trial]:
