@@ -238,9 +238,10 @@ def shapes_coverage(names: list[str], draws: int, n_boot: int, first_seed: int) 
     print(f"## calibrated intervals: {draws} sweeps per shape (seeds {first_seed}..), bootstrap {n_boot}")
     print(
         "| shape | scope | trusted targets | coverage before ± SE | after ± SE | min/max over batches of 10 "
-        "sweeps, after | median level after | median width before | after | width ratio | median abs. error |"
+        "sweeps, after | median level after | median width before | after | width ratio | median abs. error | "
+        "taken by `lr_at_divergence` (their coverage) |"
     )
-    print("|---|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|")  # fmt: skip
+    print("|---|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|")  # fmt: skip
     for name in names:
         t0 = time.perf_counter()
         rec = {c: coverage_records(f"shape:{name}", draws, n_boot, first_seed, calibrate=c) for c in (False, True)}
@@ -256,10 +257,12 @@ def shapes_coverage(names: list[str], draws: int, n_boot: int, first_seed: int) 
                 if (sel & (r["draw"] // 10 == k)).any()
             ]
             mm = f"{min(batch):.2f} / {max(batch):.2f}" if batch else "-"
+            took = (~rec[True]["is_bin"] if scope == "global" else rec[True]["is_bin"]) & r["at_divergence_only"]
+            taken = f"{int(took.sum())} ({hit[took].mean():.2f})" if took.any() else "0"
             print(
                 f"| {name} | {scope} | {a['n']} | {b['coverage']:.3f} ± {b['se']:.3f} | **{a['coverage']:.3f}** ± "
                 f"{a['se']:.3f} | {mm} | {a['level']:.3f} | {b['width']:.3f} | {a['width']:.3f} | "
-                f"{a['width'] / b['width']:.2f} | {a['error']:.3f} |"
+                f"{a['width'] / b['width']:.2f} | {a['error']:.3f} | {taken} |"
             )
         print(f"<!-- {name}: {time.perf_counter() - t0:.0f} s -->", flush=True)
 

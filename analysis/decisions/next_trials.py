@@ -7,7 +7,9 @@ A pure function of the runs (analysis ``Runs``), the candidate space, the pendin
 (bootstrap included) at the goal's targets; the *goal* is met when, at every goal target, the relative half-width
 ``(hi - lo) / (2 B_crit)`` of the B_crit interval is at most ``rel_ci``, the best setting of every fitted batch size
 has at least ``min_seeds`` seeds (the minimum design; it guards the interval against stopping on a lucky draw), and
-no fitted point has its best learning rate at an edge of what was tried while the grid goes further there.
+no fitted point has its best learning rate at an edge of what was tried while the grid goes further there, or
+is flagged ``lr_at_divergence`` while the grid has an untried learning rate between its best and a tried neighbour
+(the ``lr_refine`` candidate, which then goes there).
 With ``Goal.bins`` every timestep bin is also fitted at every goal target (:mod:`analysis.decisions.bin_goals`: the
 analysis's per-bin answer, same estimator and bootstrap settings), and the goal further needs every bin the analysis
 trusts (no flags) within ``rel_ci`` with ``min_seeds`` at the bin's own best settings; untrusted bins are listed in
@@ -174,8 +176,8 @@ class Decision:
 
 def flagged_text(flags: dict[str, list[str]]) -> str:
     """``"; FLAGGED: near_floor at 0.18 (bcrit analyze says why)"`` for the goal targets (``"0.18"``) with flags, or
-    ``""``: the goal checks widths, seeds and ``lr_at_edge``, not the analysis's other flags (Decision.summary, the
-    adaptive sweep's progress line)."""
+    ``""``: the goal checks widths, seeds, ``lr_at_edge`` and ``lr_at_divergence`` where the grid can still resolve
+    them, not the analysis's other flags (Decision.summary, the adaptive sweep's progress line)."""
     bad = [f"{','.join(v)} at {t}" for t, v in flags.items() if v]
     return "; FLAGGED: " + "; ".join(bad) + " (bcrit analyze says why)" if bad else ""
 
@@ -432,6 +434,8 @@ def _goal_met(fits: list[dict], goal: Goal, space: Space, tried: list[Trial]) ->
                 return False
             if fl.LR_AT_EDGE in p["flags"] and _beyond_edge(space, tried, p["batch_size"], p["lr"]) is not None:
                 return False
+            if fl.LR_AT_DIVERGENCE in p["flags"] and _refine(space, tried, p["batch_size"], p["lr"]):
+                return False  # the optimum lies towards a diverged lr, and the grid has an untried lr in between
     return True
 
 

@@ -13,6 +13,7 @@ CENSORED_BATCH_SIZES = "censored_batch_sizes"
 COARSE_STEPS = "coarse_steps"
 NEAR_FLOOR = "near_floor"
 LR_AT_EDGE = "lr_at_edge"
+LR_AT_DIVERGENCE = "lr_at_divergence"
 
 # a fitted point is coarse when its crossing comes after fewer than this many evaluation intervals: linear
 # interpolation between evaluations (and integer optimizer steps) then moves the steps by up to 1/10
@@ -21,6 +22,12 @@ COARSE_MIN_INTERVALS = 10
 # the band ±NEAR_FLOOR_Z·scatter maps to more than NEAR_FLOOR_FRAC of the crossing step (or does not descend)
 NEAR_FLOOR_Z = 2.0
 NEAR_FLOOR_FRAC = 0.12
+# at the divergence edge: the steps a fitted point would gain at its learning-rate optimum, interpolated between its
+# best lr and a neighbour that diverged (analysis.fits.lr_grid), exceed LR_DIVERGENCE_GAP (in log steps: 1%) and
+# LR_DIVERGENCE_FRAC of the B_crit interval's half-width (in log B: a point's gap moves B_crit about as much or
+# more, so such a gap shifts the answer by a good part of its interval; measured in benchmarks/RESULTS.md)
+LR_DIVERGENCE_GAP = 0.01
+LR_DIVERGENCE_FRAC = 0.25
 
 # what the bootstrap interval resamples (the target entry's "ci_resamples"; a statement, not a flag)
 CI_SEEDS = "seeds"  # seeds within each (batch size, nuisance setting), the best setting re-taken
@@ -52,6 +59,14 @@ FLAG_DOCS: dict[str, tuple[str, str]] = {
         "the best learning rate at some fitted batch size is the smallest or largest one tried there (diverged "
         "trials count as tried): the optimum may lie outside the searched range",
         "widen the learning-rate range on that side for those batch sizes",
+    ),
+    LR_AT_DIVERGENCE: (
+        "at some fitted batch size the best learning rate's neighbour diverged, and the steps still fall towards it: "
+        "the optimum lies between the two, where the grid measured nothing (interpolated with the curvature the "
+        f"other batch sizes share, the point would be faster there by more than {LR_DIVERGENCE_GAP:.0%} and "
+        f"{LR_DIVERGENCE_FRAC:g} of the interval's half-width, in log); B_crit is then biased, low where the "
+        "optimum moves up with B",
+        "add learning rates between the best and the diverged one (a finer grid near divergence) at those batch sizes",
     ),
 }
 FLAGS = tuple(FLAG_DOCS)

@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from analysis.fits import calibration, pareto
+from analysis.fits import calibration, lr_grid, pareto
 from analysis.fits import flags as fl
 from analysis.fits.steps import (
     aggregate_seeds,
@@ -66,6 +66,7 @@ def analyze_metric(
     if bootstrap > 0 and len(st.members):
         boot = pareto.bootstrap_best(steps, last, st, bootstrap, rng, resample)[1]
     ctx = PointChecks(runs, series, st, last, spacing)
+    kappa = _lr_curvature(steps, last, st, ctx.tried)
     out = []
     for j, y in enumerate(targets):
         val, low = aggregate_seeds(steps[j], last, st)
@@ -80,7 +81,7 @@ def analyze_metric(
         fit = pareto.fit_pareto(best.batch_sizes, best.steps)
         dof = _variance_dof(st, resample) if calibrate else None
         ci, used = _b_crit_interval(best, fit, None if boot is None else boot[j], target_rng(seed, y), level, dof)
-        res = _target_result(runs, ctx, float(y), steps[j], val, st, best, fit, ci, ok, resample)
+        res = _target_result(runs, ctx, float(y), steps[j], val, low, st, best, fit, ci, ok, resample, kappa)
         out.append({**res, "ci_level": used})
     return out
 
@@ -121,13 +122,30 @@ def _b_crit_interval(best, fit, boot: np.ndarray | None, rng, level: float, dof:
     return pareto.percentile_ci(e_min / s_min, level), level
 
 
-def _target_result(runs, ctx, y: float, steps: np.ndarray, val, st, best, fit, ci, ok: np.ndarray, resample) -> dict:
+def _lr_curvature(steps: np.ndarray, last: np.ndarray, st, tried: dict) -> float:
+    """The relative curvature of steps in log lr (analysis.fits.lr_grid) for the targets where a target's own points
+    give none (its slower settings censored, say): the median of the targets' own (``nan`` where none has one). The
+    penalty of an lr off the optimum is a property of the training, shared along it as across batch sizes."""
+    k = []
+    for row in steps:
+        val, low = aggregate_seeds(row, last, st)
+        k.append(lr_grid.shared_curvature(lr_grid.brackets(val, st, best_per_batch(val, low, st), tried)))
+    k = [v for v in k if np.isfinite(v)]
+    return float(np.median(k)) if k else float("nan")
+
+
+def _target_result(runs, ctx, y: float, steps: np.ndarray, val, low, st, best, fit, ci, ok, resample, kappa) -> dict:
     """One target's entry of `analyze_metric`: the fit, the interval, the fit with
-    the learning rate refined, the points with their checks, the flags, what was censored."""
+    the learning rate refined, the points with their checks, the flags, what was censored. ``kappa``: the metric's
+    lr curvature, where this target's points give none (:func:`_lr_curvature`)."""
     fitted = np.isfinite(best.steps)
     ref_steps, ref_lr = refine_lr(val, st, best)
     refined = pareto.fit_pareto(best.batch_sizes[fitted], ref_steps[fitted]).b_crit
-    points = [ctx.point(int(i), best, steps, ref_steps[i], ref_lr[i]) for i in np.flatnonzero(fitted)]
+    gaps = lr_grid.divergence_gaps(val, low, st, best, ctx.tried, ctx.diverged, kappa)
+    limit = fl.LR_DIVERGENCE_GAP
+    if np.isfinite(ci).all() and ci[0] > 0:  # and a quarter of the interval's half-width, in log
+        limit = max(limit, fl.LR_DIVERGENCE_FRAC * float(np.log(ci[1] / ci[0])) / 2)
+    points = [ctx.point(int(i), best, steps, ref_steps[i], ref_lr[i], gaps[i], limit) for i in np.flatnonzero(fitted)]
     flags = {f for p in points for f in p["flags"]}
     if not best.batch_sizes[fitted].min() <= fit.b_crit <= best.batch_sizes[fitted].max():
         flags.add(fl.EXTRAPOLATED)

@@ -4,14 +4,17 @@ A fitted point (the best setting of a batch size) is flagged ``lr_at_edge`` when
 tried at that batch size (diverged trials count as tried), ``coarse_steps`` when it reaches the target within fewer
 than ``COARSE_MIN_INTERVALS`` evaluation intervals (median over its seeds), and ``near_floor`` when its seeds' loss,
 around their crossing, scatters so much relative to its descent (:func:`analysis.fits.steps.crossing_jitter`) that
-``NEAR_FLOOR_Z`` x scatter spans more than ``NEAR_FLOOR_FRAC`` of the crossing step (median over seeds). The
-headline takes only targets without flags.
+``NEAR_FLOOR_Z`` x scatter spans more than ``NEAR_FLOOR_FRAC`` of the crossing step (median over seeds), and
+``lr_at_divergence`` when a neighbour of its lr diverged and its interpolated optimum lies towards it, faster by more
+than ``LR_DIVERGENCE_GAP`` and ``LR_DIVERGENCE_FRAC`` of the interval's log half-width (:mod:`analysis.fits.lr_grid`).
+The headline takes only targets without flags.
 """
 
 from __future__ import annotations
 
 import numpy as np
 
+from analysis.core import metrics as m
 from analysis.fits import flags as fl
 from analysis.fits.steps import crossing_jitter
 from analysis.sources.loaders import Runs
@@ -31,11 +34,17 @@ class PointChecks:
             ends = np.append(starts[1:], len(series.trial))
             self.rows[series.trial[starts]] = np.stack([starts, ends], axis=1)
         lr = runs.trials.column("lr").to_numpy()
-        self.lr_range = {int(b): (lr[runs.batch_size == b].min(), lr[runs.batch_size == b].max()) for b in
-                         np.unique(runs.batch_size)}  # fmt: skip
+        # every learning rate tried per batch size (diverged and failed trials included), and those at which every
+        # trial diverged
+        self.tried = {int(b): np.unique(lr[runs.batch_size == b]) for b in np.unique(runs.batch_size)}
+        self.diverged = {b: np.array([q for q in t if _all_diverged(runs, b, q)]) for b, t in self.tried.items()}
+        self.lr_range = {b: (t[0], t[-1]) for b, t in self.tried.items()}
 
-    def point(self, i: int, best, steps: np.ndarray, ref_steps: float, ref_lr: float) -> dict:
-        """One fitted point: the best setting of batch size ``best.batch_sizes[i]`` and its flags."""
+    def point(self, i: int, best, steps: np.ndarray, ref_steps: float, ref_lr: float, gap: float = 0.0,
+              gap_limit: float = fl.LR_DIVERGENCE_GAP) -> dict:  # fmt: skip
+        """One fitted point: the best setting of batch size ``best.batch_sizes[i]`` and its flags. ``gap``: the log
+        steps it loses to its learning-rate optimum past a diverged neighbour (analysis.fits.lr_grid), flagged above
+        ``gap_limit``."""
         k = int(best.setting[i])
         members = self.st.members[k]
         b, value = int(best.batch_sizes[i]), float(best.steps[i])
@@ -45,6 +54,8 @@ class PointChecks:
         lr = float(self.st.lr[k])
         if lr <= lo * (1 + 1e-9) or lr >= hi * (1 - 1e-9):
             flags.append(fl.LR_AT_EDGE)
+        if gap > gap_limit:
+            flags.append(fl.LR_AT_DIVERGENCE)
         if value < fl.COARSE_MIN_INTERVALS * _median(self.spacing[members]):
             flags.append(fl.COARSE_STEPS)
         jitter = [crossing_jitter(self.series, self.rows[r], steps[r]) for r in members]
@@ -59,6 +70,7 @@ class PointChecks:
             "seeds": len(members),
             "steps_refined": float(ref_steps),
             "lr_refined": float(ref_lr),
+            "divergence_gap": float(gap),
             "flags": flags,
         }
 
@@ -75,6 +87,13 @@ class PointChecks:
             f"steps (lr={self.st.lr[best.setting[i]]:g})"
         )
         return {"batch_size": int(best.batch_sizes[i]), "steps_at_most": float(best.candidate[i]), "reason": reason}
+
+
+def _all_diverged(runs: Runs, b: int, lr: float) -> bool:
+    """Whether every trial at batch size ``b`` and learning rate ``lr`` diverged."""
+    lrs = runs.trials.column("lr").to_numpy()
+    sel = (runs.batch_size == b) & np.isclose(lrs, lr, rtol=1e-9, atol=0.0)
+    return bool(sel.any() and (runs.status[sel] == m.STATUS_DIVERGED).all())
 
 
 def _median(x) -> float:

@@ -10,8 +10,8 @@
   per timestep bin B_crit with its interval beside B_simple at one common point of training.
 
 Flagged targets (``analysis.fits.flags``) are drawn hollow with dashed fits and "(flagged)" in the legend; points
-with a flag of their own (``lr_at_edge``, ``coarse_steps``, ``near_floor``) get a black cross; a censored batch
-size's best known steps (an upper bound at most) is a downward triangle.
+with a flag of their own (``lr_at_edge``, ``lr_at_divergence``, ``coarse_steps``, ``near_floor``) get a black cross; a
+censored batch size's best known steps (an upper bound at most) is a downward triangle.
 """
 
 from __future__ import annotations

@@ -13,6 +13,7 @@ from __future__ import annotations
 import numpy as np
 
 from analysis.core import metrics as m
+from analysis.fits import flags as fl
 from analysis.fits.sweep_fit import analyze_metric
 
 OLD_BIN_E_MIN = (200.0 * 128, 200.0 * 1024)  # synth_runs bins: true B_crit = bin_e_min / s_min (s_min = 200)
@@ -60,9 +61,10 @@ def coverage_records(
 ) -> dict:
     """Analyse ``draws`` sweeps of simulator ``sim`` (``old``, ``new`` or ``shape:NAME`` of ``synth_shapes``);
     arrays over every analysed (sweep, metric, target): ``truth``, ``b_crit``, ``lo``, ``hi``, ``trusted`` (no
-    flags), ``is_bin``, ``draw``, ``ci_level``. ``calibrate``: as ``analyze_metric``'s. ``kw``: the simulator's
+    flags), ``at_divergence_only`` (flagged ``lr_at_divergence`` and nothing else: trusted but for that flag),
+    ``is_bin``, ``draw``, ``ci_level``. ``calibrate``: as ``analyze_metric``'s. ``kw``: the simulator's
     options."""
-    keys = ("truth", "b_crit", "lo", "hi", "trusted", "is_bin", "draw", "ci_level")
+    keys = ("truth", "b_crit", "lo", "hi", "trusted", "at_divergence_only", "is_bin", "draw", "ci_level")
     rec: dict[str, list] = {k: [] for k in keys}
     for d in range(draws):
         runs, truths, targets = SIMULATORS[sim](np.random.default_rng(first_seed + d), **kw)
@@ -76,6 +78,7 @@ def coverage_records(
                 rec["lo"].append(np.nan if lo is None else lo)
                 rec["hi"].append(np.nan if hi is None else hi)
                 rec["trusted"].append(not r["flags"])
+                rec["at_divergence_only"].append(r["flags"] == [fl.LR_AT_DIVERGENCE])
                 rec["is_bin"].append(name != m.EVAL_LOSS)
                 rec["draw"].append(d)
                 rec["ci_level"].append(r["ci_level"])

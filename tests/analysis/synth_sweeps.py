@@ -21,8 +21,9 @@ its own *time-to-progress* function, so that the noise lives where it does in re
    targets are censored, and bins stop with it) or at its step budget; at ``B >= diverge_from`` the largest lr
    diverges (NaN from a third of its run on).
 
-The grid has ``n_lr`` learning rates ``lr_ref·2**k`` (k centred on 0; five by default); ``rate_jitter`` adds a
-per-trial constant log-rate factor (normal or heavy-tailed), ``stop_at_target=False`` runs every trial to its budget.
+The grid has ``n_lr`` learning rates ``lr_ref·2**(k·lr_step)`` (k centred on 0; five an octave apart by default);
+``rate_jitter`` adds a per-trial constant log-rate factor (normal or heavy-tailed), ``stop_at_target=False`` runs every
+trial to its budget.
 ``SHAPES`` (in ``synth_shapes.py``) are the variants the interval's coverage is checked on.
 """
 
@@ -89,7 +90,8 @@ class Sweep:
     stop_progress: float = 6.0  # the global target: eval/loss at this progress (censors lower targets)
     budget: float = 2.0  # step budget, in units of the optimal-lr steps to the stop
     diverge_from: int = 512  # the largest lr diverges at batch sizes from here on
-    n_lr: int = 5  # learning rates in the grid: lr_ref·2**k, k centred on 0 (3, 5, 7, ...)
+    n_lr: int = 5  # learning rates in the grid: lr_ref·2**(k·lr_step), k centred on 0 (3, 5, 7, ...)
+    lr_step: float = 1.0  # octaves between neighbouring grid learning rates
     rate_jitter: float = 0.0  # sd of a per-trial constant log-rate factor (on top of the correlated ``sigma``)
     jitter_tail: str = "normal"  # its distribution: "normal", or "t3" (Student t, 3 dof, scaled to sd rate_jitter)
     stop_at_target: bool = True  # False: every trial runs its whole step budget (no global target)
@@ -152,7 +154,7 @@ def simulate(rng: np.random.Generator, sw: Sweep = Sweep()) -> Runs:
     eps0 = _noise_paths(rng, n, logu, sw.sigma, sw.corr_len)
     curves = [sw.curve, *sw.bins]
     losses = []
-    d_global = kk - opt - rng.normal(0.0, sw.lr_jitter, n)  # octaves off this trial's optimum
+    d_global = kk * sw.lr_step - opt - rng.normal(0.0, sw.lr_jitter, n)  # octaves off this trial's optimum
     eps0 = eps0 + _rate_jitter(rng, n, sw)[:, None]
     for j, c in enumerate(curves):
         d = d_global if j == 0 else d_global - 0.15 * (j - 2.5)  # a bin's optimum sits a little off the global one
@@ -182,7 +184,7 @@ def simulate(rng: np.random.Generator, sw: Sweep = Sweep()) -> Runs:
             "micro_batch_size": b.astype(np.int64),
             "grad_accum": np.ones(n, np.int64),
             "num_workers": np.ones(n, np.int64),
-            "lr": sw.lr_ref * 2.0**kk,
+            "lr": sw.lr_ref * 2.0 ** (kk * sw.lr_step),
             "seed": seed.astype(np.int64),
             "status": list(status),
         }

@@ -70,25 +70,38 @@ def _coverage(shape: str, draws: int, bootstrap: int, first_seed: int, calibrate
 
 def test_calibrated_coverage_on_two_shapes():
     """2 sweeps each of two shapes (the issue's description, and t(3)-tailed jitter with the optimum off centre),
-    every trusted target (global and per bin): the calibrated 90% interval holds the truth in [0.85, 0.95] of them
-    pooled (about 80 targets: SE about 0.035), >= 0.8 on each shape, and is taken above the nominal level."""
-    hits, levels = [], []
+    every target trusted but for ``lr_at_divergence`` (global and per bin): the calibrated 90% interval holds the
+    truth in [0.85, 0.95] of them pooled (about 80 targets: SE about 0.035), >= 0.8 on each shape, and is taken above
+    the nominal level. The targets that flag takes out miss more often than those left (here: 6 of its 13 missed,
+    none of the 68 left did)."""
+    hits, levels, flagged = [], [], []
     for shape in ("issue", "t3"):
         rec, s = _coverage(shape, draws=2, bootstrap=100, first_seed=900)
         assert s["n"] >= 25 and s["coverage"] >= 0.8
-        sel = rec["trusted"]
+        sel = rec["trusted"] | rec["at_divergence_only"]
         hits.append((rec["lo"][sel] <= rec["truth"][sel]) & (rec["truth"][sel] <= rec["hi"][sel]))
         levels.append(rec["ci_level"][sel])
-    assert 0.85 <= np.concatenate(hits).mean() <= 0.95
+        flagged.append(rec["at_divergence_only"][sel])
+    hits, flagged = np.concatenate(hits), np.concatenate(flagged)
+    assert 0.85 <= hits.mean() <= 0.95
     assert np.median(np.concatenate(levels)) > 0.9
-
-
-QUIET3_BIAS = "3 lrs an octave apart, optimum off centre: the estimate is biased (median error 13%, RESULTS.md)"
-QUIET3 = pytest.param("quiet3", marks=pytest.mark.xfail(strict=True, reason=QUIET3_BIAS))
+    assert flagged.any() and hits[flagged].mean() < hits[~flagged].mean()
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("shape", ["issue", "budget7", "t3", "sweeps17", QUIET3])
+def test_quiet3_bias_is_flagged_slow():
+    """``quiet3`` (3 lrs an octave apart, the largest diverging from B = 512 while the optimum moves towards it): the
+    grid's estimate is biased low (RESULTS.md). ``lr_at_divergence`` takes most targets; those it takes cover less than
+    half the time, and the few left hold the truth >= 0.85."""
+    rec, _ = _coverage("quiet3", draws=10, bootstrap=400, first_seed=1200)
+    hit = (rec["lo"] <= rec["truth"]) & (rec["truth"] <= rec["hi"])
+    took = rec["at_divergence_only"]
+    assert took.sum() >= 4 * rec["trusted"].sum() and hit[took].mean() < 0.5
+    assert hit[rec["trusted"]].mean() >= 0.85
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("shape", ["issue", "budget7", "t3", "sweeps17"])
 def test_calibrated_coverage_per_shape_slow(shape):
     """10 sweeps per shape: the calibrated interval holds the truth >= 0.85 globally and per bin (SE about 0.03)."""
     rec, _ = _coverage(shape, draws=10, bootstrap=400, first_seed=1200)

@@ -9,6 +9,7 @@ import pytest
 
 from analysis.decisions import next_trials as nt
 from analysis.decisions.nqm_adaptive import adaptive_sweep, concat, run_trial
+from analysis.fits import flags as fl
 from analysis.quadratic.nqm import closed_form_b_crit
 
 H = np.arange(1, 1001.0) ** -0.5
@@ -84,6 +85,21 @@ def test_goal_needs_min_seeds_and_no_lr_edge_with_room():
     dec = nt.next_trials(runs, SPACE, loose, nt.Budget(trials=100), bootstrap=50)
     assert dec.fits and any("lr_at_edge" in p["flags"] for p in dec.fits[0]["points"])
     assert dec.stop is None  # interval narrow enough, but a best lr at an edge the grid can still pass
+
+
+def test_goal_waits_on_lr_at_divergence_while_the_grid_has_an_lr_in_between():
+    """A point whose optimum lies towards a diverged lr keeps the goal open while an untried grid lr lies between its
+    best and a tried neighbour; once the grid has none there, the goal is met (the answer stays flagged)."""
+    space = nt.Space(batch_sizes=(8, 16, 32), lrs=(0.01, 0.02, 0.04, 0.08))
+    goal = nt.Goal(targets=(0.5,), rel_ci=0.2, min_seeds=1)
+    pts = [{"batch_size": b, "lr": 0.02, "seeds": 1, "flags": []} for b in (8, 16, 32)]
+    pts[2]["flags"] = [fl.LR_AT_DIVERGENCE]
+    fit = {"target": 0.5, "b_crit": 20.0, "b_crit_ci": [18.0, 22.0], "points": pts, "flags": [fl.LR_AT_DIVERGENCE]}
+    coarse = [nt.Trial(b, x, 0) for b in (8, 16, 32) for x in (0.01, 0.02, 0.08)]  # 0.04 untried: in between
+    assert not nt._goal_met([fit], goal, space, coarse)
+    assert nt._goal_met([fit], goal, space, coarse + [nt.Trial(32, 0.04, 0)])
+    pts[2]["flags"] = []
+    assert nt._goal_met([fit], goal, space, coarse)
 
 
 def test_narrowing_is_the_rank_one_update_of_the_linearized_fit():

@@ -1,0 +1,156 @@
+"""Whether a batch size's best learning rate sits just below divergence while its optimum lies past it: the check
+behind the ``lr_at_divergence`` flag (:mod:`analysis.fits.flags`).
+
+A batch size's fitted point is its best *grid* setting. ``lr_at_edge`` catches a best lr at the end of what was
+tried; a diverged trial counts as tried, so a best lr whose neighbour diverged is not at the edge. Yet when the
+steps still fall towards the diverged neighbour, the optimum lies between the two, where the grid measured nothing,
+and the point is slower than at the optimum by an amount that grows with B where the optimum moves up with B
+(``quiet3`` of ``tests/analysis/synth_shapes.py``: 3 learning rates an octave apart, the largest diverging from
+B = 512, the optimum moving towards it: B_crit 14% low, the 90% interval held the truth in 0.41-0.45 of the
+trusted targets). Measured from the sweep's own data:
+
+1. **Curvature** shared by the batch sizes: ``S = C (1 + kappa (x - x_v)²)`` in ``x = log lr`` (a parabola in
+   steps, the steps penalty relative to the optimum's), ``kappa`` the median over the batch sizes whose best setting
+   has known neighbours on both sides of the parabola through those three. Shared, because one batch size's three
+   points locate its vertex but estimate its curvature poorly, and a batch size with one known neighbour needs it.
+2. **Vertex** where the best setting's neighbour on one side diverged (every trial there) and the other is known:
+   that curve least-squares fitted in log steps through the two points (:func:`vertex_fit`, brute force over the
+   vertex), the vertex clipped to the bracket (between the known neighbour and the diverged one). When it lies on
+   the diverged side of the best, the *gap* ``log S_best - log C >= 0`` is what the batch size would gain at its
+   optimum (:func:`divergence_gaps`); the point is flagged when the gap exceeds
+   :data:`analysis.fits.flags.LR_DIVERGENCE_GAP`.
+
+Where a target's own points give no curvature (no batch size with both neighbours known and convex: its slower
+settings censored, say), the metric's is used, the median over its targets; nothing is judged without one. A flag on
+the sign of the slope alone (best next to a diverged lr) took out most trusted targets of every simulator shape; a
+flag on how far the gap-corrected fit moves B_crit against its interval (tried first) left the targets whose
+correction the noise had hidden, which then missed (benchmarks/RESULTS.md).
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+from analysis.fits.steps import BestPerBatch, Settings
+
+VERTEX_GRID = 401  # vertices tried per stage of the brute force (2 stages: 1/20000 of the bracket's width)
+
+
+def _neighbours(tried: np.ndarray, lr: float) -> tuple[float | None, float | None]:
+    """The tried learning rates just below and just above ``lr`` (None where none was tried on that side)."""
+    below, above = tried[tried < lr * (1 - 1e-9)], tried[tried > lr * (1 + 1e-9)]
+    return (float(below.max()) if len(below) else None, float(above.min()) if len(above) else None)
+
+
+def _known(value: np.ndarray, st: Settings, b: int, lr: float | None) -> float | None:
+    """The setting's steps at batch size ``b`` and learning rate ``lr`` if usable and finite, else None."""
+    if lr is None:
+        return None
+    k = np.flatnonzero((st.batch_size == b) & np.isclose(st.lr, lr, rtol=1e-9, atol=0.0))
+    return float(value[k[0]]) if len(k) == 1 and np.isfinite(value[k[0]]) else None
+
+
+def brackets(value: np.ndarray, st: Settings, best: BestPerBatch, tried: dict[int, np.ndarray]) -> list:
+    """Per batch size: ``None`` where it is not judged (no point, or settings that differ in more than lr), else
+    ``(x, y, lo, hi)``: log lr and log steps of the best setting and its known neighbours (best first), and the log
+    lrs that bound the optimum. ``tried``: per batch size every learning rate tried there, diverged trials
+    included."""
+    out = []
+    for i, b in enumerate(best.batch_sizes):
+        if not np.isfinite(best.steps[i]) or not st.lr_only[i]:
+            out.append(None)
+            continue
+        lr = float(st.lr[best.setting[i]])
+        lo, hi = _neighbours(tried[int(b)], lr)
+        pts = [(lr, float(best.steps[i]))] + [
+            (q, s) for q in (lo, hi) if (s := _known(value, st, int(b), q)) is not None
+        ]
+        x, y = np.log([p[0] for p in pts]), np.log([p[1] for p in pts])
+        out.append((x, y, np.log(lo if lo is not None else lr), np.log(hi if hi is not None else lr)))
+    return out
+
+
+def relative_curvature(x: np.ndarray, s: np.ndarray) -> float:
+    """``kappa`` of the parabola ``S = C (1 + kappa (x - x_v)²)`` through three points ``(x, S)`` (``nan`` unless
+    convex)."""
+    a, b, c = np.polyfit(x, s, 2)
+    return float(a / (c - b * b / (4 * a))) if a > 0 and c - b * b / (4 * a) > 0 else float("nan")
+
+
+def shared_curvature(br: list) -> float:
+    """Median ``kappa`` over the batch sizes whose best setting has both neighbours known (``nan`` where none has, or
+    none is convex)."""
+    k = [relative_curvature(x, np.exp(y)) for x, y, *_ in (p for p in br if p is not None) if len(x) == 3]
+    k = [v for v in k if np.isfinite(v)]
+    return float(np.median(k)) if k else float("nan")
+
+
+def _sse(x: np.ndarray, y: np.ndarray, xs: np.ndarray, kappa: float) -> np.ndarray:
+    """Residual sum of squares of ``log S = c + log(1 + kappa (x - x_v)²)`` at each vertex ``xs``, ``c`` fitted."""
+    r = y[None, :] - np.log1p(kappa * (x[None, :] - xs[:, None]) ** 2)
+    return ((r - r.mean(1, keepdims=True)) ** 2).sum(1)
+
+
+def vertex_fit(x: np.ndarray, y: np.ndarray, lo: float, hi: float, kappa: float, n: int = VERTEX_GRID):
+    """``(gap, x_v)`` for ``log S = c + log(1 + kappa (x - x_v)²)`` least-squares fitted through the points ``(x, y)``
+    (log lr, log steps; best first) by brute force: ``n`` vertices spanning the bracket ``[lo, hi]`` widened by its
+    width on each side, then ``n`` within one step of the best of them. ``gap = y_best - c >= 0`` with ``c`` refitted
+    at ``x_v`` clipped to the bracket (the fit whose vertex the grid allows: the constrained least squares where the
+    sum of squares does not rise again between the clip and ``x_v``, as with the best first and at most one
+    neighbour on each side). ``x_v`` itself is returned unclipped. ``(0, x_best)`` with the best alone (no slope to
+    read)."""
+    if len(x) < 2 or not kappa > 0:
+        return 0.0, float(x[0])
+    w = max(hi - lo, 1e-12)
+    xs = np.linspace(lo - w, hi + w, n)
+    k = int(np.argmin(_sse(x, y, xs, kappa)))
+    fine = np.linspace(xs[max(k - 1, 0)], xs[min(k + 1, n - 1)], n)
+    xv = float(fine[int(np.argmin(_sse(x, y, fine, kappa)))])
+    c = float(np.mean(y - np.log1p(kappa * (x - np.clip(xv, lo, hi)) ** 2)))  # the fit with its vertex in the bracket
+    return max(0.0, float(y[0]) - c), xv
+
+
+def divergence_gaps(
+    value: np.ndarray,
+    lower: np.ndarray,
+    st: Settings,
+    best: BestPerBatch,
+    tried: dict[int, np.ndarray],
+    diverged: dict[int, np.ndarray],
+    fallback: float = float("nan"),
+) -> np.ndarray:
+    """Per batch size: the log steps its best setting loses to its interpolated optimum where that optimum lies
+    between the best lr and a neighbour at which every trial diverged (module docstring, step 2); 0 where it does not
+    (or is not judged), ``nan`` where the batch size has no point. ``value``, ``lower``: per setting, the seeds' mean
+    steps and its lower bound (:func:`analysis.fits.steps.aggregate_seeds`); the neighbour on the other side enters
+    with its steps, or, where a seed of it stopped short of the target, its lower bound: the fitted optimum then lies
+    at least that far towards the diverged lr, and the gap is a lower bound. ``tried``: per batch size every learning
+    rate tried there, diverged trials included; ``diverged``: those at which every trial diverged; ``fallback``: the
+    curvature where these points give none (the metric's, from its other targets)."""
+    kappa = shared_curvature(brackets(value, st, best, tried))
+    kappa = kappa if np.isfinite(kappa) else fallback
+    gaps = np.where(np.isfinite(best.steps), 0.0, np.nan)
+    if not np.isfinite(kappa):
+        return gaps
+    for i, b in enumerate(best.batch_sizes):
+        if not np.isfinite(best.steps[i]) or not st.lr_only[i]:
+            continue
+        lr = float(st.lr[best.setting[i]])
+        below, above = _neighbours(tried[int(b)], lr)
+        bad = diverged.get(int(b), np.zeros(0))
+        for far, near in ((above, below), (below, above)):  # far: the diverged side; near: the other neighbour
+            if far is None or near is None or not np.isclose(bad, far, rtol=1e-9, atol=0.0).any():
+                continue
+            k = np.flatnonzero((st.batch_size == b) & np.isclose(st.lr, near, rtol=1e-9, atol=0.0))
+            s_near = (
+                float(value[k[0]])
+                if len(k) == 1 and np.isfinite(value[k[0]])
+                else (float(lower[k[0]]) if len(k) == 1 and lower[k[0]] > best.steps[i] else float("nan"))
+            )
+            if not np.isfinite(s_near):
+                continue
+            x = np.log([lr, near])
+            gap, xv = vertex_fit(x, np.log([best.steps[i], s_near]), *sorted((np.log(near), np.log(far))), kappa)
+            if (xv - x[0]) * (np.log(far) - x[0]) > 0:  # the optimum is on the diverged side of the best
+                gaps[i] = gap
+    return gaps
