@@ -18,7 +18,8 @@ trusted targets). Measured from the sweep's own data:
    vertex), the vertex clipped to the bracket (between the known neighbour and the diverged one). When it lies on
    the diverged side of the best, the *gap* ``log S_best - log C >= 0`` is what the batch size would gain at its
    optimum (:func:`divergence_gaps`); the point is flagged when the gap exceeds
-   :data:`analysis.fits.flags.LR_DIVERGENCE_GAP`.
+   :data:`analysis.fits.flags.LR_DIVERGENCE_GAP` and :data:`analysis.fits.flags.LR_DIVERGENCE_FRAC` of the
+   interval's log half-width (:func:`analysis.fits.sweep_fit.analyze_metric`).
 
 Where a target's own points give no curvature (no batch size with both neighbours known and convex: its slower
 settings censored, say), the metric's is used, the median over its targets; nothing is judged without one. A flag on
@@ -42,12 +43,18 @@ def _neighbours(tried: np.ndarray, lr: float) -> tuple[float | None, float | Non
     return (float(below.max()) if len(below) else None, float(above.min()) if len(above) else None)
 
 
-def _known(value: np.ndarray, st: Settings, b: int, lr: float | None) -> float | None:
-    """The setting's steps at batch size ``b`` and learning rate ``lr`` if usable and finite, else None."""
+def _setting(st: Settings, b: int, lr: float | None) -> int | None:
+    """The index of the setting at batch size ``b`` and learning rate ``lr`` (None where there is not exactly one)."""
     if lr is None:
         return None
     k = np.flatnonzero((st.batch_size == b) & np.isclose(st.lr, lr, rtol=1e-9, atol=0.0))
-    return float(value[k[0]]) if len(k) == 1 and np.isfinite(value[k[0]]) else None
+    return int(k[0]) if len(k) == 1 else None
+
+
+def _known(value: np.ndarray, st: Settings, b: int, lr: float | None) -> float | None:
+    """The setting's steps at batch size ``b`` and learning rate ``lr`` if usable and finite, else None."""
+    k = _setting(st, b, lr)
+    return float(value[k]) if k is not None and np.isfinite(value[k]) else None
 
 
 def brackets(value: np.ndarray, st: Settings, best: BestPerBatch, tried: dict[int, np.ndarray]) -> list:
@@ -117,7 +124,7 @@ def divergence_gaps(
     best: BestPerBatch,
     tried: dict[int, np.ndarray],
     diverged: dict[int, np.ndarray],
-    fallback: float = float("nan"),
+    kappa: float,
 ) -> np.ndarray:
     """Per batch size: the log steps its best setting loses to its interpolated optimum where that optimum lies
     between the best lr and a neighbour at which every trial diverged (module docstring, step 2); 0 where it does not
@@ -125,10 +132,8 @@ def divergence_gaps(
     steps and its lower bound (:func:`analysis.fits.steps.aggregate_seeds`); the neighbour on the other side enters
     with its steps, or, where a seed of it stopped short of the target, its lower bound: the fitted optimum then lies
     at least that far towards the diverged lr, and the gap is a lower bound. ``tried``: per batch size every learning
-    rate tried there, diverged trials included; ``diverged``: those at which every trial diverged; ``fallback``: the
-    curvature where these points give none (the metric's, from its other targets)."""
-    kappa = shared_curvature(brackets(value, st, best, tried))
-    kappa = kappa if np.isfinite(kappa) else fallback
+    rate tried there, diverged trials included; ``diverged``: those at which every trial diverged; ``kappa``: the
+    shared curvature (:func:`shared_curvature` of these points, or the metric's where they give none)."""
     gaps = np.where(np.isfinite(best.steps), 0.0, np.nan)
     if not np.isfinite(kappa):
         return gaps
@@ -141,14 +146,10 @@ def divergence_gaps(
         for far, near in ((above, below), (below, above)):  # far: the diverged side; near: the other neighbour
             if far is None or near is None or not np.isclose(bad, far, rtol=1e-9, atol=0.0).any():
                 continue
-            k = np.flatnonzero((st.batch_size == b) & np.isclose(st.lr, near, rtol=1e-9, atol=0.0))
-            s_near = (
-                float(value[k[0]])
-                if len(k) == 1 and np.isfinite(value[k[0]])
-                else (float(lower[k[0]]) if len(k) == 1 and lower[k[0]] > best.steps[i] else float("nan"))
-            )
-            if not np.isfinite(s_near):
+            k = _setting(st, int(b), near)
+            if k is None or not (np.isfinite(value[k]) or lower[k] > best.steps[i]):
                 continue
+            s_near = float(value[k]) if np.isfinite(value[k]) else float(lower[k])  # its steps, or their lower bound
             x = np.log([lr, near])
             gap, xv = vertex_fit(x, np.log([best.steps[i], s_near]), *sorted((np.log(near), np.log(far))), kappa)
             if (xv - x[0]) * (np.log(far) - x[0]) > 0:  # the optimum is on the diverged side of the best

@@ -66,11 +66,11 @@ def analyze_metric(
     if bootstrap > 0 and len(st.members):
         boot = pareto.bootstrap_best(steps, last, st, bootstrap, rng, resample)[1]
     ctx = PointChecks(runs, series, st, last, spacing)
-    kappa = _lr_curvature(steps, last, st, ctx.tried)
+    tuned = [_tuned(row, last, st) for row in steps]  # per target: (value, lower bound, best per batch size)
+    kappas = _lr_curvatures(tuned, st, ctx.tried)
     out = []
     for j, y in enumerate(targets):
-        val, low = aggregate_seeds(steps[j], last, st)
-        best = best_per_batch(val, low, st)
+        val, low, best = tuned[j]
         try:
             pareto.check_enough(float(y), metric, best.batch_sizes, best.steps, best.censored)
         except pareto.TooFewBatchSizesError as e:
@@ -81,7 +81,7 @@ def analyze_metric(
         fit = pareto.fit_pareto(best.batch_sizes, best.steps)
         dof = _variance_dof(st, resample) if calibrate else None
         ci, used = _b_crit_interval(best, fit, None if boot is None else boot[j], target_rng(seed, y), level, dof)
-        res = _target_result(runs, ctx, float(y), steps[j], val, low, st, best, fit, ci, ok, resample, kappa)
+        res = _target_result(runs, ctx, float(y), steps[j], val, low, st, best, fit, ci, ok, resample, kappas[j])
         out.append({**res, "ci_level": used})
     return out
 
@@ -122,22 +122,28 @@ def _b_crit_interval(best, fit, boot: np.ndarray | None, rng, level: float, dof:
     return pareto.percentile_ci(e_min / s_min, level), level
 
 
-def _lr_curvature(steps: np.ndarray, last: np.ndarray, st, tried: dict) -> float:
-    """The relative curvature of steps in log lr (analysis.fits.lr_grid) for the targets where a target's own points
-    give none (its slower settings censored, say): the median of the targets' own (``nan`` where none has one). The
-    penalty of an lr off the optimum is a property of the training, shared along it as across batch sizes."""
-    k = []
-    for row in steps:
-        val, low = aggregate_seeds(row, last, st)
-        k.append(lr_grid.shared_curvature(lr_grid.brackets(val, st, best_per_batch(val, low, st), tried)))
-    k = [v for v in k if np.isfinite(v)]
-    return float(np.median(k)) if k else float("nan")
+def _tuned(steps: np.ndarray, last: np.ndarray, st):
+    """One target's ``(value, lower bound, best per batch size)``: the seeds aggregated per setting, then the best
+    setting per batch size (analysis.fits.steps, stages 1-2)."""
+    val, low = aggregate_seeds(steps, last, st)
+    return val, low, best_per_batch(val, low, st)
+
+
+def _lr_curvatures(tuned: list, st, tried: dict) -> list[float]:
+    """Per target, the relative curvature of steps in log lr its points share (analysis.fits.lr_grid), or where
+    they give none (its slower settings censored, say) the median of the other targets' (``nan`` where none has
+    one): the penalty of an lr off the optimum is a property of the training, shared along it as across batch
+    sizes."""
+    own = [lr_grid.shared_curvature(lr_grid.brackets(val, st, best, tried)) for val, _, best in tuned]
+    fin = [v for v in own if np.isfinite(v)]
+    metric = float(np.median(fin)) if fin else float("nan")
+    return [v if np.isfinite(v) else metric for v in own]
 
 
 def _target_result(runs, ctx, y: float, steps: np.ndarray, val, low, st, best, fit, ci, ok, resample, kappa) -> dict:
     """One target's entry of `analyze_metric`: the fit, the interval, the fit with
-    the learning rate refined, the points with their checks, the flags, what was censored. ``kappa``: the metric's
-    lr curvature, where this target's points give none (:func:`_lr_curvature`)."""
+    the learning rate refined, the points with their checks, the flags, what was censored. ``kappa``: its lr
+    curvature (:func:`_lr_curvatures`)."""
     fitted = np.isfinite(best.steps)
     ref_steps, ref_lr = refine_lr(val, st, best)
     refined = pareto.fit_pareto(best.batch_sizes[fitted], ref_steps[fitted]).b_crit

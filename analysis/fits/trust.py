@@ -37,7 +37,7 @@ class PointChecks:
         # every learning rate tried per batch size (diverged and failed trials included), and those at which every
         # trial diverged
         self.tried = {int(b): np.unique(lr[runs.batch_size == b]) for b in np.unique(runs.batch_size)}
-        self.diverged = {b: np.array([q for q in t if _all_diverged(runs, b, q)]) for b, t in self.tried.items()}
+        self.diverged = {b: np.array([q for q in t if _all_diverged(runs, lr, b, q)]) for b, t in self.tried.items()}
         self.lr_range = {b: (t[0], t[-1]) for b, t in self.tried.items()}
 
     def point(self, i: int, best, steps: np.ndarray, ref_steps: float, ref_lr: float, gap: float = 0.0,
@@ -89,9 +89,8 @@ class PointChecks:
         return {"batch_size": int(best.batch_sizes[i]), "steps_at_most": float(best.candidate[i]), "reason": reason}
 
 
-def _all_diverged(runs: Runs, b: int, lr: float) -> bool:
-    """Whether every trial at batch size ``b`` and learning rate ``lr`` diverged."""
-    lrs = runs.trials.column("lr").to_numpy()
+def _all_diverged(runs: Runs, lrs: np.ndarray, b: int, lr: float) -> bool:
+    """Whether every trial at batch size ``b`` and learning rate ``lr`` diverged (``lrs``: the trials' lr column)."""
     sel = (runs.batch_size == b) & np.isclose(lrs, lr, rtol=1e-9, atol=0.0)
     return bool(sel.any() and (runs.status[sel] == m.STATUS_DIVERGED).all())
 

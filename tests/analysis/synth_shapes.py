@@ -10,6 +10,8 @@ seed-to-seed noise along each loss curve, ``rate_jitter`` a per-trial constant f
 
 from __future__ import annotations
 
+from dataclasses import replace
+
 from synth_sweeps import Sweep
 
 SHAPES: dict[str, Sweep] = {
@@ -26,19 +28,6 @@ SHAPES: dict[str, Sweep] = {
         lr_slope=0.15,
         lr_opt_spread=0.3,
     ),  # fmt: skip
-    # quiet3's sweep on a grid 4x finer over the same two octaves (9 lrs a quarter octave apart): the remedy
-    # lr_at_divergence names, for the adaptive sweep to draw from (benchmarks/bench_adaptive_shapes.py)
-    "quiet9": Sweep(
-        seeds=2,
-        sigma=0.005,
-        rate_jitter=0.01,
-        eval_noise=0.002,
-        n_lr=9,
-        lr_step=0.25,
-        lr_opt_256=0.3,
-        lr_slope=0.15,
-        lr_opt_spread=0.3,
-    ),  # fmt: skip
     # noisy: 8% jitter, 1% evaluation noise, 7 lrs, 5 seeds, no global target (fixed budget), nothing diverges
     "budget7": Sweep(
         seeds=5, sigma=0.02, rate_jitter=0.08, eval_noise=0.01, n_lr=7, stop_at_target=False, diverge_from=1 << 30
@@ -48,3 +37,6 @@ SHAPES: dict[str, Sweep] = {
     # synth_sweeps as issue 17 tuned on (correlated 4% noise, no constant jitter)
     "sweeps17": Sweep(),
 }
+# quiet3's sweep on a grid 4x finer over the same two octaves (9 lrs a quarter octave apart): the remedy
+# lr_at_divergence names, for the adaptive sweep to draw from (benchmarks/bench_adaptive_shapes.py)
+SHAPES["quiet9"] = replace(SHAPES["quiet3"], n_lr=9, lr_step=0.25)

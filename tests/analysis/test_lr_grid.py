@@ -4,6 +4,7 @@ only difference is the spacing of the learning-rate grid."""
 
 import numpy as np
 import pytest
+from synth_shapes import SHAPES
 from synth_sweeps import Sweep, simulate, truth
 
 from analysis.core import metrics as m
@@ -77,6 +78,11 @@ def _settings(batch_sizes, lrs, steps):
     return val, st, best, {b: np.array(lrs) for b in batch_sizes}
 
 
+def _kappa(val, st, best, tried) -> float:
+    """The curvature the points share, as analyze_metric passes it (the model's here: see the first test below)."""
+    return lr_grid.shared_curvature(lr_grid.brackets(val, st, best, tried))
+
+
 LRS = np.array([1e-3, 2e-3, 4e-3])
 X = np.log(LRS)
 # four batch sizes; the first two have both neighbours (they give kappa), the last three lose the largest lr (see each
@@ -100,7 +106,7 @@ def test_divergence_gaps_against_the_closed_form():
     val, st, best, tried = _settings(BS, LRS, _grid())
     diverged = {b: LRS[2:] if b >= 128 else LRS[:0] for b in BS}
     assert lr_grid.shared_curvature(lr_grid.brackets(val, st, best, tried)) == pytest.approx(KAPPA, rel=1e-9)
-    gaps = lr_grid.divergence_gaps(val, val, st, best, tried, diverged)
+    gaps = lr_grid.divergence_gaps(val, val, st, best, tried, diverged, _kappa(val, st, best, tried))
     y3 = np.log(_grid()[3, :2])
     want3 = y3[1] - np.mean(y3 - np.log1p(KAPPA * (X[:2] - X[2]) ** 2))
     assert gaps == pytest.approx([0.0, 0.0, np.log(1 + KAPPA * 0.5**2), want3, 0.0], abs=1e-5)
@@ -110,7 +116,8 @@ def test_divergence_gaps_need_a_diverged_neighbour():
     """The same points, but the largest lr stopped short of the target (censored) instead of diverging: the optimum is
     not known to lie past the grid's measurements there, so no gap (``lr_at_edge``'s and the censoring's business)."""
     val, st, best, tried = _settings(BS, LRS, _grid())
-    assert (lr_grid.divergence_gaps(val, val, st, best, tried, {b: LRS[:0] for b in BS}) == 0).all()
+    none = {b: LRS[:0] for b in BS}
+    assert (lr_grid.divergence_gaps(val, val, st, best, tried, none, _kappa(val, st, best, tried)) == 0).all()
 
 
 def test_a_censored_neighbour_enters_with_its_lower_bound():
@@ -125,7 +132,7 @@ def test_a_censored_neighbour_enters_with_its_lower_bound():
     diverged = {b: LRS[2:] if b >= 128 else LRS[:0] for b in BS}
     for bound, expect_gap in ((true_lo / 1.05, True), (best.steps[2] * 0.9, False)):
         lower = np.where(np.isinf(val), bound, val)
-        gaps = lr_grid.divergence_gaps(val, lower, st, best, tried, diverged)
+        gaps = lr_grid.divergence_gaps(val, lower, st, best, tried, diverged, _kappa(val, st, best, tried))
         if not expect_gap:
             assert gaps[2] == 0.0
             continue
@@ -140,8 +147,7 @@ def test_a_censored_neighbour_enters_with_its_lower_bound():
 
 # quiet3's sweep (synth_shapes) on two grids that span the same two octaves: 3 lrs an octave apart, or 9 a quarter
 # octave apart; the largest lr diverges from B = 512 on both
-QUIET = dict(seeds=2, sigma=0.005, rate_jitter=0.01, eval_noise=0.002, lr_opt_256=0.3, lr_slope=0.15, lr_opt_spread=0.3)
-COARSE, FINE = Sweep(**QUIET, n_lr=3), Sweep(**QUIET, n_lr=9, lr_step=0.25)
+COARSE, FINE = SHAPES["quiet3"], SHAPES["quiet9"]
 
 
 def _global(sw: Sweep, seed: int):
