@@ -79,7 +79,7 @@ def main() -> None:
     ap.add_argument("--target", type=float, default=0.5)
     ap.add_argument("--rel-ci", type=float, default=None, help="the adaptive goal (default: the grid's median)")
     ap.add_argument("--bootstrap", type=int, default=1000)
-    ap.add_argument("--decision-bootstrap", type=int, default=200)
+    ap.add_argument("--decision-bootstrap", type=int, default=nt.CONFIRM_BOOTSTRAP)
     ap.add_argument("--max-seeds", type=int, default=SEEDS, help="the adaptive space's seeds per setting")
     ap.add_argument("--first-seed", type=int, default=1000)
     ap.add_argument("--json", default=None)

@@ -5,8 +5,9 @@ The noisy quadratic model has no per-bin losses, so this runs on the independent
 bins with B_crit about 64, 160, 420 and 1100, trials stopped at a global target). Per repeat (a sweep seed) the
 whole grid is drawn once and each trial the decision rule chooses is revealed from it (trials are independent
 draws given the sweep's own draw of where the grid falls, so this is the same as drawing them on demand). The rule
-(``analysis.decisions.next_trials``, one trial at a time, 200 bootstrap resamples per refit, calibrated level) runs
-with the goal ``rel_ci`` at the global target (at progress ``--progress``) with ``bins: true`` until it stops.
+(``analysis.decisions.next_trials``, one trial at a time, 1000 bootstrap resamples per refit since 2026-11-27,
+200 before; calibrated level) runs with the goal ``rel_ci`` at the global target (at progress ``--progress``)
+with ``bins: true`` until it stops.
 
 For the sweeps that stopped on their own goal (``goal_met``) it counts, at the stopping refit, whether each 90%
 interval holds the truth: the global one (``Curve.b_crit`` at the target) and every bin interval the goal counted
@@ -70,7 +71,7 @@ def one_sweep(rep: int, rel_ci: float, progress: float, first_seed: int) -> dict
     ids: list[str] = []
     while True:
         runs = subset(grid, ids) if ids else None
-        dec = nt.next_trials(runs, space, goal, budget, n=1, bootstrap=200, seed=rep)
+        dec = nt.next_trials(runs, space, goal, budget, n=1, bootstrap=nt.CONFIRM_BOOTSTRAP, seed=rep)
         if dec.stop is not None or not dec.choices:
             break
         ids.append(trial_id(index, dec.choices[0].trial))

@@ -133,7 +133,7 @@ def main() -> None:
     ap.add_argument("--sweeps", type=int, default=30)
     ap.add_argument("--first-seed", type=int, default=3000)
     ap.add_argument("--bootstrap", type=int, default=400, help="replicates of the final analyses")
-    ap.add_argument("--decision-bootstrap", type=int, default=200, help="replicates of each refit")
+    ap.add_argument("--decision-bootstrap", type=int, default=nt.CONFIRM_BOOTSTRAP, help="replicates of each refit")
     ap.add_argument("--concurrency", type=int, default=4, help="trials chosen per refit")
     ap.add_argument("--json", default=None)
     a = ap.parse_args()

@@ -45,7 +45,7 @@ from orchestrator.search import read_state
 from orchestrator.tune_trainable import OBJECTIVE
 
 STATE_FORMAT = "bcrit-adaptive-search/1"
-DECISION_BOOTSTRAP = 200  # bootstrap resamples of each refit (bcrit analyze's final answer uses its own, 1000)
+DECISION_BOOTSTRAP = nt.CONFIRM_BOOTSTRAP  # resamples of each refit: bcrit analyze's 1000 (next_trials docstring)
 
 
 class AdaptiveSearch(Searcher):

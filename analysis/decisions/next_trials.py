@@ -16,12 +16,15 @@ trusts (no flags) within ``rel_ci`` with ``min_seeds`` at the bin's own best set
 the decision (``Decision.bins``, ``summary()``) and not counted. ``Decision.widest()`` names the interval the goal
 waits for (the widest of the global targets and the counted bins).
 
-**Stopping.** A refit's interval comes from ``bootstrap`` resamples (200 by default: cheap, but its width moves
-by several points from one refit to the next at these widths). A stop on the goal is a choice made by looking at
-that noisy width, so it is not taken on one: when a refit meets the goal with no trial pending, the goal is
-checked again on a refit with ``confirm_bootstrap`` resamples (1000, what ``bcrit analyze`` reports), and the sweep
-stops only if it holds there too; otherwise the trials are chosen from the confirming refit. The stopped answer is
-then the one ``bcrit analyze`` gives at the same seed. With trials pending, a goal met waits for them.
+**Stopping.** A refit's interval comes from ``bootstrap`` resamples: 1000 by default, what ``bcrit analyze``
+reports, so the goal looks at the width the user will be given (a refit costs about the same at 1000 as at 200: the
+calibration dominates). With fewer (the default was 200 until 2026-11-27) the width moves by several points from
+one refit to the next; a stop on the goal is then not taken on one: when such a refit meets the goal with no trial
+pending, the goal is checked again on a refit with ``confirm_bootstrap`` resamples (1000), and the sweep stops only
+if it holds there too; otherwise the trials are chosen from the confirming refit. The stopped answer is the one
+``bcrit analyze`` gives at the same seed. With trials pending, a goal met waits for them. (On 14 replayed tiny-DiT
+sweeps the 200-resample refits ran past the first prefix whose answer met the goal: median 0.75 of the grid's
+examples at the stop against 0.61 with 1000; benchmarks/RESULTS.md, "resampled the learning rates".)
 
 **Expected narrowing (the documented proxy).** In log space the fit ``log S(B) = log(S_min + E_min/B)`` is, near
 its optimum, linear in ``p = (log S_min, log E_min)`` with the row ``g(B) = (S_min, E_min/B) / S(B)`` per point;
@@ -38,7 +41,10 @@ examples spent to ``B · S(B)``). A sum, not the widest interval's narrowing alo
 open interval is met, so a trial that narrows several is worth more than one that narrows the widest a little
 more; the widest alone would ignore the others until it is met, and which interval is widest changes from refit
 to refit with the bootstrap's noise. Intervals already met add nothing (the goal no longer looks at them), unless
-all are and the goal waits for seeds or a learning-rate edge: then every interval counts.
+all are and the goal waits for seeds or a learning-rate edge: then every interval counts. While some are not, a
+target already narrow enough whose points the goal still waits for (a best setting short of ``min_seeds``, a best
+lr at an edge the grid can pass, an untried lr towards a diverged neighbour) gives exactly those trials, ranked
+first like brackets (:func:`_goal_blockers`): the goal cannot be met without them.
 
 Candidates, and their rows:
 
@@ -316,7 +322,7 @@ def next_trials(
     pending: tuple[Trial, ...] | list[Trial] = (),
     n: int = 1,
     metric: str = m.EVAL_LOSS,
-    bootstrap: int = 200,
+    bootstrap: int = CONFIRM_BOOTSTRAP,
     seed: int = 0,
     confirm_bootstrap: int = CONFIRM_BOOTSTRAP,
 ) -> Decision:
@@ -459,11 +465,14 @@ def _lrs_at(tried: list[Trial], b: int) -> list[float]:
 
 
 def _beyond_edge(space: Space, tried: list[Trial], b: int, lr: float) -> float | None:
-    """The next grid lr beyond the tried range at b on the side where ``lr`` sits; None if none is left."""
+    """The next grid lr beyond the tried range at b on the side where ``lr`` sits; None if none is left, or if
+    ``lr`` is no longer at an edge (a pending trial went past it: the flag is the finished trials')."""
     got = _lrs_at(tried, b)
     if _same_lr(lr, got[0]):
         below = [x for x in space.lrs if x < got[0] * (1 - 1e-9)]
         return below[-1] if below else None
+    if not _same_lr(lr, got[-1]):
+        return None
     above = [x for x in space.lrs if x > got[-1] * (1 + 1e-9)]
     return above[0] if above else None
 
@@ -521,6 +530,8 @@ def _candidates(runs, space, goal, fits, tried, cost, metric, bins=()) -> list[C
     # the intervals the goal waits for: global targets too wide, counted bins too wide or short of seeds
     unmet = [(f, metric) for f in fits if not rel_width(f) <= goal.rel_ci]
     unmet += [(b.fit, b.metric) for b in bins if b.counted and _open_bin(b, goal)]
+    if unmet:  # the targets already narrow enough may still hold the goal back
+        out += _goal_blockers([f for f in fits if rel_width(f) <= goal.rel_ci], goal, space, tried, cost, fits)
     unmet = unmet or [(f, metric) for f in fits] + [(b.fit, b.metric) for b in bins if b.counted]
     steps = [_target_steps(runs, f, mt) for f, mt in unmet]
     models = [_Model(f, _sigma2(runs, f, mt, st)) for (f, mt), st in zip(unmet, steps, strict=True)]
@@ -529,7 +540,7 @@ def _candidates(runs, space, goal, fits, tried, cost, metric, bins=()) -> list[C
         for t in tried:
             if t.batch_size in fitted and t not in done:
                 mdl.add(t.batch_size)
-    seen: set[tuple[int, float, str]] = set()
+    seen: set[tuple[int, float, str]] = {(c.trial.batch_size, c.trial.lr, _KEY[c.kind]) for c in out}
     for f, _ in unmet:
         for p in f["points"]:
             b, lr = p["batch_size"], p["lr"]
@@ -570,6 +581,32 @@ def _candidates(runs, space, goal, fits, tried, cost, metric, bins=()) -> list[C
         gain = sum(mdl.narrowing(b) for mdl in models)
         out.append(Choice(Trial(b, _lr_for_new_b(space, ref, b), 0), "batch_size", gain / e, e, "untried batch size"))
     return out
+
+
+_KEY = {"seed": "s", "lr_edge": "e", "lr_refine": "r"}  # the candidate kinds' keys in _candidates' `seen`
+
+
+def _goal_blockers(met: list[dict], goal: Goal, space: Space, tried: list[Trial], cost: _Cost, fits: list[dict]):
+    """The trials the goal needs at targets whose interval is already narrow enough (``met``) while others are not:
+    a seed where a best setting has fewer than ``min_seeds``, the lr past an ``lr_at_edge`` point's edge, the lr
+    between an ``lr_at_divergence`` point's best and its tried neighbour (what :func:`_goal_met` waits for). Without
+    them the sweep could run out of candidates for the wide targets and stop ``space_exhausted`` with these never
+    tried. Ranked first (score inf), as brackets are: the goal cannot be met without them."""
+    out: list[Choice] = []
+    for f in met:
+        for p in f["points"]:
+            b, lr, y = p["batch_size"], p["lr"], f["target"]
+            k = sum(1 for t in tried if t.batch_size == b and _same_lr(t.lr, lr))
+            e = cost.of(b, fits)
+            if p["seeds"] < goal.min_seeds and k < min(goal.min_seeds, space.max_seeds):
+                why = f"{p['seeds']} seed(s) at the best setting at {y:g}: the goal needs {goal.min_seeds}"
+                out.append(Choice(Trial(b, lr, _next_seed(tried, b, lr)), "seed", np.inf, e, why))
+            x = _beyond_edge(space, tried, b, lr) if fl.LR_AT_EDGE in p["flags"] else None
+            if x is not None:
+                out.append(Choice(Trial(b, x, 0), "lr_edge", np.inf, e, f"best lr {lr:g} at the edge at {y:g}"))
+            for x in _refine(space, tried, b, lr) if fl.LR_AT_DIVERGENCE in p["flags"] else []:
+                out.append(Choice(Trial(b, x, 0), "lr_refine", np.inf, e, f"optimum towards a diverged lr at {y:g}"))
+    return list({(c.trial, c.kind): c for c in out}.values())
 
 
 def _bracket_lr(runs: Runs | None, space: Space, tried: list[Trial], b: int, metric: str) -> float | None:

@@ -9,7 +9,7 @@ from __future__ import annotations
 import numpy as np
 import pyarrow as pa
 
-from analysis.decisions.next_trials import Budget, Decision, Goal, Space, Trial, next_trials
+from analysis.decisions.next_trials import CONFIRM_BOOTSTRAP, Budget, Decision, Goal, Space, Trial, next_trials
 from analysis.quadratic.nqm import simulate_sweep
 from analysis.sources.loaders import Runs, runs_from_tables
 
@@ -37,7 +37,7 @@ def concat(a: Runs | None, b: Runs) -> Runs:
 
 
 def adaptive_sweep(
-    h, c, theta0, space: Space, goal: Goal, budget: Budget, sweep_seed: int, bootstrap: int = 200, **stop
+    h, c, theta0, space: Space, goal: Goal, budget: Budget, sweep_seed: int, bootstrap: int = CONFIRM_BOOTSTRAP, **stop
 ) -> tuple[Runs, Decision, list[Decision]]:
     """Run the adaptive loop one trial at a time until it stops; ``(runs, final decision, every decision)``."""
     runs: Runs | None = None

@@ -80,9 +80,9 @@ def fit_steps(runs: Runs, metric: str, target: float, n_boot: int = 1000, seed: 
     steps[:, ~ok] = np.nan
     st = settings_of(pooled, ok)
     rng = np.random.default_rng(seed)
-    boot = pareto.bootstrap_best(steps, last, st, max(n_boot, 1), rng, pareto.ci_resamples(st))[1][0]
     val, low = aggregate_seeds(steps[0], last, st)
     best = best_per_batch(val, low, st)
+    boot = pareto.bootstrap_best(steps, last, st, max(n_boot, 1), rng, pareto.ci_resamples(st, best.setting))[1][0]
     pareto.check_enough(float(target), metric, best.batch_sizes, best.steps, best.censored)
     fit = pareto.fit_pareto(best.batch_sizes, best.steps)
     fitted = np.isfinite(best.steps)

@@ -61,7 +61,7 @@ def band_b_crit(
     pareto.check_enough(lo, metric, bs, np.where(fitted, delta, np.inf), best[0].censored | best[1].censored)
     fit = pareto.fit_pareto(bs[fitted], delta[fitted])
     ci = (float("nan"), float("nan"))
-    resample = pareto.ci_resamples(st)
+    resample = pareto.ci_resamples(st, np.concatenate([best[0].setting, best[1].setting]))
     if bootstrap > 0:
         _bs, reps = pareto.bootstrap_best(steps, last, st, bootstrap, np.random.default_rng(seed), resample)
         with np.errstate(invalid="ignore"):

@@ -9,8 +9,9 @@ t-interval is due. This module measures that shortfall on the fitted model and r
 (Hall 1986; Beran 1987 "prepivoting"; Davison & Hinkley 1997, section 5.6):
 
 1. **Outer draws** (``outer``): sweeps' points from the fitted model: ``y*_i = log(S_min + E_min/B_i) + N(0, v_i +
-   tau²)``, each with its own estimate of the per-point variance ``v*_i = v_i·chi²_d/d`` (``d`` = seeds per setting
-   - 1: the bootstrap's variance of a mean of ``d + 1`` seeds is itself an estimate on ``d`` degrees of freedom).
+   tau²)``, each with its own estimate of the per-point variance ``v*_i = v_i·chi²_d_i/d_i`` (``d_i`` = seeds at
+   point i's best setting - 1: the bootstrap's variance of a mean of ``d_i + 1`` seeds is itself an
+   estimate on ``d_i`` degrees of freedom).
 2. On each, the interval procedure as ``analyze_metric`` runs it: refit, ``tau²*`` by the same method of moments,
    **inner replicates** (``inner``) ``y*_i + N(0, v*_i + tau²*)``, refitted.
 3. Where the fitted model's ``B_crit`` (the truth of this parametric world) falls among each outer draw's inner
@@ -56,21 +57,23 @@ def coverage_stats(
     e_min: float,
     v: np.ndarray,
     tau2: float,
-    dof: float,
+    dof: float | np.ndarray,
     rng: np.random.Generator,
     outer: int = OUTER,
     inner: int = INNER,
 ) -> np.ndarray:
     """``u = |2F - 1|`` for each of ``outer`` parametric sweeps (``nan`` where a fit failed): the nominal interval at
     level ``a`` holds the model's B_crit on a sweep iff ``u <= a``. ``v``: (n,) per-point variances of log steps,
-    ``tau2``: the lack of fit, ``dof``: degrees of freedom of each ``v_i`` (``inf``: known exactly)."""
+    ``tau2``: the lack of fit, ``dof``: degrees of freedom of each ``v_i``, one for all or (n,) per point (``inf``:
+    known exactly)."""
     b = np.asarray(batch_sizes, dtype=np.float64)
     v = np.asarray(v, dtype=np.float64)
     n = len(b)
     f = np.log(s_min + e_min / b)
     p0 = np.log([s_min, e_min])
     y = f[None, :] + rng.standard_normal((outer, n)) * np.sqrt(v + tau2)[None, :]
-    v_star = v[None, :] * (rng.chisquare(dof, (outer, n)) / dof if np.isfinite(dof) else 1.0)
+    dof = np.broadcast_to(np.asarray(dof, dtype=np.float64), (n,))
+    v_star = v[None, :] * (rng.chisquare(dof, (outer, n)) / dof if np.isfinite(dof).all() else 1.0)
     s_o, e_o = fit_pareto_batched(b, np.exp(y), p0, iters=ITERS)
     r = y - np.log(s_o[:, None] + e_o[:, None] / b[None, :])
     h = _leverages_batched(b, s_o, e_o)
@@ -103,7 +106,7 @@ def calibrated_level(
     e_min: float,
     v: np.ndarray,
     tau2: float,
-    dof: float,
+    dof: float | np.ndarray,
     level: float,
     rng: np.random.Generator,
     outer: int = OUTER,

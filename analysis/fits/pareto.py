@@ -124,9 +124,18 @@ def fit_pareto_batched(
     return s_min, e_min
 
 
-def ci_resamples(st: Settings) -> str:
-    """What the interval resamples: seeds when the typical setting has several seeds, else trials."""
-    return CI_SEEDS if len(st.members) and np.median(st.n_seeds) >= 2 else CI_TRIALS
+def ci_resamples(st: Settings, points: np.ndarray | None = None) -> str:
+    """What the interval resamples: seeds when the typical fitted point's setting has several seeds, else trials.
+
+    ``points``: the settings the fit stands on (each batch size's best, at any target; -1 entries ignored); None:
+    every setting. Judged on the points, not on every setting tried: an adaptive sweep runs many one-seed
+    neighbours of 3-seed best settings, and a median over all settings then turned the bootstrap of the points'
+    seeds into one of learning rates, and flipped between the two as the sweep grew."""
+    n = st.n_seeds
+    if points is not None:
+        idx = np.asarray(points, dtype=np.int64)
+        n = n[idx[idx >= 0]]
+    return CI_SEEDS if len(n) and np.median(n) >= 2 else CI_TRIALS
 
 
 def _best_of(val: np.ndarray, low: np.ndarray) -> np.ndarray:

@@ -60,13 +60,13 @@ def analyze_metric(
     last, spacing = trial_extent(series, n)
     runs, steps, last, ok = pool_splits(runs, steps, last, ok)  # the splits of one seed are one repeat
     st = settings_of(runs, ok)
-    resample = pareto.ci_resamples(st)
+    tuned = [_tuned(row, last, st) for row in steps]  # per target: (value, lower bound, best per batch size)
+    resample = pareto.ci_resamples(st, np.concatenate([best.setting for _, _, best in tuned]))
     rng = np.random.default_rng(seed)
     boot = None
     if bootstrap > 0 and len(st.members):
         boot = pareto.bootstrap_best(steps, last, st, bootstrap, rng, resample)[1]
     ctx = PointChecks(runs, series, st, last, spacing)
-    tuned = [_tuned(row, last, st) for row in steps]  # per target: (value, lower bound, best per batch size)
     kappas = _lr_curvatures(tuned, st, ctx.tried)
     out = []
     for j, y in enumerate(targets):
@@ -79,7 +79,7 @@ def analyze_metric(
             (notes if notes is not None else []).append(str(e))
             continue
         fit = pareto.fit_pareto(best.batch_sizes, best.steps)
-        dof = _variance_dof(st, resample) if calibrate else None
+        dof = _variance_dof(st, resample, best) if calibrate else None
         ci, used = _b_crit_interval(best, fit, None if boot is None else boot[j], target_rng(seed, y), level, dof)
         res = _target_result(runs, ctx, float(y), steps[j], val, low, st, best, fit, ci, ok, resample, kappas[j])
         out.append({**res, "ci_level": used})
@@ -94,21 +94,26 @@ def target_rng(seed: int, target: float) -> np.random.Generator:
     return np.random.default_rng([int(seed), int(np.float64(target).view(np.uint64))])
 
 
-def _variance_dof(st, resample: str) -> float:
-    """Degrees of freedom of a point's bootstrap variance: seeds per setting - 1 (``"seeds"``), settings per batch
-    size - 1 (``"trials"``); at least 1."""
+def _variance_dof(st, resample: str, best) -> np.ndarray:
+    """Degrees of freedom of each fitted point's bootstrap variance (the points of ``best`` with finite steps, in
+    order): its best setting's seeds - 1 (``"seeds"``), or the median number of settings per batch size - 1
+    (``"trials"``); at least 1. Per point, not a median over every setting: in an adaptive sweep a 2-seed point's
+    variance rests on 1 degree of freedom whatever the other settings hold, and the many one-seed neighbours of its
+    3-seed points would otherwise set the whole interval's calibration to 1 (docs/intervals.md)."""
+    fitted = best.setting[np.isfinite(best.steps)]
     if resample == fl.CI_SEEDS:
-        return float(max(1.0, np.median(st.n_seeds) - 1))
+        return np.maximum(1.0, st.n_seeds[fitted] - 1.0)
     per_b = np.unique(st.batch_size, return_counts=True)[1]
-    return float(max(1.0, np.median(per_b) - 1))
+    return np.full(len(fitted), max(1.0, float(np.median(per_b)) - 1.0))
 
 
-def _b_crit_interval(best, fit, boot: np.ndarray | None, rng, level: float, dof: float | None):
+def _b_crit_interval(best, fit, boot: np.ndarray | None, rng, level: float, dof: np.ndarray | None):
     """The percentile interval of ``B_crit`` at one target and the level it was taken at: the bootstrap's best
     steps per batch size (``boot``, (R, n_B); None: no bootstrap) at the point estimate's batch sizes, the points'
     scatter about the fit beyond what the replicates show added (analysis.fits.pareto.lack_of_fit_var), each
     replicate refitted. ``dof`` (None: no calibration): the level is calibrated by
-    :func:`analysis.fits.calibration.calibrated_level` with the points' variances on ``dof`` degrees of freedom."""
+    :func:`analysis.fits.calibration.calibrated_level` with each point's variance on its ``dof`` degrees of
+    freedom (:func:`_variance_dof`)."""
     if boot is None:
         return (float("nan"), float("nan")), level
     fitted = np.isfinite(best.steps)

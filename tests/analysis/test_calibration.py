@@ -136,3 +136,16 @@ def test_bcrit_analyze_records_the_calibrated_level_and_turns_it_off(tmp_path):
     assert cal.MIN_LEVEL <= a <= cal.MAX_LEVEL and a != 0.9
     (lo0, hi0), (lo1, hi1) = got[True]["b_crit_ci"], got[False]["b_crit_ci"]
     assert ((lo1 <= lo0) and (hi1 >= hi0)) == (a > 0.9)
+
+
+def test_per_point_degrees_of_freedom():
+    """``dof`` per point (an adaptive sweep's points hold 2 or 3 seeds): the same draws as one scalar where they are
+    all equal; a level in range where they differ."""
+    v, tau2 = np.full(len(BS), 0.02**2), 0.01**2
+    one = cal.coverage_stats(BS, 80.0, 80.0 * 256.0, v, tau2, 2.0, np.random.default_rng(5), outer=60)
+    each = cal.coverage_stats(BS, 80.0, 80.0 * 256.0, v, tau2, np.full(len(BS), 2.0), np.random.default_rng(5),
+                              outer=60)  # fmt: skip
+    np.testing.assert_array_equal(one, each)
+    mixed = cal.coverage_stats(BS, 80.0, 80.0 * 256.0, v, tau2, np.array([1.0, 2, 1, 2, 2, 1, 2]),
+                               np.random.default_rng(5), outer=60)  # fmt: skip
+    assert np.isfinite(mixed).all() and not np.array_equal(one, mixed)

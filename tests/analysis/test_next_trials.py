@@ -216,3 +216,35 @@ def test_a_far_worse_neighbours_seed_ranks_below_a_seed_elsewhere():
     far, diverged = score["seed", 16, 0.2], score["seed", 16, 0.8]
     assert diverged == 0.0
     assert 0 <= far < score["seed", 64, 1.6] and far < score["seed", 1024, 1.95]
+
+
+def test_a_narrow_target_still_gets_the_trials_its_goal_needs():
+    """Two goal targets, one narrow enough but short of seeds at one point, with a best lr at a passable edge at
+    another and an optimum towards a diverged lr at a third: those trials are candidates, first (score inf), even
+    while the other target is the one the narrowing scores look at. Before, only the targets still too wide gave
+    candidates, and a sweep whose wide target had none left stopped ``space_exhausted`` with the goal unmeetable
+    (3 of 14 replayed tiny-DiT sweeps, benchmarks/RESULTS.md)."""
+    space = nt.Space(batch_sizes=(8, 16, 32), lrs=(0.01, 0.02, 0.04, 0.08), max_seeds=3)
+    goal = nt.Goal(targets=(0.5, 0.4), rel_ci=0.2, min_seeds=2)
+    pts = [{"batch_size": b, "lr": 0.02, "seeds": 3, "flags": []} for b in (8, 16, 32)]
+    pts[0]["seeds"] = 1
+    pts[1]["flags"] = [fl.LR_AT_EDGE]
+    pts[2]["flags"] = [fl.LR_AT_DIVERGENCE]
+    narrow = {"target": 0.5, "b_crit": 20.0, "b_crit_ci": [18.0, 22.0], "points": pts, "flags": []}
+    tried = [nt.Trial(8, x, 0) for x in (0.01, 0.02, 0.04)] + [nt.Trial(16, x, s) for x in (0.02, 0.04) for s in (0, 1)]
+    tried += [nt.Trial(16, 0.02, 2)] + [nt.Trial(32, x, 0) for x in (0.01, 0.02, 0.08)]
+
+    class Cost:
+        def of(self, b, fits):
+            return float(b)
+
+    got = nt._goal_blockers([narrow], goal, space, tried, Cost(), [narrow])
+    assert {(c.kind, c.trial) for c in got} == {
+        ("seed", nt.Trial(8, 0.02, 1)),  # 1 seed, the goal needs 2
+        ("lr_edge", nt.Trial(16, 0.01, 0)),  # best 0.02 at the low edge of {0.02, 0.04}; 0.01 is in the grid
+        ("lr_refine", nt.Trial(32, 0.04, 0)),  # towards the diverged 0.08, with 0.04 untried in between
+    }
+    assert all(c.score == np.inf and str(c.trial.batch_size) in str(c.examples) for c in got)
+    pending = tried + [nt.Trial(8, 0.02, 1), nt.Trial(16, 0.01, 0), nt.Trial(32, 0.04, 0)]
+    assert nt._goal_blockers([narrow], goal, space, pending, Cost(), [narrow]) == []  # pending: nothing more
+    assert not nt._goal_met([narrow], goal, space, tried)

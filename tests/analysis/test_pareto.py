@@ -529,3 +529,44 @@ def test_interval_at_a_target_does_not_depend_on_the_other_targets():
     assert again["b_crit_ci"] == auto[-1]["b_crit_ci"]
     other = analyze_metric(runs, m.EVAL_LOSS, [0.2], bootstrap=200, seed=6)[0]
     assert other["b_crit_ci"] != alone["b_crit_ci"]
+
+
+def test_ci_resamples_judged_on_the_fitted_points():
+    """An adaptive sweep's shape: 3 seeds at each batch size's best setting, 1 at two neighbours. Over every setting
+    the median is 1 seed; over the points the fit stands on, 3: the points' seeds are what the interval resamples."""
+    st = _seed_settings([(4, 3), (4, 1), (4, 1), (8, 3), (8, 1), (8, 1), (16, 1), (16, 3), (16, 1)])
+    assert pareto.ci_resamples(st) == flags.CI_TRIALS
+    assert pareto.ci_resamples(st, np.array([0, 3, 7, -1])) == flags.CI_SEEDS  # -1: a batch size without a best
+    assert pareto.ci_resamples(st, np.array([1, 4, 7])) == flags.CI_TRIALS
+
+
+def _only(runs, keep):
+    """The runs restricted to the trials where ``keep`` (one bool per trial) holds."""
+    import pyarrow as pa
+    import pyarrow.compute as pc
+
+    from analysis.sources.loaders import runs_from_tables
+
+    ids = pa.array([t for t, k in zip(runs.trial_ids, keep, strict=True) if k])
+    pick = [pc.is_in(pc.cast(t.column("trial_id"), pa.string()), ids) for t in (runs.trials, runs.metrics)]
+    return runs_from_tables(runs.trials.filter(pick[0]), runs.metrics.filter(pick[1]), source="synthetic")
+
+
+def test_one_seed_neighbours_that_never_win_leave_the_interval_unchanged():
+    """The interval is the bootstrap of the best setting per batch size. Add, at every batch size, one-seed trials
+    at learning rates 1.3x-2.2x slower than the best (the neighbours an adaptive sweep tries once): with 3% seed
+    scatter no replicate picks them, so the replicates, the lack of fit, each point's degrees of freedom and hence
+    the interval are exactly those of the best settings alone. (Judged over every setting, the median of 1 seed
+    had turned this into a bootstrap of learning rates, and the interval into another.)"""
+    full = synth_runs(np.random.default_rng(7), seeds=3, sigma=0.03, batch_sizes=(16, 64, 256, 1024, 4096))
+    lr = full.trials.column("lr").to_numpy()
+    seed = full.trials.column("seed").to_numpy()
+    best = np.isclose(lr, 1e-3 * np.sqrt(full.batch_size / 256))  # lr factor 1: the optimum
+    alone = _only(full, best)
+    shaped = _only(full, best | (seed == 0))  # + 4 one-seed lrs per batch size (the largest diverges)
+    a = analyze_metric(alone, m.EVAL_LOSS, [0.3], bootstrap=400)[0]
+    b = analyze_metric(shaped, m.EVAL_LOSS, [0.3], bootstrap=400)[0]
+    assert all(p["lr"] == q["lr"] and p["seeds"] == 3 for p, q in zip(a["points"], b["points"], strict=True))
+    assert a["ci_resamples"] == b["ci_resamples"] == flags.CI_SEEDS
+    assert b["b_crit_ci"] == a["b_crit_ci"] and b["ci_level"] == a["ci_level"]
+    assert b["b_crit_ci"][0] < b["b_crit"] < b["b_crit_ci"][1]
