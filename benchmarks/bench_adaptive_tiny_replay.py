@@ -196,8 +196,9 @@ def replay(pool: Pool, seeds, targets, rel_ci: float, trials_budget: int, concur
             steps.append({"trials": len(done), "examples": dec.examples_spent, "widths": list(dec.widths.values()),
                           "chose": [f"{c.kind} B={c.trial.batch_size} lr={c.trial.lr:g} s={c.trial.seed}"
                                     for c in dec.choices]})  # fmt: skip
-        if dec.stop is not None or not flight:
-            return {"stop": dec.stop or nt.EXHAUSTED, "keys": done, "steps": steps}
+        if dec.stop is not None or not flight:  # the trials still running finish (Tune ends none): counted in
+            keys = done + [(t.batch_size, t.lr, t.seed) for t in flight]
+            return {"stop": dec.stop or nt.EXHAUSTED, "keys": keys, "steps": steps}
         t = flight.pop(0)
         done.append((t.batch_size, t.lr, t.seed))
 

@@ -22,7 +22,12 @@ calibration dominates). With fewer (the default was 200 until 2026-11-27) the wi
 one refit to the next; a stop on the goal is then not taken on one: when such a refit meets the goal with no trial
 pending, the goal is checked again on a refit with ``confirm_bootstrap`` resamples (1000), and the sweep stops only
 if it holds there too; otherwise the trials are chosen from the confirming refit. The stopped answer is the one
-``bcrit analyze`` gives at the same seed. With trials pending, a goal met waits for them. (On 14 replayed tiny-DiT
+``bcrit analyze`` gives at the same seed. With trials pending, a goal met on the finished trials stops the sweep:
+no new trial starts, and the running ones finish (Tune ends none) and join the answer, so ``bcrit analyze``'s width
+can end a little above the goal (14 replayed tiny-DiT sweeps: at most 2% above with 2 in flight, median 4% and
+at most 24% above with 4; benchmarks/RESULTS.md). Until 2026-11-27 the rule waited for them and went on if they
+had moved the width back over the goal; with 4 in flight that churn cost 0.73 of the grid's examples (median)
+against 0.48 now. (On 14 replayed tiny-DiT
 sweeps the 200-resample refits ran past the first prefix whose answer met the goal: median 0.75 of the grid's
 examples at the stop against 0.61 with 1000; benchmarks/RESULTS.md, "resampled the learning rates".)
 
@@ -63,8 +68,10 @@ Candidates, and their rows:
 - ``batch_size``: an untried batch size of the space (between the fitted ones, or beyond them: most valuable where
   the answer is ``extrapolated``), at the grid lr nearest the log-log interpolation of its neighbours' best lrs:
   the row ``g(B)``, costed as ``NEW_B_TRIALS`` trials (a new batch size needs its learning rate bracketed).
-- ``bracket``: a batch size without a fitted point (none reached the target): the next untried lr, below the
-  tried ones if all diverged, above otherwise. Ranked before every scored candidate (the fit needs the point).
+- ``bracket``: a batch size without a fitted point (its finished trials reached no target): the next untried lr,
+  below the tried ones if all diverged, above otherwise. Ranked before every scored candidate (the fit needs the
+  point). Not while a trial at that batch size is still running: a new batch size's first trial, pending, has no
+  point yet, and bracketing it then spent a second trial there before the first had said anything.
 
 Pending trials are counted as done (their rows added to ``F``) before candidates are scored, and several trials
 are chosen greedily, each added as pending before the next is picked, so concurrency stays full.
@@ -355,8 +362,6 @@ def next_trials(
         _within_examples(dec, budget, committed)
         return dec
     if _goal_met(fits, goal, space, tried) and _bins_met(dec.bins, goal):
-        if pending:  # met on the finished trials, but pending ones may change the fit: wait for them
-            return dec
         if confirm_bootstrap > bootstrap:  # the stop is taken on a refit as large as bcrit analyze's
             _refit(dec, runs, goal, metric, confirm_bootstrap, seed)
             dec.confirmed, fits = confirm_bootstrap, dec.fits
@@ -519,9 +524,10 @@ def _candidates(runs, space, goal, fits, tried, cost, metric, bins=()) -> list[C
     """Every candidate with its score (module docstring); only the brackets while a batch size has no point."""
     out: list[Choice] = []
     fitted = {p["batch_size"] for f in fits for p in f["points"]}
-    for b in space.batch_sizes:  # bracket: a batch size without a fitted point
-        if b in fitted or not _lrs_at(tried, b):
-            continue
+    done = set(_tried(runs, []))
+    for b in space.batch_sizes:  # bracket: a batch size whose finished trials give no fitted point
+        if b in fitted or not _lrs_at(list(done), b) or any(t.batch_size == b and t not in done for t in tried):
+            continue  # untried, or a trial there still running (it may give the point)
         lr = _bracket_lr(runs, space, tried, b, metric)
         if lr is not None:
             out.append(Choice(Trial(b, lr, 0), "bracket", np.inf, cost.of(b, fits), "no fitted point at this B"))
@@ -535,7 +541,6 @@ def _candidates(runs, space, goal, fits, tried, cost, metric, bins=()) -> list[C
     unmet = unmet or [(f, metric) for f in fits] + [(b.fit, b.metric) for b in bins if b.counted]
     steps = [_target_steps(runs, f, mt) for f, mt in unmet]
     models = [_Model(f, _sigma2(runs, f, mt, st)) for (f, mt), st in zip(unmet, steps, strict=True)]
-    done = set(_tried(runs, []))
     for mdl in models:  # pending trials count as done
         for t in tried:
             if t.batch_size in fitted and t not in done:

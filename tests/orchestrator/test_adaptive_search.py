@@ -257,3 +257,33 @@ def test_a_trial_that_ended_after_tunes_last_save_counts_as_finished(tmp_path, s
     settings = [tuple(r.values()) for r in lab.runs.trials.select(["batch_size", "lr", "seed"]).to_pylist()]
     assert len(lab.runs.trial_ids) == 8 and len(set(settings)) == 8  # the budget, no setting run twice
     assert b.decisions()["stop"] == nt.BUDGET_TRIALS and not b.decisions().get("lost")
+
+
+def test_a_goal_met_while_trials_ran_is_checked_again_on_resume(tmp_path):
+    """The goal is judged on the finished trials: met with one still running, the search stops (FINISHED) and the
+    stop line says the running trial joins the answer. Restored with the same goal, the next suggest refits with
+    that trial finished: it stops again at once if the goal still holds, else goes on."""
+    a, lab = searcher(tmp_path, goal=100.0, trials=60), Lab(tmp_path)  # any width meets it once seeds suffice
+    live = [(t, a.suggest(t)) for t in ("t0", "t1")]
+    k = 2
+    while True:
+        tid, cfg = live.pop(0)
+        lab.finish(tid, cfg)
+        nxt = a.suggest(f"t{k}")
+        if nxt == Searcher.FINISHED:
+            break
+        if isinstance(nxt, dict):
+            live.append((f"t{k}", nxt))
+        k += 1
+    rec = a.decisions()
+    last = rec["refits"][-1]
+    assert last["stop"] == nt.GOAL_MET and last["trials_pending"] == len(live) == 1
+    assert "1 trial(s) already running finish and join the answer" in status_line(rec, last)
+    lab.finish(*live.pop(0))
+    path = str(tmp_path / "state.json")
+    a.save(path)
+    b = searcher(tmp_path, goal=100.0, trials=60)
+    b.restore(path)
+    assert b.suggest("again") == Searcher.FINISHED  # still met with the running trial in: stops at once
+    refit = b.decisions()["refits"][-1]
+    assert refit["trials_pending"] == 0 and refit["trials_finished"] == last["trials_finished"] + 1
