@@ -570,3 +570,16 @@ def test_one_seed_neighbours_that_never_win_leave_the_interval_unchanged():
     assert a["ci_resamples"] == b["ci_resamples"] == flags.CI_SEEDS
     assert b["b_crit_ci"] == a["b_crit_ci"] and b["ci_level"] == a["ci_level"]
     assert b["b_crit_ci"][0] < b["b_crit"] < b["b_crit_ci"][1]
+
+
+def test_variance_dof_per_fitted_point():
+    """Each fitted point's variance rests on its best setting's seeds - 1 (at least 1), whatever the other settings
+    hold; resampling trials, on the settings per batch size - 1. Batch sizes without a finite point are left out."""
+    from analysis.fits.steps import BestPerBatch
+    from analysis.fits.sweep_fit import _variance_dof
+
+    st = _seed_settings([(4, 3), (4, 1), (8, 2), (8, 1), (16, 1), (16, 3), (32, 1)])
+    best = BestPerBatch(np.array([4, 8, 16, 32]), np.array([10.0, 8.0, 7.0, np.inf]), np.array([0, 2, 4, 6]),
+                        np.zeros(4, bool), np.full(4, -1), np.array([10.0, 8.0, 7.0, np.inf]))  # fmt: skip
+    np.testing.assert_array_equal(_variance_dof(st, flags.CI_SEEDS, best), [2.0, 1.0, 1.0])
+    np.testing.assert_array_equal(_variance_dof(st, flags.CI_TRIALS, best), [1.0, 1.0, 1.0])  # median 2 per B

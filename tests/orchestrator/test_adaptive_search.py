@@ -279,6 +279,9 @@ def test_a_goal_met_while_trials_ran_is_checked_again_on_resume(tmp_path):
     last = rec["refits"][-1]
     assert last["stop"] == nt.GOAL_MET and last["trials_pending"] == len(live) == 1
     assert "1 trial(s) already running finish and join the answer" in status_line(rec, last)
+    assert f"1 of them were still running when the stop was decided on the {last['trials_finished']} finished" in (
+        "\n".join(markdown_lines(rec))
+    )
     lab.finish(*live.pop(0))
     path = str(tmp_path / "state.json")
     a.save(path)
