@@ -10,7 +10,9 @@ independent of the others, so a subset of the grid is what a sweep of those tria
 - **grid**: the full grid analysed as ``bcrit analyze`` does (``analyze_metric``, calibrated, ``--bootstrap``), at
   automatic targets; the **goal targets** are its two outermost trusted global targets (one if only one is);
 - **adaptive**: ``analysis.decisions.next_trials`` chooses ``--concurrency`` trials per refit (a batch-synchronous
-  sweep with that many trials in flight), revealed from the drawn grid, goal ``rel_ci`` = the grid's own widest
+  sweep with that many trials in flight; ``--rolling``: that many kept in flight, the oldest finishing first and a
+  refit after each, as Tune runs it, the ones still running at the stop finishing into the answer), revealed from
+  the drawn grid, goal ``rel_ci`` = the grid's own widest
   relative half-width at the goal targets (the width the grid reaches), ``min_seeds`` 2, budget the grid's trial
   count; its finished trials are analysed as the grid's, globally at the goal targets and per bin at the bins'
   automatic targets.
@@ -59,7 +61,28 @@ def _hits(runs: Runs, sw, metric: str, targets, bootstrap: int, seed: int) -> li
     return out
 
 
-def one_sweep(shape: str, seed: int, bootstrap: int, dec_boot: int, concurrency: int) -> dict | None:
+def _choose(full, space, goal, budget, index, concurrency: int, dec_boot: int, seed: int, rolling: bool):
+    """The trials the rule runs, in order. Batch-synchronous: ``concurrency`` chosen per refit, all finished before
+    the next. ``rolling``: ``concurrency`` in flight, the oldest finishing first, a refit after each (as Tune runs
+    it); at the stop the ones still running finish and are counted (Tune ends none)."""
+    chosen: list[str] = []
+    flight: list = []
+    while True:
+        runs = subset(full, chosen) if chosen else None
+        n = concurrency - len(flight) if rolling else concurrency
+        dec = nt.next_trials(runs, space, goal, budget, pending=flight, n=n, bootstrap=dec_boot, seed=seed)
+        if not rolling:
+            if dec.stop is not None or not dec.choices:
+                return chosen, dec
+            chosen += [trial_id(index, c.trial) for c in dec.choices]
+            continue
+        flight += [c.trial for c in dec.choices]
+        if dec.stop is not None or not flight:
+            return chosen + [trial_id(index, t) for t in flight], dec
+        chosen.append(trial_id(index, flight.pop(0)))
+
+
+def one_sweep(shape: str, seed: int, bootstrap: int, dec_boot: int, concurrency: int, rolling: bool = False):
     sw = SHAPES[shape]
     full = simulate(np.random.default_rng(seed), sw)
     grid = _hits(full, sw, m.EVAL_LOSS, None, bootstrap, seed)
@@ -72,13 +95,7 @@ def one_sweep(shape: str, seed: int, bootstrap: int, dec_boot: int, concurrency:
     index = grid_index(full)
     space = nt.Space(sw.batch_sizes, sorted({k[1] for k in index}), sw.seeds)
     budget = nt.Budget(trials=len(full.trial_ids))
-    chosen: list[str] = []
-    while True:
-        runs = subset(full, chosen) if chosen else None
-        dec = nt.next_trials(runs, space, goal, budget, n=concurrency, bootstrap=dec_boot, seed=seed)
-        if dec.stop is not None or not dec.choices:
-            break
-        chosen += [trial_id(index, c.trial) for c in dec.choices]
+    chosen, dec = _choose(full, space, goal, budget, index, concurrency, dec_boot, seed, rolling)
     runs = subset(full, chosen)
     ada = _hits(runs, sw, m.EVAL_LOSS, targets, bootstrap, seed)
     bins = {"grid": [], "adaptive": []}
@@ -134,7 +151,8 @@ def main() -> None:
     ap.add_argument("--first-seed", type=int, default=3000)
     ap.add_argument("--bootstrap", type=int, default=400, help="replicates of the final analyses")
     ap.add_argument("--decision-bootstrap", type=int, default=nt.CONFIRM_BOOTSTRAP, help="replicates of each refit")
-    ap.add_argument("--concurrency", type=int, default=4, help="trials chosen per refit")
+    ap.add_argument("--concurrency", type=int, default=4, help="trials chosen per refit (in flight with --rolling)")
+    ap.add_argument("--rolling", action="store_true", help="keep --concurrency trials in flight, oldest first")
     ap.add_argument("--json", default=None)
     a = ap.parse_args()
     out = {}
@@ -142,7 +160,7 @@ def main() -> None:
         t0 = time.perf_counter()
         rows = []
         for d in range(a.sweeps):
-            r = one_sweep(shape, a.first_seed + d, a.bootstrap, a.decision_bootstrap, a.concurrency)
+            r = one_sweep(shape, a.first_seed + d, a.bootstrap, a.decision_bootstrap, a.concurrency, a.rolling)
             if r is not None:
                 rows.append(r)
             print(f"  {shape} sweep {d}: {r and (r['stop'], round(r['examples_ratio'], 3))}", flush=True)

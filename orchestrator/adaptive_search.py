@@ -245,9 +245,7 @@ class AdaptiveSearch(Searcher):
 
     def restore(self, checkpoint_path: str) -> None:
         """Read what `save` wrote (JSON only). A goal or budget changed since (``--resume --set``) re-opens a
-        stopped search and drops the queue, which was chosen for the old goal. So does a goal met while trials were
-        still running (they finished after the stop and joined the answer): the next ``suggest`` refits with them
-        and stops again at once if the goal still holds, else goes on."""
+        stopped search and drops the queue, which was chosen for the old goal."""
         state = read_state(checkpoint_path, STATE_FORMAT)
         if state is None:
             raise ValueError(f"{checkpoint_path}: not a bcrit adaptive searcher state (JSON, {STATE_FORMAT})")
@@ -260,8 +258,7 @@ class AdaptiveSearch(Searcher):
         self._lost = [dict(t) for t in state.get("lost", [])]
         now = (goal_key(self.goal), [self.budget.examples, self.budget.trials])
         changed = now != (state["goal"], state["budget"])
-        ran_on = self._stop == nt.GOAL_MET and bool(self._refits) and self._refits[-1].get("trials_pending", 0) > 0
-        if changed or ran_on:
+        if changed:
             self._stop, self._queue, self._seen_done = None, [], []
         from orchestrator.search import tune_trials
 

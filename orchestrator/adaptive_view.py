@@ -73,11 +73,8 @@ def status_line(decisions: dict, refit: dict) -> str:
     head = f"B_crit at {widths}{_bins_text(refit)} -> goal {decisions['goal']['rel_ci']:.0%}"
     if refit["stop"]:
         flagged = flagged_text(refit.get("flags", {}))
-        running = refit.get("trials_pending", 0)
-        joins = f"; {running} trial(s) already running finish and join the answer (bcrit analyze)" if running else ""
         return (
-            f"{head}; stop: {STOPS.get(refit['stop'], refit['stop'])} after {refit['trials_finished']} trials"
-            f"{joins}{flagged}"
+            f"{head}; stop: {STOPS.get(refit['stop'], refit['stop'])} after {refit['trials_finished']} trials{flagged}"
         )
     if not refit["choices"]:
         return f"{head}; waiting for {refit['trials_pending']} running trial(s)"

@@ -19,17 +19,17 @@ waits for (the widest of the global targets and the counted bins).
 **Stopping.** A refit's interval comes from ``bootstrap`` resamples: 1000 by default, what ``bcrit analyze``
 reports, so the goal looks at the width the user will be given (a refit costs about the same at 1000 as at 200: the
 calibration dominates). With fewer (the default was 200 until 2026-11-27) the width moves by several points from
-one refit to the next; a stop on the goal is then not taken on one: when such a refit meets the goal with no trial
-pending, the goal is checked again on a refit with ``confirm_bootstrap`` resamples (1000), and the sweep stops only
-if it holds there too; otherwise the trials are chosen from the confirming refit. The stopped answer is the one
-``bcrit analyze`` gives at the same seed. With trials pending, a goal met on the finished trials stops the sweep:
-no new trial starts, and the running ones finish (Tune ends none) and join the answer, so ``bcrit analyze``'s width
-can end a little above the goal (14 replayed tiny-DiT sweeps: at most 2% above with 2 in flight, median 4% and
-at most 24% above with 4; benchmarks/RESULTS.md). Until 2026-11-27 the rule waited for them and went on if they
-had moved the width back over the goal; with 4 in flight that churn cost 0.73 of the grid's examples (median)
-against 0.48 now. (On 14 replayed tiny-DiT
-sweeps the 200-resample refits ran past the first prefix whose answer met the goal: median 0.75 of the grid's
-examples at the stop against 0.61 with 1000; benchmarks/RESULTS.md, "resampled the learning rates".)
+one refit to the next (on 14 replayed tiny-DiT sweeps the 200-resample refits ran past the first prefix whose
+answer met the goal: median 0.75 of the grid's examples at the stop against 0.61 with 1000); a stop on the goal is
+then not taken on one: when such a refit meets the goal with no trial pending, the goal is checked again on a
+refit with ``confirm_bootstrap`` resamples (1000), and the sweep stops only if it holds there too; otherwise the
+trials are chosen from the confirming refit. The stopped answer is the one ``bcrit analyze`` gives at the same
+seed. With trials pending, a goal met on the finished trials waits for them (no new trial starts) and is checked
+again with them in: they can move the width back over the goal, or flag the answer (a neighbour's seed that makes
+it the best at an edge). Stopping there instead, the running trials joining the answer after the stop, was
+measured and rejected (benchmarks/RESULTS.md, "resampled the learning rates"): with 4 in flight it cost 0.48 of
+the grid's examples against 0.73 on 14 replayed tiny-DiT sweeps, but left 14 of 32 global answers flagged on the
+``t3`` simulator (0 of 32 batch-synchronous) and widths up to 24% above the goal.
 
 **Expected narrowing (the documented proxy).** In log space the fit ``log S(B) = log(S_min + E_min/B)`` is, near
 its optimum, linear in ``p = (log S_min, log E_min)`` with the row ``g(B) = (S_min, E_min/B) / S(B)`` per point;
@@ -362,6 +362,8 @@ def next_trials(
         _within_examples(dec, budget, committed)
         return dec
     if _goal_met(fits, goal, space, tried) and _bins_met(dec.bins, goal):
+        if pending:  # met on the finished trials, but pending ones may change the fit (or flag it): wait for them
+            return dec
         if confirm_bootstrap > bootstrap:  # the stop is taken on a refit as large as bcrit analyze's
             _refit(dec, runs, goal, metric, confirm_bootstrap, seed)
             dec.confirmed, fits = confirm_bootstrap, dec.fits

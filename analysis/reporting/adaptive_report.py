@@ -28,18 +28,6 @@ STOPS = {
 }
 
 
-def _ran_on(d: dict) -> str:
-    """`` N of them were still running at the stop ...`` when the stopping refit had trials pending (else empty)."""
-    last = d["refits"][-1] if d["refits"] else {}
-    n = last.get("trials_pending", 0) if d["stop"] else 0
-    if not n:
-        return ""
-    return (
-        f" {n} of them were still running when the stop was decided on the {last['trials_finished']} finished; they"
-        " finished and are in the answer above, so its width can differ from the one the stop saw."
-    )
-
-
 def load_decisions(source: str | Path) -> dict | None:
     """The decisions of the sweep directory ``source`` (None: not a directory of an adaptive sweep)."""
     path = Path(str(source)) / DECISIONS_FILE
@@ -90,7 +78,7 @@ def markdown_lines(d: dict) -> list[str]:
         f"Goal: the {', '.join(f'{t:g}' for t in goal['targets'])} target(s)' 90% B_crit interval within "
         f"±{goal['rel_ci']:.0%} of B_crit{_bins_goal(goal)}, with {goal['min_seeds']} seeds at every batch size's "
         f"best setting; budget {spend}. It stopped because {STOPS.get(d['stop'], d['stop'])}, after "
-        f"{len(d['issued'])} trials and {len(d['refits'])} refits.{_ran_on(d)}",
+        f"{len(d['issued'])} trials and {len(d['refits'])} refits.",
     ]
     if fitted:
         a, b = fitted[0], fitted[-1]

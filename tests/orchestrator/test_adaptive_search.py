@@ -259,13 +259,13 @@ def test_a_trial_that_ended_after_tunes_last_save_counts_as_finished(tmp_path, s
     assert b.decisions()["stop"] == nt.BUDGET_TRIALS and not b.decisions().get("lost")
 
 
-def test_a_goal_met_while_trials_ran_is_checked_again_on_resume(tmp_path):
-    """The goal is judged on the finished trials: met with one still running, the search stops (FINISHED) and the
-    stop line says the running trial joins the answer. Restored with the same goal, the next suggest refits with
-    that trial finished: it stops again at once if the goal still holds, else goes on."""
+def test_a_goal_met_while_a_trial_runs_waits_for_it(tmp_path):
+    """The goal met on the finished trials with one still running: no new trial (suggest says wait, not FINISHED),
+    and the stop comes once that trial has finished and the goal still holds with it in (stopping at once, the
+    running trial joining after, left flagged answers on the t3 simulator: benchmarks/RESULTS.md)."""
     a, lab = searcher(tmp_path, goal=100.0, trials=60), Lab(tmp_path)  # any width meets it once seeds suffice
     live = [(t, a.suggest(t)) for t in ("t0", "t1")]
-    k = 2
+    k, waited = 2, 0
     while True:
         tid, cfg = live.pop(0)
         lab.finish(tid, cfg)
@@ -274,19 +274,12 @@ def test_a_goal_met_while_trials_ran_is_checked_again_on_resume(tmp_path):
             break
         if isinstance(nxt, dict):
             live.append((f"t{k}", nxt))
+        elif live:  # met with a trial running: nothing new is handed out
+            last = a.decisions()["refits"][-1]
+            assert last["stop"] is None and not last["choices"] and last["trials_pending"] == len(live)
+            assert "waiting for 1 running trial(s)" in status_line(a.decisions(), last)
+            waited += 1
         k += 1
-    rec = a.decisions()
-    last = rec["refits"][-1]
-    assert last["stop"] == nt.GOAL_MET and last["trials_pending"] == len(live) == 1
-    assert "1 trial(s) already running finish and join the answer" in status_line(rec, last)
-    assert f"1 of them were still running when the stop was decided on the {last['trials_finished']} finished" in (
-        "\n".join(markdown_lines(rec))
-    )
-    lab.finish(*live.pop(0))
-    path = str(tmp_path / "state.json")
-    a.save(path)
-    b = searcher(tmp_path, goal=100.0, trials=60)
-    b.restore(path)
-    assert b.suggest("again") == Searcher.FINISHED  # still met with the running trial in: stops at once
-    refit = b.decisions()["refits"][-1]
-    assert refit["trials_pending"] == 0 and refit["trials_finished"] == last["trials_finished"] + 1
+    assert waited >= 1
+    last = a.decisions()["refits"][-1]
+    assert last["stop"] == nt.GOAL_MET and last["trials_pending"] == 0 and not live
