@@ -259,3 +259,25 @@ def test_no_bracket_while_a_trial_at_that_batch_size_runs():
     assert (free.choices[0].kind, free.choices[0].trial.batch_size) == ("bracket", 16)
     busy = nt.next_trials(runs, SPACE, GOAL, nt.Budget(trials=100), pending=[nt.Trial(16, 0.5, 0)], n=3, bootstrap=50)
     assert busy.choices and not any(c.kind == "bracket" for c in busy.choices)
+
+
+def test_next_trials_ranks_a_narrow_targets_missing_seeds_first(monkeypatch):
+    """Through next_trials: of two goal targets on the design's runs (1 seed everywhere), one made narrow enough and
+    one wide; the narrow one's missing seeds (the goal needs 2) come before every scored candidate."""
+    goal = nt.Goal((0.5, 0.4), rel_ci=0.15, min_seeds=2)
+    runs = _runs([*nt.initial_design(SPACE), nt.Trial(16, 0.5, 0)])  # B=16's bracket done: every B has a point
+    real = nt._fits(runs, goal, "eval/loss", 50, 0)
+    assert len(real) == 2
+
+    def fake(runs, goal, metric, bootstrap, seed):
+        out = []
+        for f, w in zip(real, (0.05, 0.5), strict=True):  # 0.5: narrow enough; 0.4: too wide
+            b = f["b_crit"]
+            out.append({**f, "b_crit_ci": [b * (1 - w), b * (1 + w)]})
+        return out
+
+    monkeypatch.setattr(nt, "_fits", fake)
+    dec = nt.next_trials(runs, SPACE, goal, nt.Budget(trials=100), n=2, bootstrap=50)
+    assert dec.stop is None and dec.choices
+    first = dec.choices[0]
+    assert first.kind in ("seed", "lr_edge") and first.score == np.inf and "at 0.5" in first.reason

@@ -538,6 +538,7 @@ def test_ci_resamples_judged_on_the_fitted_points():
     assert pareto.ci_resamples(st) == flags.CI_TRIALS
     assert pareto.ci_resamples(st, np.array([0, 3, 7, -1])) == flags.CI_SEEDS  # -1: a batch size without a best
     assert pareto.ci_resamples(st, np.array([1, 4, 7])) == flags.CI_TRIALS
+    assert pareto.ci_resamples(st, np.array([0, -1, -1])) == flags.CI_SEEDS  # -1 is no setting (not the last one)
 
 
 def _only(runs, keep):
