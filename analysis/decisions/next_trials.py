@@ -443,13 +443,20 @@ def _goal_met(fits: list[dict], goal: Goal, space: Space, tried: list[Trial]) ->
         if not rel_width(f) <= goal.rel_ci:
             return False
         for p in f["points"]:
-            if p["seeds"] < goal.min_seeds:
+            short, edge, between = _point_waits(p, goal, space, tried)
+            if short or edge is not None or between:
                 return False
-            if fl.LR_AT_EDGE in p["flags"] and _beyond_edge(space, tried, p["batch_size"], p["lr"]) is not None:
-                return False
-            if fl.LR_AT_DIVERGENCE in p["flags"] and _refine(space, tried, p["batch_size"], p["lr"]):
-                return False  # the optimum lies towards a diverged lr, and the grid has an untried lr in between
     return True
+
+
+def _point_waits(p: dict, goal: Goal, space: Space, tried: list[Trial]) -> tuple[bool, float | None, list[float]]:
+    """What the goal waits for at one fitted point: ``(fewer than min_seeds seeds, the grid lr past its edge where
+    it is lr_at_edge and the grid goes further, the untried grid lrs between its best and a tried neighbour where
+    it is lr_at_divergence: the optimum lies towards a diverged lr)``. ``tried`` includes the pending trials."""
+    b, lr = p["batch_size"], p["lr"]
+    edge = _beyond_edge(space, tried, b, lr) if fl.LR_AT_EDGE in p["flags"] else None
+    between = _refine(space, tried, b, lr) if fl.LR_AT_DIVERGENCE in p["flags"] else []
+    return p["seeds"] < goal.min_seeds, edge, between
 
 
 def _bins_met(bins: list[BinInterval], goal: Goal) -> bool:
@@ -547,7 +554,7 @@ def _candidates(runs, space, goal, fits, tried, cost, metric, bins=()) -> list[C
         for t in tried:
             if t.batch_size in fitted and t not in done:
                 mdl.add(t.batch_size)
-    seen: set[tuple[int, float, str]] = {(c.trial.batch_size, c.trial.lr, _KEY[c.kind]) for c in out}
+    seen: set[tuple[int, float, str]] = set()
     for f, _ in unmet:
         for p in f["points"]:
             b, lr = p["batch_size"], p["lr"]
@@ -590,28 +597,26 @@ def _candidates(runs, space, goal, fits, tried, cost, metric, bins=()) -> list[C
     return out
 
 
-_KEY = {"seed": "s", "lr_edge": "e", "lr_refine": "r"}  # the candidate kinds' keys in _candidates' `seen`
-
-
 def _goal_blockers(met: list[dict], goal: Goal, space: Space, tried: list[Trial], cost: _Cost, fits: list[dict]):
     """The trials the goal needs at targets whose interval is already narrow enough (``met``) while others are not:
     a seed where a best setting has fewer than ``min_seeds``, the lr past an ``lr_at_edge`` point's edge, the lr
-    between an ``lr_at_divergence`` point's best and its tried neighbour (what :func:`_goal_met` waits for). Without
-    them the sweep could run out of candidates for the wide targets and stop ``space_exhausted`` with these never
-    tried. Ranked first (score inf), as brackets are: the goal cannot be met without them."""
+    between an ``lr_at_divergence`` point's best and its tried neighbour (:func:`_point_waits`: what
+    :func:`_goal_met` waits for). Without them the sweep could run out of candidates for the wide targets and stop
+    ``space_exhausted`` with these never tried. Ranked first (score inf), as brackets are: the goal cannot be met
+    without them."""
     out: list[Choice] = []
     for f in met:
         for p in f["points"]:
             b, lr, y = p["batch_size"], p["lr"], f["target"]
-            k = sum(1 for t in tried if t.batch_size == b and _same_lr(t.lr, lr))
+            short, edge, between = _point_waits(p, goal, space, tried)
+            k = sum(1 for t in tried if t.batch_size == b and _same_lr(t.lr, lr))  # pending seeds included
             e = cost.of(b, fits)
-            if p["seeds"] < goal.min_seeds and k < min(goal.min_seeds, space.max_seeds):
+            if short and k < min(goal.min_seeds, space.max_seeds):
                 why = f"{p['seeds']} seed(s) at the best setting at {y:g}: the goal needs {goal.min_seeds}"
                 out.append(Choice(Trial(b, lr, _next_seed(tried, b, lr)), "seed", np.inf, e, why))
-            x = _beyond_edge(space, tried, b, lr) if fl.LR_AT_EDGE in p["flags"] else None
-            if x is not None:
-                out.append(Choice(Trial(b, x, 0), "lr_edge", np.inf, e, f"best lr {lr:g} at the edge at {y:g}"))
-            for x in _refine(space, tried, b, lr) if fl.LR_AT_DIVERGENCE in p["flags"] else []:
+            if edge is not None:
+                out.append(Choice(Trial(b, edge, 0), "lr_edge", np.inf, e, f"best lr {lr:g} at the edge at {y:g}"))
+            for x in between:
                 out.append(Choice(Trial(b, x, 0), "lr_refine", np.inf, e, f"optimum towards a diverged lr at {y:g}"))
     return list({(c.trial, c.kind): c for c in out}.values())
 
