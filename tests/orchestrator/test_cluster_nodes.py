@@ -135,6 +135,47 @@ def test_cluster_driver_killed_then_resume(tmp_path, cluster, monkeypatch):
     check_consistent(str(tmp_path / "sweep"), 2)
 
 
+def test_cluster_adaptive_sweep_killed_then_resumed(tmp_path, cluster, monkeypatch):
+    """An adaptive sweep (``nuisance.search: adaptive``) with RAY_ADDRESS, each trial one Train worker on a fake_gpu
+    node: its driver killed mid-sweep, then ``bcrit sweep DIR --resume`` on the same cluster. The searcher's state
+    comes back from the sweep directory: the budget holds across the kill (every trial finished, none extra, no
+    setting run twice), the stop is recorded, tables and MLflow agree, and ``bcrit analyze`` reports the design."""
+    import json
+
+    from analysis.reporting.adaptive_report import DECISIONS_FILE
+    from tests.orchestrator.test_adaptive_sweep import BUDGET, adaptive_quadratic
+
+    spec = adaptive_quadratic(tmp_path)
+    spec["scientific"]["splits"] = [{"grad_accum": 1, "num_workers": 1}]
+    for k, v in cluster.env(**HOOK).items():
+        monkeypatch.setenv(k, v)
+    assert kill_sweep_midway(tmp_path, write_spec(tmp_path, spec), parts_needed=3) >= 3
+    sweep_dir = str(tmp_path / "sweep")
+    before = json.loads(open(os.path.join(sweep_dir, DECISIONS_FILE)).read())["issued"]
+    seen: set[int] = set()
+    out = bcrit(cluster, "sweep", sweep_dir, "--resume", watch=lambda: seen.update(train_worker_nodes(cluster)))
+    assert out.returncode == 0, out.stdout[-2000:] + out.stderr[-3000:]
+    assert "Traceback" not in out.stderr
+    assert seen and seen <= {1, 2}, seen  # the resumed trials' Train workers ran on the fake_gpu nodes
+    d = json.loads(open(os.path.join(sweep_dir, DECISIONS_FILE)).read())
+    assert d["stop"] == "budget_trials", d["stop"]
+    issued = {t["trial_id"] for t in d["issued"]}
+    assert {t["trial_id"] for t in before} <= issued  # what the killed driver issued is kept, not re-chosen
+    steps = check_consistent(sweep_dir, BUDGET)  # lost trials' rows removed by --resume; none lost, none extra
+    assert set(steps) <= issued
+    import pyarrow.parquet as pq
+
+    trials = pq.read_table(os.path.join(sweep_dir, "trials.parquet")).to_pylist()
+    assert len({(t["batch_size"], t["lr"], t["seed"]) for t in trials}) == BUDGET
+    assert {t["num_workers"] for t in trials} == {1}
+    rep = bcrit(cluster, "analyze", sweep_dir, "--targets", "0.5", "--bootstrap", "100", "--no-plots", "--out",
+                str(tmp_path / "an"), timeout=200)
+    assert rep.returncode == 0, rep.stderr[-3000:]
+    report = (tmp_path / "an" / "report.md").read_text()
+    assert "## Adaptive design" in report and "trial budget was spent" in report
+    assert all(t["trial_id"] in report for t in d["issued"])
+
+
 def test_cluster_node_lost_mid_trial(tmp_path, cluster):
     """(b) The worker node of a running 1-worker trial is lost (SIGKILL, as a machine gone): Ray Train restarts the
     worker on the other fake_gpu node from the last checkpoint; no trial lost or repeated, tables and MLflow
