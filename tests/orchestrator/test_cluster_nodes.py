@@ -168,8 +168,8 @@ def test_cluster_adaptive_sweep_killed_then_resumed(tmp_path, cluster, monkeypat
     trials = pq.read_table(os.path.join(sweep_dir, "trials.parquet")).to_pylist()
     assert len({(t["batch_size"], t["lr"], t["seed"]) for t in trials}) == BUDGET
     assert {t["num_workers"] for t in trials} == {1}
-    rep = bcrit(cluster, "analyze", sweep_dir, "--targets", "0.5", "--bootstrap", "100", "--no-plots", "--out",
-                str(tmp_path / "an"), timeout=200)
+    quick = ("--targets", "0.5", "--bootstrap", "100", "--no-plots")
+    rep = bcrit(cluster, "analyze", sweep_dir, *quick, "--out", str(tmp_path / "an"), timeout=200)
     assert rep.returncode == 0, rep.stderr[-3000:]
     report = (tmp_path / "an" / "report.md").read_text()
     assert "## Adaptive design" in report and "trial budget was spent" in report
