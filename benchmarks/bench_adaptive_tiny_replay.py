@@ -16,6 +16,8 @@ repeat takes three seeds and:
 - **oracle**: a design that knows every batch size's best lr at each goal target beforehand (from the whole grid):
   3 seeds at each and 1 at the grid neighbours of their range (the least a design needs to bracket the best lr and
   measure the seed noise at it);
+- ``--max-seeds K`` (K > 3): the adaptive sweep may run up to K seeds per setting (the triplet's three, then
+  ``K - 3`` other recorded seeds); the grid keeps its 3;
 - **hindsight** (``--hindsight``): the cheapest design of the oracle's family (each batch size left out or with 2
   or 3 seeds at its best lr(s), 1 at their neighbours) that the goal accepts at the grid's width, found by trying
   them cheapest first on the same recordings: picked partly for its luck, so below what a rule fixed beforehand
@@ -181,8 +183,9 @@ def cheapest_design(pool: Pool, seeds, g_ans: dict, targets, width: float) -> di
 
 
 def replay(pool: Pool, seeds, targets, rel_ci: float, trials_budget: int, concurrency: int) -> dict:
-    """One adaptive sweep: the oldest in-flight trial finishes, the rule refits and fills the free places."""
-    space = nt.Space(BATCH_SIZES, LRS, max_seeds=3)
+    """One adaptive sweep: the oldest in-flight trial finishes, the rule refits and fills the free places (up to
+    ``len(seeds)`` seeds per setting)."""
+    space = nt.Space(BATCH_SIZES, LRS, max_seeds=len(seeds))
     goal = nt.Goal(tuple(targets), rel_ci)
     budget = nt.Budget(trials=trials_budget)
     done: list[tuple[int, float, int]] = []
@@ -214,8 +217,10 @@ def first_reach(pool: Pool, seeds, keys, targets, width: float, start: int) -> d
     return None
 
 
-def one(pool: Pool, seeds, concurrency: int, rel_ci: float | None, trials_budget: int, hindsight: bool) -> dict:
-    """Grid, oracle and adaptive sweep at one seed triplet; the goal targets are the grid's trusted ones of the two."""
+def one(pool: Pool, seeds, concurrency: int, rel_ci: float | None, trials_budget: int, hindsight: bool,
+        extra: tuple[int, ...] = ()) -> dict:  # fmt: skip
+    """Grid, oracle and adaptive sweep at one seed triplet; the goal targets are the grid's trusted ones of the two.
+    ``extra``: further recorded seeds the adaptive sweep may run (its ``max_seeds`` is 3 + their number)."""
     t0 = time.time()
     grid = pool.reveal(grid_keys(), seeds)
     g_ans, g_ex = answer(grid), examples(grid)
@@ -227,13 +232,15 @@ def one(pool: Pool, seeds, concurrency: int, rel_ci: float | None, trials_budget
     g_w = worst(g_ans, targets)
     goal = rel_ci if rel_ci is not None else g_w
     orc = pool.reveal(oracle_keys(g_ans, targets), seeds)
-    rep = replay(pool, seeds, targets, goal, trials_budget, concurrency)
-    a_runs = pool.reveal(rep["keys"], seeds)
+    a_seeds = tuple(seeds) + tuple(extra)
+    rep = replay(pool, a_seeds, targets, goal, trials_budget, concurrency)
+    a_runs = pool.reveal(rep["keys"], a_seeds)
     # the first prefix the goal would accept at the grid's width: scanned from where the refits' widths near it
     near = [s["trials"] for s in rep["steps"] if max(s["widths"]) <= 1.5 * g_w]
-    reach = first_reach(pool, seeds, rep["keys"], targets, g_w, near[0]) if near else None
+    reach = first_reach(pool, a_seeds, rep["keys"], targets, g_w, near[0]) if near else None
     best = cheapest_design(pool, seeds, g_ans, targets, g_w) if hindsight else None
     return out | {
+        "adaptive_seeds": list(a_seeds),
         "hindsight": None if best is None else {**best, "examples": best["examples"] / g_ex},
         "goal_rel_ci": goal, "stop": rep["stop"],
         "oracle": {"trials": len(orc.trial_ids), "examples": examples(orc) / g_ex, "answer": answer(orc, targets)},
@@ -260,6 +267,8 @@ def main() -> None:
     ap.add_argument("--concurrency", type=int, default=2)
     ap.add_argument("--rel-ci", type=float, default=None)
     ap.add_argument("--trials", type=int, default=62, help="the adaptive sweep's trial budget (the grid: 62)")
+    ap.add_argument("--max-seeds", type=int, default=3, help="seeds per setting the adaptive sweep may run (the "
+                    "grid: 3; more are drawn from the recorded seeds outside the triplet)")  # fmt: skip
     ap.add_argument("--hindsight", action="store_true", help="also the cheapest accepted design in hindsight (slow)")
     ap.add_argument("--json", default=None)
     a = ap.parse_args()
@@ -275,7 +284,12 @@ def main() -> None:
     for seeds in triplets:
         if not pool.has(seeds):
             raise SystemExit(f"seeds {seeds}: not every setting of the space is recorded")
-        r = one(pool, seeds, a.concurrency, a.rel_ci, a.trials, a.hindsight)
+        rest = [s for s in seeds_all if s not in seeds]
+        rest = [rest[i] for i in np.random.default_rng(list(seeds)).permutation(len(rest))]
+        extra = tuple(s for s in rest if pool.has((s,)))[: max(a.max_seeds - 3, 0)]
+        if len(extra) < a.max_seeds - 3:
+            raise SystemExit(f"--max-seeds {a.max_seeds}: only {3 + len(extra)} recorded seeds for {seeds}")
+        r = one(pool, seeds, a.concurrency, a.rel_ci, a.trials, a.hindsight, extra)
         results.append(r)
         if "skipped" in r:
             print(f"seeds {seeds}: skipped, {r['skipped']}: {_fmt(r['grid']['answer'])}", flush=True)

@@ -61,6 +61,20 @@ def max_concurrent(configs: list[dict], resources: dict) -> int:
     return max(1, worst)
 
 
+def compute_slots(configs: list[dict]) -> int:
+    """Trials whose training computes at once on this machine's cores: cores / the largest trial's training CPUs
+    (an in-process trial's own, or its Train workers'; a Tune driver idles while its workers train). The embedded
+    local Ray holds twice the cores (:func:`local_cpus`), so :func:`max_concurrent` runs up to twice this many,
+    each slower: the same throughput. An adaptive sweep runs this many instead (orchestrator.tuner): a trial
+    started while others run is chosen without their results, and on 14 replayed tiny-DiT sweeps 4 in flight
+    cost a median 0.64 of the grid's examples against 0.43 with 2 (benchmarks/RESULTS.md, "sixth round")."""
+    need = 1.0
+    for c in configs:
+        w = int(c.get("num_workers", 0))
+        need = max(need, float(c.get("cpus_per_worker", 1)) * max(w, 1))
+    return max(1, math.floor((os.cpu_count() or 1) / need))
+
+
 def local_cpus(spec: SweepSpec | None = None) -> int:
     """Logical CPUs of the embedded local Ray: this machine's cores over-subscribed twice (each Tune driver takes
     a CPU besides its workers; REFERENCE.md), at least 4. Not grown to fit the spec: a trial larger than the

@@ -7,7 +7,7 @@ import os
 
 from orchestrator.overrides import UserError
 from orchestrator.ray_logs import quiet_driver_logs
-from orchestrator.resources import max_concurrent, sweep_capacity, trial_bundle
+from orchestrator.resources import compute_slots, max_concurrent, sweep_capacity, trial_bundle
 from orchestrator.spec import SPEC_FILE, SweepSpec
 from orchestrator.sweep_checks import check_spec
 from orchestrator.sweep_state import TUNE_DIR, can_restore
@@ -86,7 +86,7 @@ def build_tuner(
         tune_config=tune.TuneConfig(
             search_alg=search_alg,
             num_samples=num_samples,
-            max_concurrent_trials=max_concurrent(configs, sweep_capacity()),
+            max_concurrent_trials=sweep_concurrency(spec, configs),
             trial_dirname_creator=lambda t: t.trial_id,
             reuse_actors=True,  # in-process trials skip the actor start and torch import
         ),
@@ -98,6 +98,17 @@ def build_tuner(
             verbose=1 if verbose else 0,  # 0: none of Tune's boxes (Ray 2.60's output ignores progress_reporter)
         ),
     )
+
+
+def sweep_concurrency(spec: SweepSpec, configs: list[dict]) -> int:
+    """Tune's ``max_concurrent_trials``: what the resources hold (:func:`orchestrator.resources.max_concurrent`);
+    an adaptive sweep on the embedded local Ray no more than compute at once on the cores
+    (:func:`orchestrator.resources.compute_slots`): its refits choose each trial from the ones finished, and a
+    local Ray's oversubscribed CPUs would only add trials chosen blind. On a cluster (``RAY_ADDRESS``) its capacity."""
+    from orchestrator.cluster import on_cluster
+
+    n = max_concurrent(configs, sweep_capacity())
+    return min(n, compute_slots(configs)) if spec.search == "adaptive" and not on_cluster() else n
 
 
 def restore_tuner(spec: SweepSpec, worker_failures: int = 3, verbose: bool = False):

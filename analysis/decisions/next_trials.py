@@ -46,10 +46,11 @@ examples spent to ``B · S(B)``). A sum, not the widest interval's narrowing alo
 open interval is met, so a trial that narrows several is worth more than one that narrows the widest a little
 more; the widest alone would ignore the others until it is met, and which interval is widest changes from refit
 to refit with the bootstrap's noise. Intervals already met add nothing (the goal no longer looks at them), unless
-all are and the goal waits for seeds or a learning-rate edge: then every interval counts. While some are not, a
-target already narrow enough whose points the goal still waits for (a best setting short of ``min_seeds``, a best
-lr at an edge the grid can pass, an untried lr towards a diverged neighbour) gives exactly those trials, ranked
-first like brackets (:func:`_goal_blockers`): the goal cannot be met without them.
+all are and the goal waits for seeds or a learning-rate edge: then every interval counts. Whatever the widths,
+what the goal waits for at a fitted point (a best setting short of ``min_seeds``, a best lr at an edge the grid can
+pass, an untried lr towards a diverged neighbour; a counted bin's point short of seeds) is ranked first like
+brackets (:func:`_goal_blockers`): the goal cannot be met without those trials, and a one-seed point inflates the
+interval the others are scored against.
 
 Candidates, and their rows:
 
@@ -524,9 +525,11 @@ def _lr_for_new_b(space: Space, fit: dict, b: int) -> float:
 
 
 def _best_candidate(runs, space, goal, fits, tried, cost, metric, bins=()) -> Choice | None:
-    """The highest-scoring candidate (a seed first on a tie); None when nothing is left to try."""
+    """The highest-scoring candidate; None when nothing is left to try. On a tie of scores a seed first, except
+    among the trials the goal waits for (score inf): there the learning rates first, a seed last (an lr past the
+    edge may move the best setting, and the seed would then have gone to a setting no longer the best)."""
     out = _candidates(runs, space, goal, fits, tried, cost, metric, bins)
-    return max(out, key=lambda c: (c.score, c.kind == "seed")) if out else None
+    return max(out, key=lambda c: (c.score, (c.kind == "seed") != np.isinf(c.score))) if out else None
 
 
 def _candidates(runs, space, goal, fits, tried, cost, metric, bins=()) -> list[Choice]:  # long: five kinds
@@ -543,10 +546,10 @@ def _candidates(runs, space, goal, fits, tried, cost, metric, bins=()) -> list[C
     if out:
         return [min(out, key=lambda c: c.examples)]
     # the intervals the goal waits for: global targets too wide, counted bins too wide or short of seeds
+    # what the goal waits for at any fitted point, of a global target or a counted bin, wide or narrow: first
+    out += _goal_blockers(fits, [b.fit for b in bins if b.counted], goal, space, tried, cost)
     unmet = [(f, metric) for f in fits if not rel_width(f) <= goal.rel_ci]
     unmet += [(b.fit, b.metric) for b in bins if b.counted and _open_bin(b, goal)]
-    if unmet:  # the targets already narrow enough may still hold the goal back
-        out += _goal_blockers([f for f in fits if rel_width(f) <= goal.rel_ci], goal, space, tried, cost, fits)
     unmet = unmet or [(f, metric) for f in fits] + [(b.fit, b.metric) for b in bins if b.counted]
     steps = [_target_steps(runs, f, mt) for f, mt in unmet]
     models = [_Model(f, _sigma2(runs, f, mt, st)) for (f, mt), st in zip(unmet, steps, strict=True)]
@@ -597,27 +600,37 @@ def _candidates(runs, space, goal, fits, tried, cost, metric, bins=()) -> list[C
     return out
 
 
-def _goal_blockers(met: list[dict], goal: Goal, space: Space, tried: list[Trial], cost: _Cost, fits: list[dict]):
-    """The trials the goal needs at targets whose interval is already narrow enough (``met``) while others are not:
-    a seed where a best setting has fewer than ``min_seeds``, the lr past an ``lr_at_edge`` point's edge, the lr
-    between an ``lr_at_divergence`` point's best and its tried neighbour (:func:`_point_waits`: what
-    :func:`_goal_met` waits for). Without them the sweep could run out of candidates for the wide targets and stop
-    ``space_exhausted`` with these never tried. Ranked first (score inf), as brackets are: the goal cannot be met
-    without them."""
+def _goal_blockers(fits: list[dict], bin_fits: list[dict], goal: Goal, space: Space, tried: list[Trial],
+                   cost: _Cost) -> list[Choice]:  # fmt: skip
+    """The trials the goal waits for whatever the widths (:func:`_goal_met`, :func:`_open_bin`), ranked first (score
+    inf, as brackets are: the goal cannot be met without them). At every fitted point of a goal target
+    (:func:`_point_waits`): a seed where its best setting has fewer than ``min_seeds``, the lr past an ``lr_at_edge``
+    point's edge, the lr between an ``lr_at_divergence`` point's best and its tried neighbour; at every point of a
+    counted bin (``bin_fits``): a seed short of ``min_seeds`` (what a bin's goal checks).
+
+    Why first, and not by their expected narrowing: a target already narrow enough gives no candidates of its own,
+    so without these the sweep could run out of candidates for the wide targets and stop ``space_exhausted`` with
+    them never tried; and a fitted point with one seed gives the seed bootstrap nothing to resample there, so the
+    calibrated level rises towards 1 and the interval the candidates are scored against is inflated until its
+    second seed runs (on 14 replayed tiny-DiT sweeps: median 0.45 of the grid's examples at the stop against 0.48
+    when only the narrow targets' points came first; benchmarks/RESULTS.md, "sixth round")."""
     out: list[Choice] = []
-    for f in met:
+    for f, in_bin in [(f, False) for f in fits] + [(f, True) for f in bin_fits]:
         for p in f["points"]:
-            b, lr, y = p["batch_size"], p["lr"], f["target"]
+            b, lr = p["batch_size"], p["lr"]
+            at = f"{'bin target' if in_bin else 'target'} {f['target']:g}"
             short, edge, between = _point_waits(p, goal, space, tried)
+            if in_bin:
+                edge, between = None, []
             k = sum(1 for t in tried if t.batch_size == b and _same_lr(t.lr, lr))  # pending seeds included
             e = cost.of(b, fits)
             if short and k < min(goal.min_seeds, space.max_seeds):
-                why = f"{p['seeds']} seed(s) at the best setting at {y:g}: the goal needs {goal.min_seeds}"
+                why = f"{p['seeds']} seed(s) at the best setting at {at}: the goal needs {goal.min_seeds}"
                 out.append(Choice(Trial(b, lr, _next_seed(tried, b, lr)), "seed", np.inf, e, why))
             if edge is not None:
-                out.append(Choice(Trial(b, edge, 0), "lr_edge", np.inf, e, f"best lr {lr:g} at the edge at {y:g}"))
+                out.append(Choice(Trial(b, edge, 0), "lr_edge", np.inf, e, f"best lr {lr:g} at the edge at {at}"))
             for x in between:
-                out.append(Choice(Trial(b, x, 0), "lr_refine", np.inf, e, f"optimum towards a diverged lr at {y:g}"))
+                out.append(Choice(Trial(b, x, 0), "lr_refine", np.inf, e, f"optimum towards a diverged lr at {at}"))
     return list({(c.trial, c.kind): c for c in out}.values())
 
 

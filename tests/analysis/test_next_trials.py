@@ -238,7 +238,7 @@ def test_a_narrow_target_still_gets_the_trials_its_goal_needs():
         def of(self, b, fits):
             return float(b)
 
-    got = nt._goal_blockers([narrow], goal, space, tried, Cost(), [narrow])
+    got = nt._goal_blockers([narrow], [], goal, space, tried, Cost())
     assert {(c.kind, c.trial) for c in got} == {
         ("seed", nt.Trial(8, 0.02, 1)),  # 1 seed, the goal needs 2
         ("lr_edge", nt.Trial(16, 0.01, 0)),  # best 0.02 at the low edge of {0.02, 0.04}; 0.01 is in the grid
@@ -246,8 +246,11 @@ def test_a_narrow_target_still_gets_the_trials_its_goal_needs():
     }
     assert all(c.score == np.inf and str(c.trial.batch_size) in str(c.examples) for c in got)
     pending = tried + [nt.Trial(8, 0.02, 1), nt.Trial(16, 0.01, 0), nt.Trial(32, 0.04, 0)]
-    assert nt._goal_blockers([narrow], goal, space, pending, Cost(), [narrow]) == []  # pending: nothing more
+    assert nt._goal_blockers([narrow], [], goal, space, pending, Cost()) == []  # pending: nothing more
     assert not nt._goal_met([narrow], goal, space, tried)
+    # a counted bin's point: only its seeds (what _open_bin checks); its flags are not the goal's
+    got = nt._goal_blockers([], [narrow], goal, space, tried, Cost())
+    assert [(c.kind, c.trial) for c in got] == [("seed", nt.Trial(8, 0.02, 1))] and "bin target 0.5" in got[0].reason
 
 
 def test_no_bracket_while_a_trial_at_that_batch_size_runs():
@@ -261,9 +264,10 @@ def test_no_bracket_while_a_trial_at_that_batch_size_runs():
     assert busy.choices and not any(c.kind == "bracket" for c in busy.choices)
 
 
-def test_next_trials_ranks_a_narrow_targets_missing_seeds_first(monkeypatch):
+def test_next_trials_ranks_the_goals_missing_seeds_first(monkeypatch):
     """Through next_trials: of two goal targets on the design's runs (1 seed everywhere), one made narrow enough and
-    one wide; the narrow one's missing seeds (the goal needs 2) come before every scored candidate."""
+    one wide; the missing seeds (the goal needs 2) of both come before every scored candidate, the wide target's
+    too (a one-seed point inflates the interval its candidates would be scored against)."""
     goal = nt.Goal((0.5, 0.4), rel_ci=0.15, min_seeds=2)
     runs = _runs([*nt.initial_design(SPACE), nt.Trial(16, 0.5, 0)])  # B=16's bracket done: every B has a point
     real = nt._fits(runs, goal, "eval/loss", 50, 0)
@@ -279,5 +283,9 @@ def test_next_trials_ranks_a_narrow_targets_missing_seeds_first(monkeypatch):
     monkeypatch.setattr(nt, "_fits", fake)
     dec = nt.next_trials(runs, SPACE, goal, nt.Budget(trials=100), n=2, bootstrap=50)
     assert dec.stop is None and dec.choices
-    first = dec.choices[0]
-    assert first.kind in ("seed", "lr_edge") and first.score == np.inf and "at 0.5" in first.reason
+    assert all(c.kind in ("seed", "lr_edge") and c.score == np.inf for c in dec.choices)
+    assert any("target 0.5" in c.reason for c in dec.choices)
+    monkeypatch.setattr(nt, "_fits", lambda *a: fake(*a)[1:])  # the wide target alone: its own trials first
+    wide = nt.Goal((0.4,), rel_ci=0.15, min_seeds=2)
+    dec = nt.next_trials(runs, SPACE, wide, nt.Budget(trials=100), n=2, bootstrap=50)
+    assert dec.choices and all(c.score == np.inf and "target 0.4" in c.reason for c in dec.choices)

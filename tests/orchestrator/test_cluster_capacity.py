@@ -118,3 +118,29 @@ def test_concurrency_is_sized_for_the_cluster_at_its_largest(monkeypatch):
     assert max_concurrent([cfg], large.total) == large.total["fake_gpu"] // 2
     monkeypatch.delenv("BCRIT_WORKER_RESOURCES")
     assert "fake_gpu" not in trial_need(cfg)  # the hook unset: a CPU trial asks for CPUs only
+
+
+def test_an_adaptive_sweep_runs_locally_as_many_trials_as_the_cores_train(tmp_path, monkeypatch):
+    """The embedded local Ray holds twice the cores (a Tune driver idles beside its workers), so a grid runs 4
+    in-process trials at once on 2 cores; an adaptive sweep runs 2 (each further trial would be chosen without
+    the others' results, for no more throughput). On a cluster (RAY_ADDRESS) both run what the cluster holds."""
+    from orchestrator import tuner
+    from orchestrator.resources import compute_slots
+    from tests.orchestrator.test_adaptive_sweep import adaptive_quadratic
+
+    monkeypatch.delenv("RAY_ADDRESS", raising=False)
+    monkeypatch.setattr(os, "cpu_count", lambda: 2)
+    monkeypatch.setattr(tuner, "sweep_capacity", lambda: {"CPU": 4.0})  # local_cpus() on 2 cores
+    adaptive = parse_spec(adaptive_quadratic(tmp_path))
+    grid = parse_spec(quadratic_spec(tmp_path))
+    assert tuner.sweep_concurrency(grid, grid.trial_configs()) == 4
+    assert tuner.sweep_concurrency(adaptive, adaptive.trial_configs()) == 2
+    monkeypatch.setenv("RAY_ADDRESS", "127.0.0.1:6379")
+    assert tuner.sweep_concurrency(adaptive, adaptive.trial_configs()) == 4
+    # what one trial trains on: an in-process trial's CPUs, or its Train workers' (not the idle driver's)
+    assert compute_slots([{"num_workers": 0, "cpus_per_worker": 1}]) == 2
+    assert compute_slots([{"num_workers": 0, "cpus_per_worker": 2}, {"num_workers": 0}]) == 1
+    assert compute_slots([{"num_workers": 2, "cpus_per_worker": 1}]) == 1
+    monkeypatch.setattr(os, "cpu_count", lambda: 16)
+    assert compute_slots([{"num_workers": 2, "cpus_per_worker": 2}]) == 4
+    assert compute_slots([{"num_workers": 0, "cpus_per_worker": 32}]) == 1  # never 0
