@@ -545,9 +545,9 @@ def _candidates(runs, space, goal, fits, tried, cost, metric, bins=()) -> list[C
             out.append(Choice(Trial(b, lr, 0), "bracket", np.inf, cost.of(b, fits), "no fitted point at this B"))
     if out:
         return [min(out, key=lambda c: c.examples)]
-    # the intervals the goal waits for: global targets too wide, counted bins too wide or short of seeds
     # what the goal waits for at any fitted point, of a global target or a counted bin, wide or narrow: first
     out += _goal_blockers(fits, [b.fit for b in bins if b.counted], goal, space, tried, cost)
+    # the intervals the goal waits for: global targets too wide, counted bins too wide or short of seeds
     unmet = [(f, metric) for f in fits if not rel_width(f) <= goal.rel_ci]
     unmet += [(b.fit, b.metric) for b in bins if b.counted and _open_bin(b, goal)]
     unmet = unmet or [(f, metric) for f in fits] + [(b.fit, b.metric) for b in bins if b.counted]
@@ -612,8 +612,8 @@ def _goal_blockers(fits: list[dict], bin_fits: list[dict], goal: Goal, space: Sp
     so without these the sweep could run out of candidates for the wide targets and stop ``space_exhausted`` with
     them never tried; and a fitted point with one seed gives the seed bootstrap nothing to resample there, so the
     calibrated level rises towards 1 and the interval the candidates are scored against is inflated until its
-    second seed runs (on 14 replayed tiny-DiT sweeps: median 0.45 of the grid's examples at the stop against 0.48
-    when only the narrow targets' points came first; benchmarks/RESULTS.md, "sixth round")."""
+    second seed runs (on 14 replayed tiny-DiT sweeps, 2 in flight: median 0.43 of the grid's examples at the stop
+    against 0.48 when only the narrow targets' points came first; benchmarks/RESULTS.md, "sixth round")."""
     out: list[Choice] = []
     for f, in_bin in [(f, False) for f in fits] + [(f, True) for f in bin_fits]:
         for p in f["points"]:
