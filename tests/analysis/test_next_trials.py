@@ -289,3 +289,28 @@ def test_next_trials_ranks_the_goals_missing_seeds_first(monkeypatch):
     wide = nt.Goal((0.4,), rel_ci=0.15, min_seeds=2)
     dec = nt.next_trials(runs, SPACE, wide, nt.Budget(trials=100), n=2, bootstrap=50)
     assert dec.choices and all(c.score == np.inf and "target 0.4" in c.reason for c in dec.choices)
+
+
+def test_a_counted_bins_missing_seed_comes_first(monkeypatch):
+    """Through next_trials with ``Goal.bins``: the global answer meets its goal (2 seeds everywhere, no flags, narrow),
+    one counted bin has its best at another tried lr with 1 seed (the goal needs 2). That seed comes first (score
+    inf), not by its expected narrowing."""
+    from analysis.decisions.bin_goals import BinInterval
+
+    goal = nt.Goal((0.5,), rel_ci=0.15, min_seeds=2, bins=True)
+    runs = _runs([*nt.initial_design(SPACE), nt.Trial(16, 0.5, 0)])
+    (real,) = nt._fits(runs, goal, "eval/loss", 50, 0)
+    b = real["b_crit"]
+    glob = {**real, "b_crit_ci": [0.9 * b, 1.1 * b], "flags": [],
+            "points": [{**p, "seeds": 2, "flags": []} for p in real["points"]]}  # fmt: skip
+    p0 = glob["points"][0]
+    other = next(t.lr for t in nt.initial_design(SPACE) if t.batch_size == p0["batch_size"] and t.lr != p0["lr"])
+    in_bin = {**glob, "points": [{**p0, "lr": other, "seeds": 1}, *glob["points"][1:]]}
+    interval = BinInterval(0, (0, 249), 0.5, 0.6, 0.1, (), in_bin)
+    monkeypatch.setattr(nt, "_fits", lambda *a: [glob])
+    monkeypatch.setattr(nt, "bin_intervals", lambda *a, **k: [interval])
+    dec = nt.next_trials(runs, SPACE, goal, nt.Budget(trials=100), n=1, bootstrap=50)
+    assert dec.stop is None
+    (c,) = dec.choices
+    assert (c.kind, c.trial.batch_size, c.trial.lr, c.score) == ("seed", p0["batch_size"], other, np.inf)
+    assert "bin target" in c.reason
