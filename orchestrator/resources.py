@@ -71,7 +71,7 @@ def compute_slots(configs: list[dict]) -> int:
     need = 1.0
     for c in configs:
         w = int(c.get("num_workers", 0))
-        need = max(need, float(c.get("cpus_per_worker", 1)) * max(w, 1))
+        need = max(need, trial_bundle(c)["CPU"] if w == 0 else w * worker_bundle(c)["CPU"])
     return max(1, math.floor((os.cpu_count() or 1) / need))
 
 

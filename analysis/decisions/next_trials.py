@@ -619,9 +619,10 @@ def _goal_blockers(fits: list[dict], bin_fits: list[dict], goal: Goal, space: Sp
         for p in f["points"]:
             b, lr = p["batch_size"], p["lr"]
             at = f"{'bin target' if in_bin else 'target'} {f['target']:g}"
-            short, edge, between = _point_waits(p, goal, space, tried)
-            if in_bin:
-                edge, between = None, []
+            if in_bin:  # a bin's goal waits for its seeds only (_open_bin)
+                short, edge, between = p["seeds"] < goal.min_seeds, None, []
+            else:
+                short, edge, between = _point_waits(p, goal, space, tried)
             k = sum(1 for t in tried if t.batch_size == b and _same_lr(t.lr, lr))  # pending seeds included
             e = cost.of(b, fits)
             if short and k < min(goal.min_seeds, space.max_seeds):
