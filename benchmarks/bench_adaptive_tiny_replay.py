@@ -10,9 +10,13 @@ repeat takes three seeds and:
 - **grid**: the 60 trials of ``examples/tiny.yaml``'s grid at those seeds (its two split trials left out, so the
   grid's examples are 2-3% below a real grid's: the ratios below are a little against the adaptive sweep);
 - **adaptive**: ``analysis.decisions.next_trials`` as the Tune searcher calls it (``--concurrency`` trials in flight,
-  the oldest finishing first; goal at the demo's two targets where the grid trusts them, ``min_seeds`` 2, 200
-  resamples per refit, the stop confirmed on 1000), the chosen trials revealed from the recordings with their
-  seeds relabelled 0-2;
+  each taking its recorded training seconds, a refit whenever one finishes; goal at the demo's two targets where
+  the grid trusts them, ``min_seeds`` 2, the refits' resamples the searcher's), the chosen trials revealed from the
+  recordings with their seeds relabelled 0-2. A goal met on the finished trials stops the sweep with the others
+  still running, which are ended (``end_pending``, as the searcher does): each counted with the examples it had
+  processed by then (its recorded examples times the fraction of its training seconds elapsed) and left out of
+  the answer. ``--wait-pending``: the rule before 2026-11-27 (seventh round), which waited for them, no new trial
+  starting, and counted them in;
 - **oracle**: a design that knows every batch size's best lr at each goal target beforehand (from the whole grid):
   3 seeds at each and 1 at the grid neighbours of their range (the least a design needs to bracket the best lr and
   measure the seed noise at it);
@@ -82,6 +86,7 @@ class Pool:
         lr = self.trials.column("lr").to_numpy()
         seed = self.trials.column("seed").to_numpy()
         bs = self.trials.column("batch_size").to_numpy()
+        self.seconds = dict(zip(ids, self.trials.column("train_seconds").to_pylist(), strict=True))
         self.index: dict[tuple[int, float, int], str] = {}
         for b, x, s, t in zip(bs, lr, seed, ids, strict=True):
             key = (int(b), _lr(x), int(s))
@@ -182,27 +187,39 @@ def cheapest_design(pool: Pool, seeds, g_ans: dict, targets, width: float) -> di
     return found
 
 
-def replay(pool: Pool, seeds, targets, rel_ci: float, trials_budget: int, concurrency: int) -> dict:
-    """One adaptive sweep: the oldest in-flight trial finishes, the rule refits and fills the free places (up to
-    ``len(seeds)`` seeds per setting)."""
+def replay(pool: Pool, seeds, targets, rel_ci: float, trials_budget: int, concurrency: int,
+           end_pending: bool = True) -> dict:  # fmt: skip
+    """One adaptive sweep on a clock: each trial runs its recorded training seconds (up to ``len(seeds)`` seeds
+    per setting); when one finishes the rule refits and fills the free places. At a stop on the goal with
+    ``end_pending`` the trials still running are ended: ``ended_examples`` is what they had processed."""
     space = nt.Space(BATCH_SIZES, LRS, max_seeds=len(seeds))
     goal = nt.Goal(tuple(targets), rel_ci)
     budget = nt.Budget(trials=trials_budget)
     done: list[tuple[int, float, int]] = []
-    flight: list[nt.Trial] = []
-    steps = []
+    flight: list[tuple[float, float, nt.Trial]] = []  # (finishes at, started at, trial)
+    steps, now = [], 0.0
     while True:
         runs = pool.reveal(done, seeds) if done else None
-        dec = nt.next_trials(runs, space, goal, budget, pending=flight, n=concurrency - len(flight), seed=0)
-        flight += [c.trial for c in dec.choices]
+        dec = nt.next_trials(runs, space, goal, budget, pending=[f[2] for f in flight], n=concurrency - len(flight),
+                             seed=0, end_pending=end_pending)  # fmt: skip
+        for c in dec.choices:
+            t = c.trial
+            flight.append((now + pool.seconds[pool.index[(t.batch_size, _lr(t.lr), seeds[t.seed])]], now, t))
         if done:
             steps.append({"trials": len(done), "examples": dec.examples_spent, "widths": list(dec.widths.values()),
                           "chose": [f"{c.kind} B={c.trial.batch_size} lr={c.trial.lr:g} s={c.trial.seed}"
                                     for c in dec.choices]})  # fmt: skip
-        if dec.stop is not None or not flight:  # the trials still running finish (Tune ends none): counted in
-            keys = done + [(t.batch_size, t.lr, t.seed) for t in flight]
-            return {"stop": dec.stop or nt.EXHAUSTED, "keys": keys, "steps": steps}
-        t = flight.pop(0)
+        if dec.stop is not None or not flight:
+            running = [(t.batch_size, t.lr, t.seed) for _, _, t in flight]
+            if dec.stop == nt.GOAL_MET and end_pending:  # ended part-way: their examples so far, not in the answer
+                part = sum(examples(pool.reveal([k], seeds)) * (now - s0) / (f - s0)
+                           for k, (f, s0, _) in zip(running, flight, strict=True))  # fmt: skip
+                return {"stop": dec.stop, "keys": done, "steps": steps, "ended": running, "ended_examples": part}
+            # the trials still running finish (budget, exhausted; or waiting for them): counted in
+            return {"stop": dec.stop or nt.EXHAUSTED, "keys": done + running, "steps": steps, "ended": [],
+                    "ended_examples": 0.0}  # fmt: skip
+        flight.sort(key=lambda f: f[0])
+        now, _, t = flight.pop(0)
         done.append((t.batch_size, t.lr, t.seed))
 
 
@@ -218,7 +235,7 @@ def first_reach(pool: Pool, seeds, keys, targets, width: float, start: int) -> d
 
 
 def one(pool: Pool, seeds, concurrency: int, rel_ci: float | None, trials_budget: int, hindsight: bool,
-        extra: tuple[int, ...] = ()) -> dict:  # fmt: skip
+        extra: tuple[int, ...] = (), end_pending: bool = True) -> dict:  # fmt: skip
     """Grid, oracle and adaptive sweep at one seed triplet; the goal targets are the grid's trusted ones of the two.
     ``extra``: further recorded seeds the adaptive sweep may run (its ``max_seeds`` is 3 + their number)."""
     t0 = time.time()
@@ -233,7 +250,7 @@ def one(pool: Pool, seeds, concurrency: int, rel_ci: float | None, trials_budget
     goal = rel_ci if rel_ci is not None else g_w
     orc = pool.reveal(oracle_keys(g_ans, targets), seeds)
     a_seeds = tuple(seeds) + tuple(extra)
-    rep = replay(pool, a_seeds, targets, goal, trials_budget, concurrency)
+    rep = replay(pool, a_seeds, targets, goal, trials_budget, concurrency, end_pending)
     a_runs = pool.reveal(rep["keys"], a_seeds)
     # the first prefix the goal would accept at the grid's width: scanned from where the refits' widths near it
     near = [s["trials"] for s in rep["steps"] if max(s["widths"]) <= 1.5 * g_w]
@@ -244,8 +261,8 @@ def one(pool: Pool, seeds, concurrency: int, rel_ci: float | None, trials_budget
         "hindsight": None if best is None else {**best, "examples": best["examples"] / g_ex},
         "goal_rel_ci": goal, "stop": rep["stop"],
         "oracle": {"trials": len(orc.trial_ids), "examples": examples(orc) / g_ex, "answer": answer(orc, targets)},
-        "adaptive": {"trials": len(rep["keys"]), "examples": examples(a_runs) / g_ex,
-                     "answer": answer(a_runs, targets)},
+        "adaptive": {"trials": len(rep["keys"]) + len(rep["ended"]), "ended": len(rep["ended"]),
+                     "examples": (examples(a_runs) + rep["ended_examples"]) / g_ex, "answer": answer(a_runs, targets)},
         "reach": None if reach is None else {**reach, "examples": reach["examples"] / g_ex},
         "steps": rep["steps"], "seconds": time.time() - t0,
     }  # fmt: skip
@@ -269,6 +286,8 @@ def main() -> None:
     ap.add_argument("--trials", type=int, default=62, help="the adaptive sweep's trial budget (the grid: 62)")
     ap.add_argument("--max-seeds", type=int, default=3, help="seeds per setting the adaptive sweep may run (the "
                     "grid: 3; more are drawn from the recorded seeds outside the triplet)")  # fmt: skip
+    ap.add_argument("--wait-pending", action="store_true", help="wait for the trials running at a goal met (the "
+                    "rule before the seventh round) instead of ending them")  # fmt: skip
     ap.add_argument("--hindsight", action="store_true", help="also the cheapest accepted design in hindsight (slow)")
     ap.add_argument("--json", default=None)
     a = ap.parse_args()
@@ -289,7 +308,7 @@ def main() -> None:
         extra = tuple(s for s in rest if pool.has((s,)))[: max(a.max_seeds - 3, 0)]
         if len(extra) < a.max_seeds - 3:
             raise SystemExit(f"--max-seeds {a.max_seeds}: only {3 + len(extra)} recorded seeds for {seeds}")
-        r = one(pool, seeds, a.concurrency, a.rel_ci, a.trials, a.hindsight, extra)
+        r = one(pool, seeds, a.concurrency, a.rel_ci, a.trials, a.hindsight, extra, not a.wait_pending)
         results.append(r)
         if "skipped" in r:
             print(f"seeds {seeds}: skipped, {r['skipped']}: {_fmt(r['grid']['answer'])}", flush=True)
@@ -298,6 +317,7 @@ def main() -> None:
         print(
             f"seeds {seeds}: grid {_fmt(r['grid']['answer'])} | oracle {r['oracle']['examples']:.2f} "
             f"{_fmt(r['oracle']['answer'])} | adaptive {r['stop']} {r['adaptive']['trials']} trials "
+            f"({r['adaptive']['ended']} ended) "
             f"{r['adaptive']['examples']:.2f} {_fmt(r['adaptive']['answer'])} | grid width accepted at "
             + ("never" if reach is None else f"{reach['examples']:.2f} ({reach['trials']} trials)")
             + (

@@ -77,6 +77,7 @@ class AdaptiveSearch(Searcher):
         self._stop: str | None = None
         self._completed: set[str] = set()  # trial ids Tune reported complete
         self._lost: list[dict] = []  # trials handed out, lost with a killed driver and handed out again
+        self._signal_synced = False  # this driver's GoalSignal set from the state (not saved: one per driver)
 
     @classmethod
     def from_spec(cls, spec) -> AdaptiveSearch:
@@ -102,6 +103,8 @@ class AdaptiveSearch(Searcher):
         return True  # the objective is fixed: the B_crit interval, not a metric to optimise
 
     def suggest(self, trial_id: str) -> dict | str | None:
+        if not self._signal_synced:
+            self._signal(self._stop == nt.GOAL_MET)  # a resumed sweep stopped on its goal ends what Tune resumes
         if self._stop is not None:
             return Searcher.FINISHED
         done = self.finished_ids()
@@ -154,18 +157,36 @@ class AdaptiveSearch(Searcher):
 
     def pending(self, done: list[str] | None = None) -> list[nt.Trial]:
         """Trials handed out, neither finished in the tables nor reported complete by Tune."""
+        return [nt.Trial(int(v[0]), float(v[1]), int(v[2])) for v in map(self._issued.get, self.pending_ids(done))]
+
+    def pending_ids(self, done: list[str] | None = None) -> list[str]:
+        """The ids of the trials `pending` lists, in the order they were handed out."""
         done = set(self.finished_ids() if done is None else done) | self._completed
-        out = [nt.Trial(int(v[0]), float(v[1]), int(v[2])) for t, v in self._issued.items() if t not in done]
-        return out
+        return [t for t in self._issued if t not in done]
+
+    def _signal(self, ended: bool) -> None:
+        """Set this sweep's `trainables.sweep_signal.GoalSignal` (owned by this driver): ``ended`` asks the running
+        trials to end. Without Ray (the searcher driven directly, e.g. in tests): nothing to tell."""
+        import ray
+
+        if not ray.is_initialized():
+            return
+        from trainables.sweep_signal import set_signal, signal_name
+
+        set_signal(signal_name(self.sweep_dir), ended)
+        self._signal_synced = True
 
     def _refit(self, done: list[str]) -> None:
         pending = self.pending(done)
         dec = nt.next_trials(
             self.finished_runs(done), self.space, self.goal, self.budget, pending, n=self._batch,
-            bootstrap=self._bootstrap, seed=self._seed,
+            bootstrap=self._bootstrap, seed=self._seed, end_pending=True,
         )  # fmt: skip
         self._seen_done = list(done)
         self._stop = dec.stop
+        ended = self.pending_ids(done) if dec.stop == nt.GOAL_MET else []
+        if ended:  # the goal is met on the finished trials: the running ones end at their next evaluation
+            self._signal(True)
         label, width = dec.widest()
         self._queue = [
             {"batch_size": c.trial.batch_size, "lr": c.trial.lr, "seed": c.trial.seed, "kind": c.kind,
@@ -185,6 +206,7 @@ class AdaptiveSearch(Searcher):
                 "bins": [b.record() for b in dec.bins],  # goal.bins only
                 "choices": [dict(c) for c in self._queue],
                 "stop": dec.stop,
+                "ending": ended,  # at a stop on the goal: the trials still running, asked to end
                 "confirmed": dec.confirmed,  # resamples of a refit that re-checked a goal met (else null)
             }
         )

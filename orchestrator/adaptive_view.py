@@ -73,8 +73,11 @@ def status_line(decisions: dict, refit: dict) -> str:
     head = f"B_crit at {widths}{_bins_text(refit)} -> goal {decisions['goal']['rel_ci']:.0%}"
     if refit["stop"]:
         flagged = flagged_text(refit.get("flags", {}))
+        ending = len(refit.get("ending") or [])
+        ending = f"; ending {ending} running trial(s) (kept, not fitted)" if ending else ""
         return (
-            f"{head}; stop: {STOPS.get(refit['stop'], refit['stop'])} after {refit['trials_finished']} trials{flagged}"
+            f"{head}; stop: {STOPS.get(refit['stop'], refit['stop'])} after {refit['trials_finished']} "
+            f"trials{ending}{flagged}"
         )
     if not refit["choices"]:
         return f"{head}; waiting for {refit['trials_pending']} running trial(s)"

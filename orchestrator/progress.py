@@ -1,7 +1,8 @@
 """What a person reads in the terminal while a sweep or a trial runs.
 
 - One line per trial event, printed by bcrit: ``[3/16] B=64 (32x1x2) lr=2e-3: reached 0.22 in 70 steps, 37 s``
-  (finished: reached / budget spent / diverged; failed; retried). ``k/N``: trials finished so far of the total.
+  (finished: reached / budget spent / diverged / ended at the adaptive sweep's goal; failed; retried). ``k/N``:
+  trials finished so far of the total.
 - A live progress bar, drawn by tqdm: on a terminal one line redrawn in place (``done / running / pending``,
   elapsed, ETA) at most every `REDRAW_EVERY_S`; when the output is a file or a pipe, the same as a plain
   ``[bcrit] ...`` line at most every `PLAIN_EVERY_S` (`LogLines`: tqdm redraws with a carriage return, which a
@@ -76,6 +77,8 @@ def outcome_text(cfg: dict, result: dict) -> str:
         return f"budget spent at {step} steps" + (f", eval/loss {loss_s}" if loss_s else "")
     if status == M.STATUS_DIVERGED:
         return f"diverged at step {step}" + (f" (eval/loss {loss_s})" if loss_s else "")
+    if status == M.STATUS_ENDED:
+        return f"ended at step {step}: the sweep's goal was met (kept, not fitted)"
     return f"{status} at step {step}"
 
 

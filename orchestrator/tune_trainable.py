@@ -6,7 +6,8 @@
 - ``num_workers == 0``: the loop runs in the trial actor itself with a `TuneSession` (Tune checkpoints; a
   ``TorchTrainer`` in local mode cannot report to Tune). This is the fast path of tests and the quadratic workload.
 
-A trial always ends itself (target, budget, divergence), never by Tune: the placement-group leak of ray#54305.
+A trial always ends itself (target, budget, divergence, its adaptive sweep's goal met: trainables.sweep_signal),
+never by Tune: the placement-group leak of ray#54305.
 """
 
 from __future__ import annotations
@@ -43,11 +44,14 @@ class TuneSession:
 
     rank, world_size = 0, 1
 
-    def __init__(self, use_gpu: bool, target_loss: float | None, max_steps: int):
+    def __init__(self, use_gpu: bool, target_loss: float | None, max_steps: int, signal: str | None = None):
         import torch
+
+        from trainables.sweep_signal import SignalReader
 
         self.device = torch.device("cuda" if use_gpu else "cpu")
         self._target, self._max_steps = target_loss, max_steps
+        self.sweep_ended = SignalReader(signal)  # the sweep's goal met: end now (trainables.sweep_signal)
 
     def report(self, metrics: dict, checkpoint_dir: str | None) -> None:
         from ray import tune
@@ -81,13 +85,14 @@ def objective_report_callback(target_loss: float | None, max_steps: int):
 
 
 def make_trainable(
-    workload: str, sweep_dir: str, worker_failures: int = 3, verbose: bool = False
+    workload: str, sweep_dir: str, worker_failures: int = 3, verbose: bool = False, signal: str | None = None
 ) -> Callable[[dict], None]:
     """The function Tune runs per trial; its Ray Train runs go to ``<sweep_dir>/train`` (``sweep_dir``: the
     sweep's storage, a directory or a URI). ``config["trial"]`` is the full trial-config dict; ``workload`` names it
     (`trainables.workloads.get_workload`, resolved in the worker: an unknown name fails, never runs the DiT). Not
     ``verbose``: the trial's INFO logs (a line per checkpoint, Train's worker-group set-up) stay out of the driver's
-    output."""
+    output. ``signal``: the name of the sweep's `trainables.sweep_signal.GoalSignal`, which its trials ask at each
+    evaluation whether to end (an adaptive sweep's; None: the trials never ask)."""
     from orchestrator.uri_storage import is_uri, join
 
     uri = is_uri(sweep_dir)
@@ -105,7 +110,7 @@ def make_trainable(
         cfg = w.config_cls.from_dict(config["trial"])
         target, budget = cfg.target_loss, cfg.max_steps
         if cfg.num_workers == 0:
-            w.loop(cfg, TuneSession(cfg.use_gpu, target, budget))
+            w.loop(cfg, TuneSession(cfg.use_gpu, target, budget, signal))
             return
         trial_id = tune.get_context().get_trial_id()
         cb = objective_report_callback(target, budget)
@@ -119,6 +124,7 @@ def make_trainable(
             max_failures=worker_failures,
             train_loop=w.train_func,
             log_level="INFO" if verbose else "WARNING",
+            signal=signal,
         )
         trainer.fit()
         from orchestrator.tune_handoff import hand_off_pending_results

@@ -20,7 +20,11 @@ def sweep_trainable(spec: SweepSpec, worker_failures: int, verbose: bool = False
     from ray import tune
     from ray.tune.execution.placement_groups import PlacementGroupFactory
 
-    fn = make_trainable(spec.workload, spec.storage_root, worker_failures, verbose=verbose)
+    from trainables.sweep_signal import signal_name
+
+    adaptive = getattr(spec, "search", None) == "adaptive"  # a BranchSpec has no search
+    signal = signal_name(spec.sweep_dir) if adaptive else None  # its goal met: the running trials end
+    fn = make_trainable(spec.workload, spec.storage_root, worker_failures, verbose=verbose, signal=signal)
     return tune.with_resources(fn, lambda config: PlacementGroupFactory([trial_bundle(config["trial"])]))
 
 

@@ -17,7 +17,8 @@ Every report carries the counters, ``status``, ``train_seconds``, ``startup_seco
 worker shows a new pid), the latest value of every metric, and ``rows``: every value recorded since the previous
 report as ``[step, examples, metric, value, wall_time, unix_time]`` (the long format of ``metrics.parquet``;
 ``wall_time``: training seconds, ``unix_time``: when it was measured, for MLflow). A trial stops itself -- budget
-spent, target reached, diverged -- so its trainer returns normally (REFERENCE.md: the placement-group leak when Tune
+spent, target reached, diverged, or ended by its adaptive sweep's goal (asked at each evaluation,
+`trainables.sweep_signal`) -- so its trainer returns normally (REFERENCE.md: the placement-group leak when Tune
 stops trials).
 """
 
@@ -53,6 +54,8 @@ class Session(Protocol):
 
     def report(self, metrics: dict, checkpoint_dir: str | None) -> None: ...
     def restore(self) -> contextlib.AbstractContextManager[str | None]: ...
+
+    # optional: ``sweep_ended() -> bool``, whether the sweep asked its running trials to end (TrialSkeleton.sweep_ended)
 
 
 class ScheduleConfig(Protocol):
@@ -150,6 +153,21 @@ class Learner:
 
     def close(self) -> None:
         """Called once the trial has stopped."""
+
+    def agree(self, flag: bool) -> bool:
+        """Every rank's answer to a question only rank 0 asked (e.g. whether the sweep ended the trial): ``flag``
+        from rank 0, the same on every rank, through the workers' process group (gloo: a CPU tensor; the DiT's
+        learner sends it from its device, for NCCL). One process: ``flag``."""
+        import sys
+
+        dist = sys.modules.get("torch.distributed")  # a Train worker has it; an in-process trial may lack torch
+        if dist is None or not dist.is_available() or not dist.is_initialized() or dist.get_world_size() == 1:
+            return flag
+        import torch
+
+        t = torch.tensor([1.0 if flag and dist.get_rank() == 0 else 0.0])
+        dist.all_reduce(t)  # the other ranks add 0
+        return bool(t.item() > 0)
 
 
 class TrialSkeleton:
@@ -270,6 +288,12 @@ class TrialSkeleton:
         self.learner.close()
         return self.status
 
+    def sweep_ended(self) -> bool:
+        """Whether the sweep has asked its running trials to end (trainables.sweep_signal): rank 0 asks the
+        session, every rank gets its answer (``Learner.agree``). Sessions without ``sweep_ended``: never."""
+        ask = getattr(self.session, "sweep_ended", None)
+        return self.learner.agree(bool(ask()) if ask is not None and self.session.rank == 0 else False)
+
     def advance(self) -> None:
         """One optimizer step: record its values, evaluate on the schedule, report on the report interval."""
         cfg = self.cfg
@@ -282,6 +306,8 @@ class TrialSkeleton:
             self.status = status_after_step(self.step, cfg.eval_every, cfg.max_steps, self.evaluate)
         else:
             self.status = M.STATUS_DIVERGED
+        if self.status == M.STATUS_RUNNING and self.step % cfg.eval_every == 0 and self.sweep_ended():
+            self.status = M.STATUS_ENDED
         final = self.status != M.STATUS_RUNNING
         if final or self.step % cfg.report_interval == 0:
             self.train_seconds += self.learner.flush()

@@ -61,7 +61,10 @@ STATUS_REACHED_TARGET = "reached_target"
 STATUS_BUDGET_SPENT = "budget_spent"
 STATUS_DIVERGED = "diverged"
 STATUS_FAILED = "failed"
-FINAL_STATUSES = (STATUS_REACHED_TARGET, STATUS_BUDGET_SPENT, STATUS_DIVERGED, STATUS_FAILED)
+# ended by its sweep: an adaptive sweep met its goal while the trial ran (trainables.sweep_signal); its rows are kept
+# and its examples counted as spent, but it is not fitted (the answer is the finished trials' it stopped on)
+STATUS_ENDED = "ended_at_goal"
+FINAL_STATUSES = (STATUS_REACHED_TARGET, STATUS_BUDGET_SPENT, STATUS_DIVERGED, STATUS_FAILED, STATUS_ENDED)
 
 
 def gns_names(k: int | None = None) -> dict[str, str]:

@@ -29,7 +29,11 @@ again with them in: they can move the width back over the goal, or flag the answ
 it the best at an edge). Stopping there instead, the running trials joining the answer after the stop, was
 measured and rejected (benchmarks/RESULTS.md, "resampled the learning rates"): with 4 in flight it cost 0.48 of
 the grid's examples against 0.73 on 14 replayed tiny-DiT sweeps, but left 14 of 32 global answers flagged on the
-``t3`` simulator (0 of 32 batch-synchronous) and widths up to 24% above the goal.
+``t3`` simulator (0 of 32 batch-synchronous) and widths up to 24% above the goal. What the Tune searcher does
+instead (``end_pending``, orchestrator.adaptive_search): the goal met on the finished trials is confirmed and taken
+with trials pending, and the pending trials are *ended* (trainables.sweep_signal; status ``ended_at_goal``): the
+answer is the confirmed one, the ended trials' examples count as spent and their rows are kept, but the analysis
+leaves them out (a trial stopped part-way by a decision taken without it measures nothing about its setting).
 
 **Expected narrowing (the documented proxy).** In log space the fit ``log S(B) = log(S_min + E_min/B)`` is, near
 its optimum, linear in ``p = (log S_min, log E_min)`` with the row ``g(B) = (S_min, E_min/B) / S(B)`` per point;
@@ -93,7 +97,7 @@ from analysis.fits import flags as fl
 from analysis.fits import pareto
 from analysis.fits.steps import final_losses, steps_to_target
 from analysis.fits.sweep_fit import analyze_metric
-from analysis.sources.loaders import Runs
+from analysis.sources.loaders import Runs, runs_from_tables
 
 SIGMA2_FLOOR = 1e-4  # per-seed variance of log steps never taken below (1% sd): no candidate is worth nothing
 DESIGN_BATCH_SIZES = 4  # the initial design spans the space with this many batch sizes
@@ -219,6 +223,25 @@ def spent_examples(runs: Runs) -> np.ndarray:
     return out
 
 
+def _not_ended(runs: Runs | None) -> Runs | None:
+    """``runs`` without the trials a stop on the goal ended (``ended_at_goal``); None when none is left."""
+    if runs is None:
+        return None
+    keep = runs.status != m.STATUS_ENDED
+    if keep.all():
+        return runs
+    if not keep.any():
+        return None
+    trials = runs.trials.filter(pa.array(keep))
+    ids = pc.cast(trials.column("trial_id"), pa.string())
+    i = trials.schema.get_field_index("trial_id")
+    trials = trials.set_column(i, "trial_id", ids)
+    metrics = runs.metrics.filter(pc.is_in(pc.cast(runs.metrics.column("trial_id"), pa.string()), ids))
+    j = metrics.schema.get_field_index("trial_id")
+    metrics = metrics.set_column(j, "trial_id", pc.cast(metrics.column(j), pa.string()))
+    return runs_from_tables(trials, metrics, source=runs.source)
+
+
 def _tried(runs: Runs | None, pending: list[Trial]) -> list[Trial]:
     out = list(pending)
     if runs is not None and len(runs.trial_ids):
@@ -333,19 +356,25 @@ def next_trials(
     bootstrap: int = CONFIRM_BOOTSTRAP,
     seed: int = 0,
     confirm_bootstrap: int = CONFIRM_BOOTSTRAP,
+    end_pending: bool = False,
 ) -> Decision:
     """Refit the runs at the goal targets and choose up to ``n`` next trials, or say why the sweep stops.
 
     ``bootstrap``: the resamples of each refit. ``confirm_bootstrap``: when that refit meets the goal with no trial
     pending, the goal is checked again on a refit with this many (``bcrit analyze``'s default); the sweep stops only
-    if it holds there too, else it goes on from the confirming refit (module docstring, "Stopping")."""
+    if it holds there too, else it goes on from the confirming refit (module docstring, "Stopping").
+    ``end_pending``: the caller ends the pending trials at a stop on the goal (their status ``ended_at_goal``), so a
+    goal met on the finished trials is confirmed and taken with trials pending, instead of waiting for them. Trials
+    of ``runs`` with that status count as spent (examples and trials) and are otherwise left out."""
     pending = list(pending)
+    spent_all = spent_examples(runs) if runs is not None else np.zeros(0)
+    runs = _not_ended(runs)  # trials a stop on the goal ended part-way: spent, but neither fitted nor tried
     tried = _tried(runs, pending)
     spent = spent_examples(runs) if runs is not None else np.zeros(0)
     cost = _Cost(runs, spent, space)
-    n_done = len(spent)
-    dec = Decision(None, [], {float(t): np.inf for t in goal.targets}, [], float(spent.sum()), n_done)
-    if runs is not None and n_done:
+    n_done = len(spent_all)
+    dec = Decision(None, [], {float(t): np.inf for t in goal.targets}, [], float(spent_all.sum()), n_done)
+    if runs is not None and len(spent):
         _refit(dec, runs, goal, metric, bootstrap, seed)
     fits = dec.fits
     committed = dec.examples_spent + sum(cost.of(t.batch_size, fits) for t in pending)
@@ -363,7 +392,7 @@ def next_trials(
         _within_examples(dec, budget, committed)
         return dec
     if _goal_met(fits, goal, space, tried) and _bins_met(dec.bins, goal):
-        if pending:  # met on the finished trials, but pending ones may change the fit (or flag it): wait for them
+        if pending and not end_pending:  # met on the finished trials; pending ones may change the fit: wait
             return dec
         if confirm_bootstrap > bootstrap:  # the stop is taken on a refit as large as bcrit analyze's
             _refit(dec, runs, goal, metric, confirm_bootstrap, seed)

@@ -2,8 +2,10 @@
 
 For a target loss, a trial's steps-to-target is the first step at which its (low-noise) eval metric is at
 or below the target, linearly interpolated between the two evaluations that bracket the crossing. A trial
-that never reaches the target is *censored* (``inf``) at its last evaluated step; diverged and failed trials
-are *excluded* (``nan``) and counted.
+that never reaches the target is *censored* (``inf``) at its last evaluated step; diverged and failed trials, and
+trials an adaptive sweep ended when its goal was met (``ended_at_goal``: stopped part-way by a decision taken
+without them, so neither a lower bound on a setting's steps nor part of the answer), are *excluded* (``nan``) and
+counted.
 
 Per batch size the nuisance hyper-parameters are tuned in two stages (:func:`best_per_batch`):
 
@@ -27,16 +29,16 @@ from analysis.core import metrics as m
 from analysis.sources.loaders import Runs, Series
 from analysis.sources.schema import NUISANCE_COLUMNS, SPLIT_COLUMNS
 
-EXCLUDED_STATUSES = (m.STATUS_DIVERGED, m.STATUS_FAILED)
+EXCLUDED_STATUSES = (m.STATUS_DIVERGED, m.STATUS_FAILED, m.STATUS_ENDED)
 
 
 def usable(runs: Runs) -> np.ndarray:
-    """Boolean mask over trials: not diverged and not failed."""
+    """Boolean mask over trials: not diverged, not failed, not ended by the sweep."""
     return ~np.isin(runs.status, EXCLUDED_STATUSES)
 
 
 def excluded_counts(runs: Runs) -> dict[str, int]:
-    """How many trials each excluded status removed, e.g. ``{"diverged": 3, "failed": 0}``."""
+    """How many trials each excluded status removed, e.g. ``{"diverged": 3, "failed": 0, "ended_at_goal": 0}``."""
     return {s: int((runs.status == s).sum()) for s in EXCLUDED_STATUSES}
 
 

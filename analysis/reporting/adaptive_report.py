@@ -80,6 +80,13 @@ def markdown_lines(d: dict) -> list[str]:
         f"best setting; budget {spend}. It stopped because {STOPS.get(d['stop'], d['stop'])}, after "
         f"{len(d['issued'])} trials and {len(d['refits'])} refits.",
     ]
+    ending = [t for r in d["refits"] for t in r.get("ending") or []]
+    if ending:
+        lines.append(
+            f"{len(ending)} trial(s) still running at the stop were asked to end (status `ended_at_goal` unless it "
+            f"finished first: its rows are kept and its examples counted, but the answer is the finished trials' "
+            f"the goal was met on): " + ", ".join(f"`{t}`" for t in ending) + "."
+        )
     if fitted:
         a, b = fitted[0], fitted[-1]
         lines.append(

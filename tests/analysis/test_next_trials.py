@@ -179,6 +179,11 @@ def test_a_goal_met_on_the_cheap_refit_stops_only_if_the_confirming_refit_meets_
     dec = nt.next_trials(runs, SPACE, GOAL, nt.Budget(trials=100), pending=[nt.Trial(64, 0.5, 0)], bootstrap=200)
     assert calls == [200] and dec.stop is None and not dec.choices and dec.confirmed is None
 
+    calls.clear()  # the caller ends pending trials (the Tune searcher): confirmed and taken with them pending
+    pend = [nt.Trial(64, 0.5, 0)]
+    dec = nt.next_trials(runs, SPACE, GOAL, nt.Budget(trials=100), pending=pend, bootstrap=200, end_pending=True)
+    assert calls == [200, nt.CONFIRM_BOOTSTRAP] and dec.stop == nt.GOAL_MET and not dec.choices
+
     calls.clear()  # a refit already as large as the confirming one is not repeated
     dec = nt.next_trials(runs, SPACE, GOAL, nt.Budget(trials=100), bootstrap=nt.CONFIRM_BOOTSTRAP)
     assert calls == [nt.CONFIRM_BOOTSTRAP] and dec.stop == nt.GOAL_MET
@@ -314,3 +319,29 @@ def test_a_counted_bins_missing_seed_comes_first(monkeypatch):
     (c,) = dec.choices
     assert (c.kind, c.trial.batch_size, c.trial.lr, c.score) == ("seed", p0["batch_size"], other, np.inf)
     assert "bin target" in c.reason
+
+
+def test_a_trial_ended_at_the_goal_is_spent_but_neither_fitted_nor_tried():
+    """``ended_at_goal`` (an adaptive sweep's stop ended it part-way): its examples and its trial count as spent,
+    the fit is the other trials' (the same as without it), and its setting is open again (a resumed sweep with a
+    tighter goal runs it anew: here the design hands it out)."""
+    import pyarrow as pa
+
+    from analysis.core import metrics as m
+    from analysis.sources.loaders import runs_from_tables
+
+    design = nt.initial_design(SPACE)
+    full = _runs(design)
+    ended = design[4]
+    lrs = full.trials.column("lr").to_pylist()
+    i = [nt.Trial(int(b), float(x), 0) for b, x in zip(full.batch_size, lrs, strict=True)].index(ended)
+    status = full.status.copy()
+    status[i] = m.STATUS_ENDED
+    trials = full.trials.set_column(full.trials.schema.get_field_index("status"), "status", pa.array(status.tolist()))
+    runs = runs_from_tables(trials, full.metrics)
+    rest = _runs([t for t in design if t != ended])
+    dec = nt.next_trials(runs, SPACE, GOAL, nt.Budget(trials=100), n=1, bootstrap=50)
+    alone = nt.next_trials(rest, SPACE, GOAL, nt.Budget(trials=100), n=1, bootstrap=50)
+    assert dec.trials_spent == len(design) and dec.examples_spent == pytest.approx(nt.spent_examples(full).sum())
+    assert [f["b_crit"] for f in dec.fits] == pytest.approx([f["b_crit"] for f in alone.fits])
+    assert [c.trial for c in dec.choices] == [ended] and dec.choices[0].kind == "design"

@@ -228,14 +228,14 @@ def test_crossing_jitter_small_on_a_steep_clean_descent_large_on_a_noisy_plateau
 def test_usable_and_counts_and_final_losses():
     trials = trials_table(
         {
-            "trial_id": ["a", "b", "c", "d"],
-            "batch_size": [8] * 4,
-            "micro_batch_size": [8] * 4,
-            "grad_accum": [1] * 4,
-            "num_workers": [1] * 4,
-            "lr": [0.1] * 4,
-            "seed": [0] * 4,
-            "status": [m.STATUS_DIVERGED, m.STATUS_FAILED, m.STATUS_RUNNING, m.STATUS_DIVERGED],
+            "trial_id": ["a", "b", "c", "d", "e"],
+            "batch_size": [8] * 5,
+            "micro_batch_size": [8] * 5,
+            "grad_accum": [1] * 5,
+            "num_workers": [1] * 5,
+            "lr": [0.1] * 5,
+            "seed": [0] * 5,
+            "status": [m.STATUS_DIVERGED, m.STATUS_FAILED, m.STATUS_RUNNING, m.STATUS_DIVERGED, m.STATUS_ENDED],
         }
     )
     metrics = metrics_table(
@@ -248,8 +248,8 @@ def test_usable_and_counts_and_final_losses():
         }
     )
     runs = runs_from_tables(trials, metrics)
-    np.testing.assert_array_equal(usable(runs), [False, False, True, False])
-    assert excluded_counts(runs) == {m.STATUS_DIVERGED: 2, m.STATUS_FAILED: 1}
+    np.testing.assert_array_equal(usable(runs), [False, False, True, False, False])
+    assert excluded_counts(runs) == {m.STATUS_DIVERGED: 2, m.STATUS_FAILED: 1, m.STATUS_ENDED: 1}
     s = runs.series(m.EVAL_LOSS)  # unsorted rows come back sorted by (trial, step)
     np.testing.assert_array_equal(s.trial, [0, 2, 2])
     np.testing.assert_array_equal(s.step, [0, 0, 5])

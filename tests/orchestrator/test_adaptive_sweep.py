@@ -85,3 +85,35 @@ def test_driver_killed_mid_sweep_then_resumed(tmp_path, ray_local, no_ray_addres
     assert {t["trial_id"] for t in final} <= {t["trial_id"] for t in d["issued"]}
     settings = [(t["batch_size"], t["lr"], t["seed"]) for t in final]
     assert len(set(settings)) == BUDGET  # no finished setting run twice across the kill
+
+
+def test_a_goal_met_with_trials_running_ends_them(tmp_path, ray_local, no_ray_address, capsys, monkeypatch):
+    """examples/quadratic-adaptive.yaml with a wide goal, trials slowed to seconds and 4 at once (what a cluster
+    holds; the local Ray runs as many as its cores): when the goal is met on the finished trials the sweep stops at
+    once and the running trials end themselves at their next evaluation (trainables.sweep_signal): status
+    ``ended_at_goal`` in the tables and the MLflow child run (FINISHED), the progress and `bcrit analyze` say so,
+    and the analysis leaves them out."""
+    import orchestrator.tuner
+
+    monkeypatch.setattr(orchestrator.tuner, "compute_slots", lambda configs: 4)
+    sweep_dir = str(tmp_path / "sweep")
+    sets = [f"storage={sweep_dir}", "nuisance.goal.rel_ci=0.95", "fixed.step_seconds=0.004"]
+    example = os.path.join(os.path.dirname(__file__), "..", "..", "examples", "quadratic-adaptive.yaml")
+    assert main(["sweep", example, *[x for s in sets for x in ("--set", s)]]) == 0
+    out = capsys.readouterr().out
+    d = json.loads(open(os.path.join(sweep_dir, DECISIONS_FILE)).read())
+    assert d["stop"] == "goal_met"
+    asked = d["refits"][-1]["ending"]
+    assert asked and "running trial(s) (kept, not fitted)" in out  # 4 at once: others were running
+    trials = {t["trial_id"]: t for t in pq.read_table(os.path.join(sweep_dir, "trials.parquet")).to_pylist()}
+    ended = [t for t in asked if trials[t]["status"] == M.STATUS_ENDED]  # (one may have finished first)
+    assert ended and all(trials[t]["status"] in M.FINAL_STATUSES for t in asked)
+    assert all(trials[t]["step"] < 2000 for t in ended) and "the sweep's goal was met (kept, not fitted)" in out
+    client, _, children = mlflow_runs(sweep_dir)
+    by_trial = {r.data.tags["trial_id"]: r for r in children}
+    assert all(by_trial[t].info.status == "FINISHED" and by_trial[t].data.tags["status"] == M.STATUS_ENDED
+               for t in ended)  # fmt: skip
+    out_dir = tmp_path / "analysis"
+    assert main(["analyze", sweep_dir, "--targets", "0.5", "--bootstrap", "100", "--out", str(out_dir)]) == 0
+    report = (out_dir / "report.md").read_text()
+    assert f"{len(ended)} ended_at_goal" in report and all(f"`{t}`" in report for t in asked)

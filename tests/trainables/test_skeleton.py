@@ -317,3 +317,56 @@ def test_restored_at_step_zero_does_not_evaluate_again(tmp_path):
 def test_a_trial_ended_by_its_first_evaluation_is_checkpointed(tmp_path):
     _, s = run(Cfg(target_loss=1.0), root=tmp_path)
     assert [os.path.basename(c) for c in s.checkpoints] == ["checkpoint_step00000000"]
+
+
+# --- ended by its sweep (trainables.sweep_signal) --------------------------------------------------------------
+class Told(LocalSession):
+    """A session whose sweep asks its trials to end from the ``at``-th question on (rank ``rank``)."""
+
+    def __init__(self, at: int, rank: int = 0):
+        super().__init__()
+        self.at, self.rank, self.asked = at, rank, 0
+
+    def sweep_ended(self) -> bool:
+        self.asked += 1
+        return self.asked >= self.at
+
+
+def test_a_trial_the_sweep_ends_stops_at_an_evaluation_with_a_final_report():
+    session = Told(at=2)
+    trial = TrialSkeleton(Cfg(max_steps=20, eval_every=2), session, Halving())
+    trial.restore()
+    assert trial.run() == M.STATUS_ENDED
+    assert trial.step == 4 and session.asked == 2  # asked after each evaluation that left it running: steps 2, 4
+    assert session.reports[-1]["status"] == M.STATUS_ENDED and session.reports[-1][M.STEP] == 4
+    assert steps_of(session, M.EVAL_LOSS) == [0, 2, 4]  # its rows up to there are reported
+    assert M.STATUS_ENDED in M.FINAL_STATUSES
+
+
+def test_only_rank_0_asks_and_a_trial_without_a_sweep_never_ends():
+    other = Told(at=1, rank=1)  # rank 1 does not ask; one process: its own answer is rank 0's (none)
+    trial = TrialSkeleton(Cfg(max_steps=6), other, Halving())
+    trial.restore()
+    assert trial.run() == M.STATUS_BUDGET_SPENT and other.asked == 0
+    trial, _ = run(Cfg(max_steps=6))  # LocalSession: no sweep_ended
+    assert trial.status == M.STATUS_BUDGET_SPENT
+
+
+def _agree_worker(rank: int, world: int, init: str, out: str) -> None:
+    import torch.distributed as dist
+
+    dist.init_process_group("gloo", init_method=init, rank=rank, world_size=world)
+    got = [Learner().agree(flag) for flag in ((rank == 0), (rank != 0), False)]
+    with open(os.path.join(out, f"rank{rank}.json"), "w") as f:
+        json.dump(got, f)
+    dist.destroy_process_group()
+
+
+def test_every_rank_gets_rank_0s_answer(tmp_path):
+    import sys
+
+    sys.path.insert(0, os.path.dirname(__file__))
+    from ddp_group import run_group
+
+    got = run_group(_agree_worker, 2, tmp_path, timeout_s=120)
+    assert got == [[True, False, False], [True, False, False]]  # rank 0's flag, whatever the others had

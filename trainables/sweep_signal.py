@@ -1,0 +1,87 @@
+"""A sweep's word to its running trials: the adaptive sweep's goal is met, end now.
+
+A trial ends itself (trainables.stopping; REFERENCE.md: the placement-group leak when Tune stops trials), so an
+adaptive sweep that stops on its goal with trials still running (analysis.decisions.next_trials, ``end_pending``)
+tells them through a named Ray actor, `GoalSignal`, that its driver owns (it dies with the driver: a resumed sweep
+starts with a new one). A trial's rank 0 asks it at every evaluation (`SignalReader`; a trial of a sweep without
+one, or outside Ray, never asks), every rank agrees on the answer (``Learner.agree``), and the trial ends with the
+status ``ended_at_goal`` after a final report and checkpoint. The actor's name (`signal_name`) follows from the
+sweep's directory, so the driver's searcher and the trials find it without passing a handle through the configs.
+"""
+
+from __future__ import annotations
+
+import functools
+import hashlib
+import os
+
+SIGNAL_KEY = "sweep_signal"  # key of the actor's name in a Train run's train_loop_config
+ASK_TIMEOUT_S = 30.0
+_HELD: dict = {}  # name -> the handle of a GoalSignal this process created
+
+
+def signal_name(sweep_dir: str) -> str:
+    """``bcrit-goal-<12 hex>``: the named actor of the sweep whose directory (or storage URI) is ``sweep_dir``."""
+    where = sweep_dir if "://" in sweep_dir else os.path.abspath(sweep_dir)
+    return "bcrit-goal-" + hashlib.sha1(where.encode()).hexdigest()[:12]
+
+
+@functools.cache
+def _actor_class():
+    import ray
+
+    @ray.remote(num_cpus=0)
+    class GoalSignal:
+        """Holds whether the sweep has asked its running trials to end."""
+
+        def __init__(self):
+            self._ended = False
+
+        def end(self) -> None:
+            self._ended = True
+
+        def reset(self) -> None:
+            self._ended = False
+
+        def ended(self) -> bool:
+            return self._ended
+
+    return GoalSignal
+
+
+def set_signal(name: str, ended: bool) -> None:
+    """Create (or find) the sweep's signal actor, owned by this process, and set it. Call from the driver."""
+    import ray
+
+    for fresh in (False, True):  # a handle held from an earlier Ray of this process is stale: create anew
+        actor = None if fresh else _HELD.get(name)
+        actor = actor or _actor_class().options(name=name, get_if_exists=True).remote()
+        _HELD[name] = actor  # a named actor lives while a handle does (not detached): this driver holds it
+        try:
+            ray.get(actor.end.remote() if ended else actor.reset.remote(), timeout=ASK_TIMEOUT_S)
+            return
+        except ray.exceptions.RayError:
+            if fresh:
+                raise
+
+
+class SignalReader:
+    """``reader()``: whether the sweep named ``name`` has asked its trials to end (False without a name, before
+    the driver creates the actor, or when it cannot be reached: a trial is never ended by a failed lookup)."""
+
+    def __init__(self, name: str | None):
+        self.name = name
+        self._actor = None
+
+    def __call__(self) -> bool:
+        if not self.name:
+            return False
+        import ray
+
+        try:
+            if self._actor is None:
+                self._actor = ray.get_actor(self.name)
+            return bool(ray.get(self._actor.ended.remote(), timeout=ASK_TIMEOUT_S))
+        except Exception:  # not created yet (ValueError), or gone with its driver: keep training
+            self._actor = None
+            return False
