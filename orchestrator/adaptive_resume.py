@@ -66,7 +66,7 @@ def renew(tuner, spec: SweepSpec, experiment_dir: str) -> None:
 
         def key(a: AdaptiveSearch) -> list:
             return [a.goal.rel_ci, list(a.goal.targets), a.goal.min_seeds, a.goal.bins, a.budget.examples,
-                    a.budget.trials]  # fmt: skip
+                    a.budget.trials, getattr(a, "_end_running", False)]  # fmt: skip
 
         if is_uri(experiment_dir) and key(searcher) != key(fresh):
             # Tune's generator state lives at the URI; re-opening it there is not built
@@ -75,6 +75,8 @@ def renew(tuner, spec: SweepSpec, experiment_dir: str) -> None:
                 "resume with the sweep's own goal and budget (or run it with a directory storage)"
             )
         searcher.goal, searcher.budget = fresh.goal, fresh.budget
+        # goal.running, and this driver's signal (a searcher pickled before goal.running existed has neither)
+        searcher._end_running, searcher._signal_synced = fresh._end_running, fresh._signal_synced
     from orchestrator.progress import SweepProgress
     from orchestrator.tuner import _tuner_callbacks
 

@@ -62,6 +62,7 @@ class AdaptiveSearch(Searcher):
         sweep_dir: str,
         seed: int = 0,
         bootstrap: int = DECISION_BOOTSTRAP,
+        end_running: bool = False,
     ):
         super().__init__(metric=OBJECTIVE, mode="min")
         self.space, self.goal, self.budget = space, goal, budget
@@ -77,7 +78,8 @@ class AdaptiveSearch(Searcher):
         self._stop: str | None = None
         self._completed: set[str] = set()  # trial ids Tune reported complete
         self._lost: list[dict] = []  # trials handed out, lost with a killed driver and handed out again
-        self._signal_synced = False  # this driver's GoalSignal set from the state (not saved: one per driver)
+        self._end_running = end_running  # goal.running: end (a goal met ends the running trials), else wait
+        self._signal_synced = not end_running  # this driver's GoalSignal set from the state (one per driver)
 
     @classmethod
     def from_spec(cls, spec) -> AdaptiveSearch:
@@ -92,7 +94,8 @@ class AdaptiveSearch(Searcher):
         space = nt.Space(tuple(spec.batch_sizes), tuple(spec.nuisance["lr"]), max_seeds=len(spec.seeds))
         goal = nt.Goal(a.targets, a.rel_ci, a.min_seeds, bins=a.bins)
         budget = nt.Budget(a.budget_examples, a.budget_trials)
-        return cls(space, goal, budget, configs, spec.seeds, spec.sweep_dir, seed=spec.search_seed)
+        return cls(space, goal, budget, configs, spec.seeds, spec.sweep_dir, seed=spec.search_seed,
+                   end_running=a.end_running)  # fmt: skip
 
     # --- Tune's interface ---------------------------------------------------------------------------------
     def set_max_concurrency(self, max_concurrent: int) -> bool:
@@ -165,8 +168,9 @@ class AdaptiveSearch(Searcher):
         return [t for t in self._issued if t not in done]
 
     def _signal(self, ended: bool) -> None:
-        """Set this sweep's `trainables.sweep_signal.GoalSignal` (owned by this driver): ``ended`` asks the running
-        trials to end. Without Ray (the searcher driven directly, e.g. in tests): nothing to tell."""
+        """Set this sweep's `trainables.sweep_signal.GoalSignal` (owned by this driver; ``goal.running: end``):
+        ``ended`` asks the running trials to end. Without Ray (the searcher driven directly, e.g. in tests): nothing
+        to tell."""
         import ray
 
         if not ray.is_initialized():
@@ -180,7 +184,7 @@ class AdaptiveSearch(Searcher):
         pending = self.pending(done)
         dec = nt.next_trials(
             self.finished_runs(done), self.space, self.goal, self.budget, pending, n=self._batch,
-            bootstrap=self._bootstrap, seed=self._seed, end_pending=True,
+            bootstrap=self._bootstrap, seed=self._seed, end_pending=self._end_running,
         )  # fmt: skip
         self._seen_done = list(done)
         self._stop = dec.stop
@@ -257,7 +261,7 @@ class AdaptiveSearch(Searcher):
             "completed": sorted(self._completed),
             "lost": self._lost,
             "batch": self._batch,
-            "goal": goal_key(self.goal),
+            "goal": goal_key(self.goal, self._end_running),
             "budget": [self.budget.examples, self.budget.trials],
         }
 
@@ -278,7 +282,7 @@ class AdaptiveSearch(Searcher):
         self._refits, self._stop, self._batch = list(state["refits"]), state["stop"], int(state["batch"])
         self._completed = set(state["completed"])
         self._lost = [dict(t) for t in state.get("lost", [])]
-        now = (goal_key(self.goal), [self.budget.examples, self.budget.trials])
+        now = (goal_key(self.goal, self._end_running), [self.budget.examples, self.budget.trials])
         changed = now != (state["goal"], state["budget"])
         if changed:
             self._stop, self._queue, self._seen_done = None, [], []
@@ -318,10 +322,14 @@ class AdaptiveSearch(Searcher):
             self._issued[trial_id] = [int(c["batch_size"]), float(c["lr"]), self._seeds.index(c["seed"]), "", ""]
 
 
-def goal_key(goal: nt.Goal) -> list:
-    """The goal as saved state: ``[rel_ci, targets, min_seeds]``, ``+ [True]`` with ``bins`` (a state saved
-    before per-bin goals existed reads as ``bins: false``)."""
-    return [goal.rel_ci, list(goal.targets), goal.min_seeds] + ([True] if goal.bins else [])
+def goal_key(goal: nt.Goal, end_running: bool = False) -> list:
+    """The goal as saved state: ``[rel_ci, targets, min_seeds]``, ``+ [True]`` with ``bins``, ``+ ["end"]`` with
+    ``running: end`` (a state saved before either existed reads as ``bins: false``, ``running: wait``)."""
+    return (
+        [goal.rel_ci, list(goal.targets), goal.min_seeds]
+        + ([True] if goal.bins else [])
+        + (["end"] if end_running else [])
+    )
 
 
 def _only(table: pa.Table, ids: list[str]) -> pa.Table:

@@ -4,7 +4,7 @@
 nuisance:
   search: adaptive
   lr: [0.2, 0.5, 0.8, 1.2, 1.6, 1.95]   # the learning-rate grid the design may draw from (every batch size)
-  goal: {rel_ci: 0.15, targets: auto, bins: false, min_seeds: 2}
+  goal: {rel_ci: 0.15, targets: auto, bins: false, min_seeds: 2, running: wait}
   budget: {trials: 40}                # and/or {examples: 2.0e6}
 ```
 
@@ -14,8 +14,12 @@ the one loss every trial that reaches its target crosses); ``bins``: ``true`` al
 B_crit that the analysis trusts (no flags) at every target within ``rel_ci``, with ``min_seeds`` at the bin's own
 best settings (analysis.decisions.bin_goals; the workload must report >= 2 per-bin eval losses, checked before
 launch by orchestrator.sweep_checks.check_bins); ``min_seeds``: seeds of every fitted batch size's best setting
-before the goal counts (default 2). ``budget``: the most trials and/or examples the sweep may spend. The seeds of
-``fixed.seeds`` are the seeds a setting may get. Each mistake is one UserError line, raised before any compute.
+before the goal counts (default 2); ``running``: what a goal met on the finished trials does with the trials still
+running -- ``wait`` (default) for them, no new trial starting, and check the goal again with them in; ``end`` them
+at once (status ``ended_at_goal``, kept, not fitted: trainables.sweep_signal), cheaper with many trials at once,
+its intervals less often holding the truth (docs/sweeps.md, "Adaptive search"). ``budget``: the most trials
+and/or examples the sweep may spend. The seeds of ``fixed.seeds`` are the seeds a setting may get. Each mistake is
+one UserError line, raised before any compute.
 """
 
 from __future__ import annotations
@@ -25,7 +29,8 @@ from typing import Any
 
 from orchestrator.overrides import UserError
 
-GOAL_KEYS = ("rel_ci", "targets", "bins", "min_seeds")
+GOAL_KEYS = ("rel_ci", "targets", "bins", "min_seeds", "running")
+RUNNING = ("wait", "end")
 BUDGET_KEYS = ("examples", "trials")
 AUTO = "auto"
 
@@ -40,6 +45,7 @@ class Adaptive:
     bins: bool
     budget_examples: float | None
     budget_trials: int | None
+    end_running: bool = False  # goal.running: end (else wait)
 
 
 def _number(v: Any) -> bool:
@@ -83,7 +89,12 @@ def parse_adaptive(nui: dict, stopping: dict, n_seeds: int) -> Adaptive:
             f"nuisance.goal.targets: {low:g} is below stopping.target_loss {stop_target:g}, where trials stop, so "
             "no trial reaches it; use targets >= the stopping target"
         )
-    return Adaptive(float(rel), tuple(float(t) for t in targets), min_seeds, bins, *_budget(budget))
+    running = goal.get("running", "wait")
+    if running not in RUNNING:
+        raise UserError(f"nuisance.goal.running must be wait or end (the trials running when the goal is met), got "
+                        f"{running!r}")  # fmt: skip
+    return Adaptive(float(rel), tuple(float(t) for t in targets), min_seeds, bins, *_budget(budget),
+                    end_running=running == "end")  # fmt: skip
 
 
 def _budget(budget: Any) -> tuple[float | None, int | None]:

@@ -23,7 +23,8 @@ def sweep_trainable(spec: SweepSpec, worker_failures: int, verbose: bool = False
     from trainables.sweep_signal import signal_name
 
     adaptive = getattr(spec, "search", None) == "adaptive"  # a BranchSpec has no search
-    signal = signal_name(spec.sweep_dir) if adaptive else None  # its goal met: the running trials end
+    ends = adaptive and spec.adaptive.end_running  # goal.running: end: its trials ask whether to end
+    signal = signal_name(spec.sweep_dir) if ends else None
     fn = make_trainable(spec.workload, spec.storage_root, worker_failures, verbose=verbose, signal=signal)
     return tune.with_resources(fn, lambda config: PlacementGroupFactory([trial_bundle(config["trial"])]))
 

@@ -29,11 +29,12 @@ SPACE = nt.Space((16, 64, 256, 1024), (0.5, 0.8, 1.2, 1.6, 1.95), max_seeds=2)
 SEEDS = (7, 11)  # seed values of the spec: the rule counts seed indices 0, 1
 
 
-def searcher(sweep_dir, goal=0.05, trials=None, examples=None) -> AdaptiveSearch:
+def searcher(sweep_dir, goal=0.05, trials=None, examples=None, end_running=False) -> AdaptiveSearch:
     configs = {b: {"batch_size": b, "dim": DIM} for b in SPACE.batch_sizes}
     s = AdaptiveSearch(
-        SPACE, nt.Goal((0.3,), goal), nt.Budget(examples, trials), configs, SEEDS, str(sweep_dir), bootstrap=50
-    )
+        SPACE, nt.Goal((0.3,), goal), nt.Budget(examples, trials), configs, SEEDS, str(sweep_dir), bootstrap=50,
+        end_running=end_running,
+    )  # fmt: skip
     s.set_max_concurrency(2)
     return s
 
@@ -265,12 +266,37 @@ def test_a_trial_that_ended_after_tunes_last_save_counts_as_finished(tmp_path, s
     assert b.decisions()["stop"] == nt.BUDGET_TRIALS and not b.decisions().get("lost")
 
 
-def test_a_goal_met_while_a_trial_runs_stops_and_ends_it(tmp_path):
-    """The goal met on the finished trials with one still running: the sweep stops at once (FINISHED), the refit
-    names the running trial as ended (its trials are told through trainables.sweep_signal; here, without Ray,
-    there is no one to tell), and the answer is the finished trials'. Waiting for it instead cost 0.66 of the
-    grid's examples against 0.49 with 4 in flight on the replayed tiny DiT (benchmarks/RESULTS.md)."""
+def test_a_goal_met_while_a_trial_runs_waits_for_it(tmp_path):
+    """``goal.running: wait`` (the default): the goal met on the finished trials with one still running: no new
+    trial (suggest says wait, not FINISHED), and the stop comes once that trial has finished and the goal still
+    holds with it in."""
     a, lab = searcher(tmp_path, goal=100.0, trials=60), Lab(tmp_path)  # any width meets it once seeds suffice
+    live = [(t, a.suggest(t)) for t in ("t0", "t1")]
+    k, waited = 2, 0
+    while True:
+        tid, cfg = live.pop(0)
+        lab.finish(tid, cfg)
+        nxt = a.suggest(f"t{k}")
+        if nxt == Searcher.FINISHED:
+            break
+        if isinstance(nxt, dict):
+            live.append((f"t{k}", nxt))
+        elif live:  # met with a trial running: nothing new is handed out
+            last = a.decisions()["refits"][-1]
+            assert last["stop"] is None and not last["choices"] and last["trials_pending"] == len(live)
+            assert "waiting for 1 running trial(s)" in status_line(a.decisions(), last)
+            waited += 1
+        k += 1
+    assert waited >= 1
+    last = a.decisions()["refits"][-1]
+    assert last["stop"] == nt.GOAL_MET and last["trials_pending"] == 0 and not live and last["ending"] == []
+
+
+def test_a_goal_met_while_a_trial_runs_stops_and_ends_it(tmp_path):
+    """``goal.running: end``: the goal met on the finished trials with one still running: the sweep stops at once
+    (FINISHED), the refit names the running trial as ended (its trials are told through trainables.sweep_signal;
+    here, without Ray, there is no one to tell), and the answer is the finished trials'."""
+    a, lab = searcher(tmp_path, goal=100.0, trials=60, end_running=True), Lab(tmp_path)
     live = [(t, a.suggest(t)) for t in ("t0", "t1")]
     k = 2
     while True:
@@ -294,7 +320,7 @@ def test_a_goal_met_while_a_trial_runs_stops_and_ends_it(tmp_path):
     a.on_trial_complete(tid, {})
     state = tmp_path / "state.json"
     a.save(str(state))
-    b = searcher(tmp_path, goal=0.01, trials=60)
+    b = searcher(tmp_path, goal=0.01, trials=60, end_running=True)
     b.restore(str(state))
     assert isinstance(b.suggest("r0"), dict)
     assert b.decisions()["refits"][-1]["trials_finished"] == k  # the ended trial's examples and trial count

@@ -31,6 +31,8 @@ def test_goal_and_budget_parsed(tmp_path):
     spec = parse_spec(adaptive_spec(tmp_path, goal={"rel_ci": 0.1, "targets": [0.6, 0.8]}, budget={"examples": 1e5}))
     assert spec.adaptive.targets == (0.6, 0.8) and spec.adaptive.budget_examples == 1e5
     assert spec.num_trials() == 18
+    assert not spec.adaptive.end_running  # goal.running: wait, the default
+    assert parse_spec(adaptive_spec(tmp_path, goal={"rel_ci": 0.1, "running": "end"})).adaptive.end_running
 
 
 @pytest.mark.parametrize(
@@ -42,6 +44,7 @@ def test_goal_and_budget_parsed(tmp_path):
         ({"goal": {"rel_ci": 0.2, "targets": "all"}}, "must be 'auto' or a non-empty list"),
         ({"goal": {"rel_ci": 0.2, "min_seeds": 3}}, "exceeds the 2 seed(s) of fixed.seeds"),
         ({"goal": {"rel_ci": 0.2, "width": 1}}, "unknown key nuisance.goal.width"),
+        ({"goal": {"rel_ci": 0.2, "running": "stop"}}, "nuisance.goal.running must be wait or end"),
         ({"goal": None}, "needs nuisance.goal"),
         ({"budget": {}}, "needs nuisance.budget"),
         ({"budget": {"trials": 0}}, "nuisance.budget.trials must be an integer >= 1"),

@@ -88,7 +88,8 @@ def test_driver_killed_mid_sweep_then_resumed(tmp_path, ray_local, no_ray_addres
 
 
 def test_a_goal_met_with_trials_running_ends_them(tmp_path, ray_local, no_ray_address, capsys, monkeypatch):
-    """examples/quadratic-adaptive.yaml with a wide goal, trials slowed to seconds and 4 at once (what a cluster
+    """``goal.running: end`` on examples/quadratic-adaptive.yaml with a wide goal, trials slowed to seconds and 4 at
+    once (what a cluster
     holds; the local Ray runs as many as its cores): when the goal is met on the finished trials the sweep stops at
     once and the running trials end themselves at their next evaluation (trainables.sweep_signal): status
     ``ended_at_goal`` in the tables and the MLflow child run (FINISHED), the progress and `bcrit analyze` say so,
@@ -97,7 +98,12 @@ def test_a_goal_met_with_trials_running_ends_them(tmp_path, ray_local, no_ray_ad
 
     monkeypatch.setattr(orchestrator.tuner, "compute_slots", lambda configs: 4)
     sweep_dir = str(tmp_path / "sweep")
-    sets = [f"storage={sweep_dir}", "nuisance.goal.rel_ci=0.95", "fixed.step_seconds=0.004"]
+    sets = [
+        f"storage={sweep_dir}",
+        "nuisance.goal.rel_ci=0.95",
+        "nuisance.goal.running=end",
+        "fixed.step_seconds=0.004",
+    ]
     example = os.path.join(os.path.dirname(__file__), "..", "..", "examples", "quadratic-adaptive.yaml")
     assert main(["sweep", example, *[x for s in sets for x in ("--set", s)]]) == 0
     out = capsys.readouterr().out

@@ -176,6 +176,33 @@ def test_cluster_adaptive_sweep_killed_then_resumed(tmp_path, cluster, monkeypat
     assert all(t["trial_id"] in report for t in d["issued"])
 
 
+def test_cluster_goal_met_ends_the_train_workers_running_on_other_nodes(tmp_path, cluster):
+    """``goal.running: end`` with RAY_ADDRESS, each trial one Train worker on a fake_gpu node: when the goal is met
+    the driver's searcher sets the sweep's named actor (trainables.sweep_signal) and the trials running on the
+    worker nodes read it there and end themselves (``ended_at_goal``): the sweep ends, nothing left running."""
+    import json
+
+    import pyarrow.parquet as pq
+
+    from analysis.core import metrics as M
+    from analysis.reporting.adaptive_report import DECISIONS_FILE
+
+    sweep_dir = str(tmp_path / "sweep")
+    example = os.path.join(ROOT, "examples", "quadratic-adaptive.yaml")
+    sets = [f"storage={sweep_dir}", "nuisance.goal.rel_ci=0.95", "nuisance.goal.running=end",
+            "fixed.step_seconds=0.004", "scientific.splits=[{grad_accum: 1, num_workers: 1}]"]  # fmt: skip
+    out = bcrit(cluster, "sweep", example, *[x for s in sets for x in ("--set", s)], timeout=600)
+    assert out.returncode == 0, out.stdout[-2000:] + out.stderr[-3000:]
+    d = json.loads(open(os.path.join(sweep_dir, DECISIONS_FILE)).read())
+    assert d["stop"] == "goal_met", d["stop"]
+    asked = d["refits"][-1]["ending"]
+    trials = {t["trial_id"]: t for t in pq.read_table(os.path.join(sweep_dir, "trials.parquet")).to_pylist()}
+    assert all(t["status"] in M.FINAL_STATUSES for t in trials.values())  # none left running
+    ended = [t for t in asked if trials[t]["status"] == M.STATUS_ENDED]
+    assert ended, (asked, [trials[t]["status"] for t in asked])  # Train workers on other nodes read the signal
+    assert {t["num_workers"] for t in trials.values()} == {1}
+
+
 def test_cluster_node_lost_mid_trial(tmp_path, cluster):
     """(b) The worker node of a running 1-worker trial is lost (SIGKILL, as a machine gone): Ray Train restarts the
     worker on the other fake_gpu node from the last checkpoint; no trial lost or repeated, tables and MLflow
