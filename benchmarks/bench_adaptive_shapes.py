@@ -11,8 +11,8 @@ independent of the others, so a subset of the grid is what a sweep of those tria
   automatic targets; the **goal targets** are its two outermost trusted global targets (one if only one is);
 - **adaptive**: ``analysis.decisions.next_trials`` chooses ``--concurrency`` trials per refit (a batch-synchronous
   sweep with that many trials in flight; ``--rolling``: that many kept in flight, the oldest finishing first and a
-  refit after each, as Tune runs it, the ones still running at a stop on the goal ended and left out of the answer,
-  as the searcher does; ``--wait-pending``: waited for and counted in, the rule before), revealed from
+  refit after each, as Tune runs it, the ones still running at a goal met waited for and counted in;
+  ``--end-running``: ended and left out of the answer, ``goal.running: end``), revealed from
   the drawn grid, goal ``rel_ci`` = the grid's own widest
   relative half-width at the goal targets (the width the grid reaches), ``min_seeds`` 2, budget the grid's trial
   count; its finished trials are analysed as the grid's, globally at the goal targets and per bin at the bins'
@@ -63,26 +63,26 @@ def _hits(runs: Runs, sw, metric: str, targets, bootstrap: int, seed: int) -> li
 
 
 def _choose(full, space, goal, budget, index, concurrency: int, dec_boot: int, seed: int, rolling: bool,
-            wait: bool = False):  # fmt: skip
+            end: bool = False):  # fmt: skip
     """The trials the rule runs, in order, and those it ended. Batch-synchronous: ``concurrency`` chosen per refit,
     all finished before the next. ``rolling``: ``concurrency`` in flight, the oldest finishing first, a refit after
-    each (as Tune runs it); at a stop on the goal the ones still running are ended (``end_pending``, as the
-    searcher does: left out of the answer); ``wait``: the rule before the seventh round, which waited for them
-    (no new trial starting) and counted them in. At any other stop the ones running finish and are counted."""
+    each (as Tune runs it); a goal met with trials running waits for them (no new trial starting) and counts them
+    in (``goal.running: wait``); with ``end`` the sweep stops and they are ended, left out of the answer
+    (``goal.running: end``). At any other stop the ones running finish and are counted."""
     chosen: list[str] = []
     flight: list = []
     while True:
         runs = subset(full, chosen) if chosen else None
         n = concurrency - len(flight) if rolling else concurrency
         dec = nt.next_trials(runs, space, goal, budget, pending=flight, n=n, bootstrap=dec_boot, seed=seed,
-                             end_pending=rolling and not wait)  # fmt: skip
+                             end_pending=rolling and end)  # fmt: skip
         if not rolling:
             if dec.stop is not None or not dec.choices:
                 return chosen, [], dec
             chosen += [trial_id(index, c.trial) for c in dec.choices]
             continue
         flight += [c.trial for c in dec.choices]
-        if dec.stop == nt.GOAL_MET and not wait:
+        if dec.stop == nt.GOAL_MET and end:
             return chosen, [trial_id(index, t) for t in flight], dec
         if dec.stop is not None or not flight:
             return chosen + [trial_id(index, t) for t in flight], [], dec
@@ -90,7 +90,7 @@ def _choose(full, space, goal, budget, index, concurrency: int, dec_boot: int, s
 
 
 def one_sweep(shape: str, seed: int, bootstrap: int, dec_boot: int, concurrency: int, rolling: bool = False,
-              wait: bool = False):  # fmt: skip
+              end: bool = False):  # fmt: skip
     sw = SHAPES[shape]
     full = simulate(np.random.default_rng(seed), sw)
     grid = _hits(full, sw, m.EVAL_LOSS, None, bootstrap, seed)
@@ -103,7 +103,7 @@ def one_sweep(shape: str, seed: int, bootstrap: int, dec_boot: int, concurrency:
     index = grid_index(full)
     space = nt.Space(sw.batch_sizes, sorted({k[1] for k in index}), sw.seeds)
     budget = nt.Budget(trials=len(full.trial_ids))
-    chosen, ended, dec = _choose(full, space, goal, budget, index, concurrency, dec_boot, seed, rolling, wait)
+    chosen, ended, dec = _choose(full, space, goal, budget, index, concurrency, dec_boot, seed, rolling, end)
     runs = subset(full, chosen)
     ada = _hits(runs, sw, m.EVAL_LOSS, targets, bootstrap, seed)
     bins = {"grid": [], "adaptive": []}
@@ -164,8 +164,8 @@ def main() -> None:
     ap.add_argument("--decision-bootstrap", type=int, default=nt.CONFIRM_BOOTSTRAP, help="replicates of each refit")
     ap.add_argument("--concurrency", type=int, default=4, help="trials chosen per refit (in flight with --rolling)")
     ap.add_argument("--rolling", action="store_true", help="keep --concurrency trials in flight, oldest first")
-    ap.add_argument("--wait-pending", action="store_true", help="with --rolling: wait for the trials running at a "
-                    "goal met (the rule before the seventh round) instead of ending them")  # fmt: skip
+    ap.add_argument("--end-running", action="store_true", help="with --rolling: goal.running: end (end the trials "
+                    "running at a goal met, left out of the answer) instead of waiting for them")  # fmt: skip
     ap.add_argument("--json", default=None)
     a = ap.parse_args()
     out = {}
@@ -174,7 +174,7 @@ def main() -> None:
         rows = []
         for d in range(a.sweeps):
             r = one_sweep(shape, a.first_seed + d, a.bootstrap, a.decision_bootstrap, a.concurrency, a.rolling,
-                          a.wait_pending)  # fmt: skip
+                          a.end_running)  # fmt: skip
             if r is not None:
                 rows.append(r)
             print(f"  {shape} sweep {d}: {r and (r['stop'], round(r['examples_ratio'], 3))}", flush=True)

@@ -12,11 +12,10 @@ repeat takes three seeds and:
 - **adaptive**: ``analysis.decisions.next_trials`` as the Tune searcher calls it (``--concurrency`` trials in flight,
   each taking its recorded training seconds, a refit whenever one finishes; goal at the demo's two targets where
   the grid trusts them, ``min_seeds`` 2, the refits' resamples the searcher's), the chosen trials revealed from the
-  recordings with their seeds relabelled 0-2. A goal met on the finished trials stops the sweep with the others
-  still running, which are ended (``end_pending``, as the searcher does): each counted with the examples it had
-  processed by then (its recorded examples times the fraction of its training seconds elapsed) and left out of
-  the answer. ``--wait-pending``: the rule before 2026-11-27 (seventh round), which waited for them, no new trial
-  starting, and counted them in;
+  recordings with their seeds relabelled 0-2. A goal met on the finished trials with others still running waits
+  for them (``goal.running: wait``, the default), no new trial starting, and counts them in; ``--end-running``
+  (``goal.running: end``): the sweep stops and they are ended, each counted with the examples it had processed by
+  then (its recorded examples times the fraction of its training seconds elapsed) and left out of the answer;
 - **oracle**: a design that knows every batch size's best lr at each goal target beforehand (from the whole grid):
   3 seeds at each and 1 at the grid neighbours of their range (the least a design needs to bracket the best lr and
   measure the seed noise at it);
@@ -188,7 +187,7 @@ def cheapest_design(pool: Pool, seeds, g_ans: dict, targets, width: float) -> di
 
 
 def replay(pool: Pool, seeds, targets, rel_ci: float, trials_budget: int, concurrency: int,
-           end_pending: bool = True) -> dict:  # fmt: skip
+           end_pending: bool = False) -> dict:  # fmt: skip
     """One adaptive sweep on a clock: each trial runs its recorded training seconds (up to ``len(seeds)`` seeds
     per setting); when one finishes the rule refits and fills the free places. At a stop on the goal with
     ``end_pending`` the trials still running are ended: ``ended_examples`` is what they had processed."""
@@ -235,7 +234,7 @@ def first_reach(pool: Pool, seeds, keys, targets, width: float, start: int) -> d
 
 
 def one(pool: Pool, seeds, concurrency: int, rel_ci: float | None, trials_budget: int, hindsight: bool,
-        extra: tuple[int, ...] = (), end_pending: bool = True) -> dict:  # fmt: skip
+        extra: tuple[int, ...] = (), end_pending: bool = False) -> dict:  # fmt: skip
     """Grid, oracle and adaptive sweep at one seed triplet; the goal targets are the grid's trusted ones of the two.
     ``extra``: further recorded seeds the adaptive sweep may run (its ``max_seeds`` is 3 + their number)."""
     t0 = time.time()
@@ -286,8 +285,8 @@ def main() -> None:
     ap.add_argument("--trials", type=int, default=62, help="the adaptive sweep's trial budget (the grid: 62)")
     ap.add_argument("--max-seeds", type=int, default=3, help="seeds per setting the adaptive sweep may run (the "
                     "grid: 3; more are drawn from the recorded seeds outside the triplet)")  # fmt: skip
-    ap.add_argument("--wait-pending", action="store_true", help="wait for the trials running at a goal met (the "
-                    "rule before the seventh round) instead of ending them")  # fmt: skip
+    ap.add_argument("--end-running", action="store_true", help="goal.running: end (end the trials running at a "
+                    "goal met) instead of waiting for them")  # fmt: skip
     ap.add_argument("--hindsight", action="store_true", help="also the cheapest accepted design in hindsight (slow)")
     ap.add_argument("--json", default=None)
     a = ap.parse_args()
@@ -308,7 +307,7 @@ def main() -> None:
         extra = tuple(s for s in rest if pool.has((s,)))[: max(a.max_seeds - 3, 0)]
         if len(extra) < a.max_seeds - 3:
             raise SystemExit(f"--max-seeds {a.max_seeds}: only {3 + len(extra)} recorded seeds for {seeds}")
-        r = one(pool, seeds, a.concurrency, a.rel_ci, a.trials, a.hindsight, extra, not a.wait_pending)
+        r = one(pool, seeds, a.concurrency, a.rel_ci, a.trials, a.hindsight, extra, a.end_running)
         results.append(r)
         if "skipped" in r:
             print(f"seeds {seeds}: skipped, {r['skipped']}: {_fmt(r['grid']['answer'])}", flush=True)
