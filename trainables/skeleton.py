@@ -290,9 +290,12 @@ class TrialSkeleton:
 
     def sweep_ended(self) -> bool:
         """Whether the sweep has asked its running trials to end (trainables.sweep_signal): rank 0 asks the
-        session, every rank gets its answer (``Learner.agree``). Sessions without ``sweep_ended``: never."""
+        session, every rank gets its answer (``Learner.agree``). Sessions without ``sweep_ended``, or whose reader
+        has no signal's name (every trial but those of ``goal.running: end``): never, and no collective."""
         ask = getattr(self.session, "sweep_ended", None)
-        return self.learner.agree(bool(ask()) if ask is not None and self.session.rank == 0 else False)
+        if ask is None or getattr(ask, "name", True) is None:  # no signal to ask (same on every rank): no collective
+            return False
+        return self.learner.agree(bool(ask()) if self.session.rank == 0 else False)
 
     def advance(self) -> None:
         """One optimizer step: record its values, evaluate on the schedule, report on the report interval."""
