@@ -24,26 +24,16 @@ import json
 from concurrent.futures import ProcessPoolExecutor, as_completed
 
 import numpy as np
-import pyarrow as pa
-import pyarrow.compute as pc
 
 from analysis.core import metrics as m
 from analysis.decisions import next_trials as nt
-from analysis.sources.loaders import runs_from_tables
+from analysis.sources.loaders import runs_subset
 from tests.analysis.synth_sweeps import Sweep, simulate
 
 
 def subset(grid, ids: list[str]):
     """The revealed trials of the pre-drawn grid as ``Runs`` (also benchmarks/bench_adaptive_shapes.py)."""
-    keep = pa.array(ids)
-    trials = grid.trials.filter(pc.is_in(pc.cast(grid.trials.column("trial_id"), pa.string()), keep))
-    metrics = grid.metrics.filter(pc.is_in(pc.cast(grid.metrics.column("trial_id"), pa.string()), keep))
-    for name in ("trials", "metrics"):
-        t = trials if name == "trials" else metrics
-        i = t.schema.get_field_index("trial_id")
-        t = t.set_column(i, "trial_id", pc.cast(t.column(i), pa.string()))
-        trials, metrics = (t, metrics) if name == "trials" else (trials, t)
-    return runs_from_tables(trials, metrics, source="synth_sweeps (revealed)")
+    return runs_subset(grid, ids, source="synth_sweeps (revealed)")
 
 
 def grid_index(grid) -> dict[tuple[int, float, int], str]:

@@ -142,13 +142,6 @@ class DiTLearner(Learner):
     def close(self) -> None:
         self.train_step.close()
 
-    def agree(self, flag: bool) -> bool:
-        if self.world == 1:
-            return flag
-        t = torch.tensor([1.0 if flag and self.rank == 0 else 0.0], device=self.device)
-        torch.distributed.all_reduce(t)  # rank 0's answer, on every rank (the others add 0)
-        return bool(t.item() > 0)
-
     # --- checkpoints (trainables.checkpoint: rank 0's state, every rank's RNG) --------------------------------
     def state_dict(self) -> dict:
         return {

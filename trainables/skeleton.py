@@ -156,8 +156,8 @@ class Learner:
 
     def agree(self, flag: bool) -> bool:
         """Every rank's answer to a question only rank 0 asked (e.g. whether the sweep ended the trial): ``flag``
-        from rank 0, the same on every rank, through the workers' process group (gloo: a CPU tensor; the DiT's
-        learner sends it from its device, for NCCL). One process: ``flag``."""
+        from rank 0, the same on every rank, through the workers' process group, on the learner's ``device`` when it
+        has one (the DiT's: its GPU under NCCL), else the CPU (gloo). One process: ``flag``."""
         import sys
 
         dist = sys.modules.get("torch.distributed")  # a Train worker has it; an in-process trial may lack torch
@@ -165,7 +165,8 @@ class Learner:
             return flag
         import torch
 
-        t = torch.tensor([1.0 if flag and dist.get_rank() == 0 else 0.0])
+        device = getattr(self, "device", None) or "cpu"
+        t = torch.tensor([1.0 if flag and dist.get_rank() == 0 else 0.0], device=device)
         dist.all_reduce(t)  # the other ranks add 0
         return bool(t.item() > 0)
 

@@ -97,7 +97,7 @@ from analysis.fits import flags as fl
 from analysis.fits import pareto
 from analysis.fits.steps import final_losses, steps_to_target
 from analysis.fits.sweep_fit import analyze_metric
-from analysis.sources.loaders import Runs, runs_from_tables
+from analysis.sources.loaders import Runs, runs_subset
 
 SIGMA2_FLOOR = 1e-4  # per-seed variance of log steps never taken below (1% sd): no candidate is worth nothing
 DESIGN_BATCH_SIZES = 4  # the initial design spans the space with this many batch sizes
@@ -223,23 +223,17 @@ def spent_examples(runs: Runs) -> np.ndarray:
     return out
 
 
-def _not_ended(runs: Runs | None) -> Runs | None:
-    """``runs`` without the trials a stop on the goal ended (``ended_at_goal``); None when none is left."""
+def _not_ended(runs: Runs | None, spent: np.ndarray) -> tuple[Runs | None, np.ndarray]:
+    """``runs`` without the trials a stop on the goal ended (``ended_at_goal``; None when none is left), and
+    ``spent`` (:func:`spent_examples` of ``runs``) of the trials kept."""
     if runs is None:
-        return None
+        return None, spent
     keep = runs.status != m.STATUS_ENDED
     if keep.all():
-        return runs
+        return runs, spent
     if not keep.any():
-        return None
-    trials = runs.trials.filter(pa.array(keep))
-    ids = pc.cast(trials.column("trial_id"), pa.string())
-    i = trials.schema.get_field_index("trial_id")
-    trials = trials.set_column(i, "trial_id", ids)
-    metrics = runs.metrics.filter(pc.is_in(pc.cast(runs.metrics.column("trial_id"), pa.string()), ids))
-    j = metrics.schema.get_field_index("trial_id")
-    metrics = metrics.set_column(j, "trial_id", pc.cast(metrics.column(j), pa.string()))
-    return runs_from_tables(trials, metrics, source=runs.source)
+        return None, spent[keep]
+    return runs_subset(runs, [t for t, k in zip(runs.trial_ids, keep, strict=True) if k]), spent[keep]
 
 
 def _tried(runs: Runs | None, pending: list[Trial]) -> list[Trial]:
@@ -368,9 +362,9 @@ def next_trials(
     of ``runs`` with that status count as spent (examples and trials) and are otherwise left out."""
     pending = list(pending)
     spent_all = spent_examples(runs) if runs is not None else np.zeros(0)
-    runs = _not_ended(runs)  # trials a stop on the goal ended part-way: spent, but neither fitted nor tried
+    # trials a stop on the goal ended part-way: spent, but neither fitted nor tried
+    runs, spent = _not_ended(runs, spent_all)
     tried = _tried(runs, pending)
-    spent = spent_examples(runs) if runs is not None else np.zeros(0)
     cost = _Cost(runs, spent, space)
     n_done = len(spent_all)
     dec = Decision(None, [], {float(t): np.inf for t in goal.targets}, [], float(spent_all.sum()), n_done)

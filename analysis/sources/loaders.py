@@ -290,3 +290,16 @@ def runs_from_tables(trials: pa.Table, metrics: pa.Table, source: str = "") -> R
     validate_trials(trials)
     validate_metrics(metrics, trial_ids=trials.column("trial_id"))
     return Runs(trials, metrics, source=source)
+
+
+def runs_subset(runs: Runs, ids: list[str], source: str | None = None) -> Runs:
+    """The trials ``ids`` of ``runs`` (trial and metric rows), their ``trial_id`` as plain strings (a dictionary
+    column would keep the others' ids, which the loaders' check refuses)."""
+    keep = pa.array(ids, pa.string())
+    tables = []
+    for t in (runs.trials, runs.metrics):
+        i = t.schema.get_field_index("trial_id")
+        ids_col = pc.cast(t.column(i), pa.string())
+        t = t.set_column(i, "trial_id", ids_col).filter(pc.is_in(ids_col, keep))
+        tables.append(t)
+    return runs_from_tables(*tables, source=runs.source if source is None else source)

@@ -266,11 +266,9 @@ def test_a_trial_that_ended_after_tunes_last_save_counts_as_finished(tmp_path, s
     assert b.decisions()["stop"] == nt.BUDGET_TRIALS and not b.decisions().get("lost")
 
 
-def test_a_goal_met_while_a_trial_runs_waits_for_it(tmp_path):
-    """``goal.running: wait`` (the default): the goal met on the finished trials with one still running: no new
-    trial (suggest says wait, not FINISHED), and the stop comes once that trial has finished and the goal still
-    holds with it in."""
-    a, lab = searcher(tmp_path, goal=100.0, trials=60), Lab(tmp_path)  # any width meets it once seeds suffice
+def run_to_stop(a: AdaptiveSearch, lab: Lab, on_wait=None) -> tuple[list, int, int]:
+    """Two trials live, the older finishing first, until FINISHED: the trials still live then, the next trial
+    number, and how often suggest said wait (``on_wait(live)`` called each time)."""
     live = [(t, a.suggest(t)) for t in ("t0", "t1")]
     k, waited = 2, 0
     while True:
@@ -278,15 +276,28 @@ def test_a_goal_met_while_a_trial_runs_waits_for_it(tmp_path):
         lab.finish(tid, cfg)
         nxt = a.suggest(f"t{k}")
         if nxt == Searcher.FINISHED:
-            break
+            return live, k, waited
         if isinstance(nxt, dict):
             live.append((f"t{k}", nxt))
-        elif live:  # met with a trial running: nothing new is handed out
-            last = a.decisions()["refits"][-1]
-            assert last["stop"] is None and not last["choices"] and last["trials_pending"] == len(live)
-            assert "waiting for 1 running trial(s)" in status_line(a.decisions(), last)
+        else:
             waited += 1
+            if on_wait is not None:
+                on_wait(live)
         k += 1
+
+
+def test_a_goal_met_while_a_trial_runs_waits_for_it(tmp_path):
+    """``goal.running: wait`` (the default): the goal met on the finished trials with one still running: no new
+    trial (suggest says wait, not FINISHED), and the stop comes once that trial has finished and the goal still
+    holds with it in."""
+    a, lab = searcher(tmp_path, goal=100.0, trials=60), Lab(tmp_path)  # any width meets it once seeds suffice
+
+    def waiting(live):  # met with a trial running: nothing new is handed out
+        last = a.decisions()["refits"][-1]
+        assert last["stop"] is None and not last["choices"] and last["trials_pending"] == len(live)
+        assert "waiting for 1 running trial(s)" in status_line(a.decisions(), last)
+
+    live, _, waited = run_to_stop(a, lab, waiting)
     assert waited >= 1
     last = a.decisions()["refits"][-1]
     assert last["stop"] == nt.GOAL_MET and last["trials_pending"] == 0 and not live and last["ending"] == []
@@ -297,17 +308,8 @@ def test_a_goal_met_while_a_trial_runs_stops_and_ends_it(tmp_path):
     (FINISHED), the refit names the running trial as ended (its trials are told through trainables.sweep_signal;
     here, without Ray, there is no one to tell), and the answer is the finished trials'."""
     a, lab = searcher(tmp_path, goal=100.0, trials=60, end_running=True), Lab(tmp_path)
-    live = [(t, a.suggest(t)) for t in ("t0", "t1")]
-    k = 2
-    while True:
-        tid, cfg = live.pop(0)
-        lab.finish(tid, cfg)
-        nxt = a.suggest(f"t{k}")
-        if nxt == Searcher.FINISHED:
-            break
-        assert isinstance(nxt, dict), "a goal met with a trial running stops; it does not wait"
-        live.append((f"t{k}", nxt))
-        k += 1
+    live, k, waited = run_to_stop(a, lab)
+    assert waited == 0, "a goal met with a trial running stops; it does not wait"
     rec = a.decisions()
     last = rec["refits"][-1]
     assert last["stop"] == nt.GOAL_MET and last["trials_pending"] == 1 and len(live) == 1
