@@ -132,6 +132,9 @@ def _cov(rows: list[dict]) -> str:
 
 
 def report(shape: str, rows: list[dict], seconds: float) -> None:
+    if not rows:
+        print(f"### shape {shape}: no sweep had a trusted global target ({seconds:.0f} s): nothing to compare")
+        return
     goal = [r for r in rows if r["stop"] == nt.GOAL_MET]
     ratio = np.array([r["examples_ratio"] for r in rows])
     widths = [a["width"] / g["width"] for r in rows for a, g in zip(r["adaptive"], r["grid"], strict=True)

@@ -345,3 +345,50 @@ def test_a_trial_ended_at_the_goal_is_spent_but_neither_fitted_nor_tried():
     assert dec.trials_spent == len(design) and dec.examples_spent == pytest.approx(nt.spent_examples(full).sum())
     assert [f["b_crit"] for f in dec.fits] == pytest.approx([f["b_crit"] for f in alone.fits])
     assert [c.trial for c in dec.choices] == [ended] and dec.choices[0].kind == "design"
+
+
+def test_a_near_floor_point_waits_for_every_seed_the_space_allows():
+    """``near_floor`` is judged on the median of the point's seeds: with min_seeds (2) of max_seeds (3) the goal
+    waits for the third seed there, ranked first; with all three it is met, the answer still flagged."""
+    space = nt.Space(batch_sizes=(8, 16, 32), lrs=(0.01, 0.02, 0.04), max_seeds=3)
+    goal = nt.Goal(targets=(0.5,), rel_ci=0.2, min_seeds=2)
+    pts = [{"batch_size": b, "lr": 0.02, "seeds": 2, "flags": []} for b in (8, 16, 32)]
+    pts[1]["flags"] = [fl.NEAR_FLOOR]
+    fit = {"target": 0.5, "b_crit": 20.0, "b_crit_ci": [18.0, 22.0], "s_min": 10.0, "e_min": 200.0, "points": pts,
+           "flags": [fl.NEAR_FLOOR]}  # fmt: skip
+    tried = [nt.Trial(b, x, s) for b in (8, 16, 32) for x in (0.01, 0.02, 0.04) for s in (0, 1)]
+    assert not nt._goal_met([fit], goal, space, tried)
+    blockers = nt._goal_blockers([fit], [], goal, space, tried, nt._Cost(None, np.zeros(0), space))
+    assert [(c.trial, c.kind) for c in blockers] == [(nt.Trial(16, 0.02, 2), "seed")]
+    assert blockers[0].score == np.inf and "needs 3 (near_floor)" in blockers[0].reason
+    pending = tried + [nt.Trial(16, 0.02, 2)]  # the third seed running: not asked for twice
+    assert not nt._goal_blockers([fit], [], goal, space, pending, nt._Cost(None, np.zeros(0), space))
+    pts[1]["seeds"] = 3
+    assert nt._goal_met([fit], goal, space, tried)  # nothing more to run there: met, and the answer says FLAGGED
+    pts[1]["flags"], pts[1]["seeds"] = [], 2
+    assert nt._goal_met([fit], goal, space, tried)  # without the flag, min_seeds is enough
+
+
+def test_with_end_pending_a_running_trial_past_an_lr_edge_does_not_meet_the_goal(monkeypatch):
+    """A pending trial past a point's ``lr_at_edge`` resolves the edge only if it finishes: waiting for it (the
+    default) the goal may count it; when a stop would end it (``end_pending``) it must not, or the stop answers
+    with the edge unresolved (on 83 replayed tiny-DiT sweeps with ``goal.running: end``: 7 answers ``lr_at_edge``)."""
+    goal = nt.Goal((0.5,), rel_ci=0.15, min_seeds=1)
+    runs = _runs([*nt.initial_design(SPACE), nt.Trial(16, 0.5, 0)])  # B=16's bracket done: every B has a point
+    real = nt._fits(runs, goal, "eval/loss", 50, 0)
+    edge = [p for p in real[0]["points"] if fl.LR_AT_EDGE in p["flags"]]
+    assert edge
+    p = edge[0]
+    tried = nt._tried(runs, [])
+    beyond = nt._beyond_edge(SPACE, tried, p["batch_size"], p["lr"])
+    assert beyond is not None
+    fake = [{**real[0], "b_crit_ci": [real[0]["b_crit"] * 0.95, real[0]["b_crit"] * 1.05],
+             "points": [{**q, "flags": [fl.LR_AT_EDGE] if q is p else []} for q in real[0]["points"]]}]  # fmt: skip
+    monkeypatch.setattr(nt, "_fits", lambda *a: fake)
+    pend = [nt.Trial(p["batch_size"], beyond, 0)]
+    dec = nt.next_trials(runs, SPACE, goal, nt.Budget(trials=100), pending=pend, bootstrap=200)
+    assert dec.stop is None and not dec.choices  # met counting the pending trial: wait for it
+    dec = nt.next_trials(runs, SPACE, goal, nt.Budget(trials=100), pending=pend, bootstrap=200, end_pending=True)
+    assert dec.stop is None and pend[0] not in [c.trial for c in dec.choices]  # not met: goes on, the edge running
+    dec = nt.next_trials(runs, SPACE, goal, nt.Budget(trials=100), pending=[], bootstrap=200, end_pending=True)
+    assert dec.stop is None and pend[0] in [c.trial for c in dec.choices]  # nothing running there: chosen
