@@ -392,3 +392,61 @@ def test_with_end_pending_a_running_trial_past_an_lr_edge_does_not_meet_the_goal
     assert dec.stop is None and pend[0] not in [c.trial for c in dec.choices]  # not met: goes on, the edge running
     dec = nt.next_trials(runs, SPACE, goal, nt.Budget(trials=100), pending=[], bootstrap=200, end_pending=True)
     assert dec.stop is None and pend[0] in [c.trial for c in dec.choices]  # nothing running there: chosen
+
+
+def test_p_best_of_a_tried_setting_against_the_fits_best_in_float64():
+    """``_p_best`` (the weight of a neighbour's seed): 1 at the fit's best lr; against it, the normal tail of the
+    difference of mean log steps over each setting's seeds, computed here with ``math.erfc``; 0 where a seed of the
+    setting has not reached the target, where the fit has no point at that batch size, or where the setting has no
+    finished trial."""
+    trials = [nt.Trial(64, x, s) for x in (0.8, 1.2, 1.6) for s in (0, 1)] + [nt.Trial(256, 1.2, 0)]
+    runs = _runs(trials)
+    ids = {(int(b), round(float(x), 6), int(s)): t for b, x, s, t in zip(
+        runs.batch_size, runs.trials.column("lr").to_pylist(), runs.trials.column("seed").to_pylist(),
+        runs.trial_ids, strict=True)}  # fmt: skip
+    steps = np.full(len(runs.trial_ids), np.nan)
+    given = {(64, 1.2, 0): 100.0, (64, 1.2, 1): 110.0, (64, 0.8, 0): 104.0, (64, 0.8, 1): 126.0,
+             (64, 1.6, 0): 90.0, (64, 1.6, 1): np.inf, (256, 1.2, 0): 40.0}  # fmt: skip
+    for k, v in given.items():
+        steps[runs.trial_ids.index(ids[k])] = v
+    fit = {"points": [{"batch_size": 64, "lr": 1.2, "trial_ids": [ids[(64, 1.2, 0)], ids[(64, 1.2, 1)]]}]}
+    sigma2 = 0.01
+    assert nt._p_best(runs, steps, fit, 64, 1.2, sigma2) == 1.0
+    m_nbr, m_best = (math.log(104.0) + math.log(126.0)) / 2, (math.log(100.0) + math.log(110.0)) / 2
+    z = (m_best - m_nbr) / math.sqrt(sigma2 * (1 / 2 + 1 / 2))
+    want = 0.5 * math.erfc(-z / math.sqrt(2))
+    assert 0.05 < want < 0.5  # a slower neighbour, not a hopeless one: the weight is neither 0 nor 1
+    assert nt._p_best(runs, steps, fit, 64, 0.8, sigma2) == pytest.approx(want, rel=1e-12)
+    assert nt._p_best(runs, steps, fit, 64, 0.8, 4 * sigma2) > want  # noisier seeds: a closer call
+    assert nt._p_best(runs, steps, fit, 64, 1.6, sigma2) == 0.0  # one seed never reached the target
+    assert nt._p_best(runs, steps, fit, 256, 1.2, sigma2) == 0.0  # the fit has no point at B=256
+    assert nt._p_best(runs, steps, fit, 64, 0.5, sigma2) == 0.0  # no trial at that lr
+    steps[runs.trial_ids.index(ids[(64, 1.2, 1)])] = np.inf  # the best's own seed unreached: nothing to compare
+    assert nt._p_best(runs, steps, fit, 64, 0.8, sigma2) == 0.0
+
+
+def test_a_new_batch_size_starts_at_the_grid_lr_nearest_the_log_log_interpolation():
+    """``_lr_for_new_b``: the two fitted points nearest in log B give a line in (log B, log lr); the grid lr nearest
+    it at the new B (between them or beyond), or the nearest point's lr when only one is fitted."""
+    space = nt.Space((16, 64, 256, 1024), LRS)
+    fit = {"points": [{"batch_size": 16, "lr": 0.2}, {"batch_size": 256, "lr": 0.8}]}  # lr ~ sqrt(B)
+    assert nt._lr_for_new_b(space, fit, 64) == 0.5  # sqrt rule: 0.4; |log 0.5/0.4| < |log 0.3/0.4|
+    assert nt._lr_for_new_b(space, fit, 1024) == 1.6  # beyond: 0.8 x sqrt(4)
+    assert nt._lr_for_new_b(space, fit, 4) == 0.2  # below: 0.1, the grid's smallest
+    three = {"points": [{"batch_size": 16, "lr": 0.2}, {"batch_size": 256, "lr": 0.8}, {"batch_size": 1024,
+                                                                                       "lr": 0.8}]}  # fmt: skip
+    assert nt._lr_for_new_b(space, three, 512) == 0.8  # the nearest two (256, 1024) are flat there
+    assert nt._lr_for_new_b(space, {"points": [{"batch_size": 16, "lr": 1.2}]}, 64) == 1.2
+
+
+def test_the_space_refuses_what_the_rule_cannot_search():
+    with pytest.raises(ValueError, match=r"^the adaptive space needs >= 3 batch sizes, >= 1 learning rate and "
+                       r"max_seeds >= 1$"):  # fmt: skip
+        nt.Space((16, 64), LRS)
+    assert nt.Space((16, 64, 256), (0.5,), max_seeds=1).max_seeds == 1  # the least it searches: one lr, one seed
+    with pytest.raises(ValueError, match="max_seeds >= 1"):
+        nt.Space((16, 64, 256), LRS, max_seeds=0)
+    with pytest.raises(ValueError, match=">= 1 learning rate"):
+        nt.Space((16, 64, 256), ())
+    s = nt.Space((256, 16, 64), (1.2, 0.2))
+    assert s.batch_sizes == (16, 64, 256) and s.lrs == (0.2, 1.2)  # sorted ascending
