@@ -450,3 +450,64 @@ def test_the_space_refuses_what_the_rule_cannot_search():
         nt.Space((16, 64, 256), ())
     s = nt.Space((256, 16, 64), (1.2, 0.2))
     assert s.batch_sizes == (16, 64, 256) and s.lrs == (0.2, 1.2)  # sorted ascending
+
+
+def test_sigma2_is_the_pooled_per_seed_variance_of_log_steps_in_float64():
+    """``_sigma2``: the seeds' squared deviations from their setting's mean log steps, pooled over the fitted points
+    with >= 2 finished seeds (one-seed and unreached points left out), over their degrees of freedom; without such a
+    point the fit's mean squared log residual with ``n - 2`` degrees of freedom; never below SIGMA2_FLOOR."""
+    trials = [nt.Trial(b, 0.8, s) for b, k in ((16, 3), (64, 2), (256, 1), (1024, 2)) for s in range(k)]
+    runs = _runs(trials)
+    by_b = {}
+    for b, t in zip(runs.batch_size, runs.trial_ids, strict=True):
+        by_b.setdefault(int(b), []).append(t)
+    steps = np.full(len(runs.trial_ids), np.nan)
+    given = {16: [100.0, 110.0, 121.0], 64: [50.0, 60.0], 256: [30.0], 1024: [20.0, np.inf]}
+    for b, vals in given.items():
+        for t, v in zip(by_b[b], vals, strict=True):
+            steps[runs.trial_ids.index(t)] = v
+    fit = {"points": [{"batch_size": b, "trial_ids": by_b[b], "steps": 1.0} for b in (16, 64, 256, 1024)]}
+    a, c = np.log([100.0, 110.0, 121.0]), np.log([50.0, 60.0])
+    want = (((a - a.mean()) ** 2).sum() + ((c - c.mean()) ** 2).sum()) / (2 + 1)
+    assert nt._sigma2(runs, fit, "eval/loss", steps) == pytest.approx(want, rel=1e-12)
+    assert want > 10 * nt.SIGMA2_FLOOR
+    same = np.where(np.isfinite(steps), 100.0, steps)  # seeds that agree: the floor
+    assert nt._sigma2(runs, fit, "eval/loss", same) == nt.SIGMA2_FLOOR
+    # no point with two finished seeds: the fit's residuals, n - 2 degrees of freedom
+    pts = [{"batch_size": b, "trial_ids": by_b[b][:1], "steps": s} for b, s in ((16, 130.0), (64, 50.0), (256, 30.0))]
+    one = {"points": pts, "s_min": 20.0, "e_min": 1600.0}
+    r = np.log([130.0, 50.0, 30.0]) - np.log(20.0 + 1600.0 / np.array([16.0, 64.0, 256.0]))
+    assert nt._sigma2(runs, one, "eval/loss", steps) == pytest.approx(float((r**2).sum()) / 1, rel=1e-12)
+
+
+def test_neighbours_and_the_lr_past_an_edge_are_read_from_the_tried_lrs():
+    tried = [nt.Trial(64, x, 0) for x in (0.3, 0.5, 0.8, 1.2, 1.6)] + [nt.Trial(16, x, 0) for x in (1.95, 2.1)]
+    assert nt._neighbours(tried, 64, 0.8) == [0.5, 1.2]
+    assert nt._neighbours(tried, 64, 0.3) == [0.5] and nt._neighbours(tried, 64, 1.6) == [1.2]
+    mid = [nt.Trial(64, x, 0) for x in (0.5, 0.8, 1.2)]
+    assert nt._beyond_edge(SPACE, mid, 64, 0.5) == 0.3 and nt._beyond_edge(SPACE, mid, 64, 1.2) == 1.6
+    assert nt._beyond_edge(SPACE, mid, 64, 0.8) is None  # not at an edge
+    low = [nt.Trial(64, x, 0) for x in (0.2, 0.3)]
+    assert nt._beyond_edge(SPACE, low, 64, 0.2) is None  # the grid's smallest: nothing below
+    assert nt._beyond_edge(SPACE, tried, 16, 2.1) is None  # the grid's largest: nothing above
+
+
+def test_a_bin_exactly_at_the_goal_width_is_met():
+    from analysis.decisions.bin_goals import BinInterval
+
+    goal = nt.Goal((0.5,), rel_ci=0.25, min_seeds=2, bins=True)
+    fit = {"points": [{"seeds": 2}, {"seeds": 3}]}
+    at = BinInterval(0, (0, 249), 0.5, 0.6, 0.25, (), fit)
+    assert not nt._open_bin(at, goal) and nt._bins_met([at], goal)
+    assert nt._open_bin(BinInterval(0, (0, 249), 0.5, 0.6, 0.2501, (), fit), goal)
+    short = BinInterval(0, (0, 249), 0.5, 0.6, 0.1, (), {"points": [{"seeds": 1}, {"seeds": 3}]})
+    assert nt._open_bin(short, goal) and not nt._bins_met([at, short], goal)
+
+
+def test_refine_offers_the_untried_grid_lr_nearest_the_best_on_each_side():
+    tried = [nt.Trial(64, x, 0) for x in (0.2, 0.8, 1.6)]
+    assert nt._refine(SPACE, tried, 64, 0.8) == [0.5, 1.2]  # below: 0.3 and 0.5 untried, the nearer to 0.8
+    assert nt._refine(SPACE, tried, 64, 0.2) == [0.3]  # at the low edge: above only, the nearer of 0.3 and 0.5
+    assert nt._refine(SPACE, tried, 64, 1.6) == [1.2]  # at the high edge: below only
+    dense = [nt.Trial(64, x, 0) for x in (0.5, 0.8, 1.2)]
+    assert nt._refine(SPACE, dense, 64, 0.8) == []  # no grid lr between the tried ones
