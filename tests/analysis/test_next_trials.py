@@ -62,6 +62,8 @@ def test_several_choices_never_exceed_the_budget():
     dec = nt.next_trials(None, SPACE, GOAL, nt.Budget(trials=5), pending=pending, n=10)
     assert len(dec.choices) == 3 and dec.stop is None
     dec = nt.next_trials(None, SPACE, GOAL, nt.Budget(examples=2.5), n=10)  # no runs: each costs 1 (the unit)
+    assert len(dec.choices) == 3 and all(isinstance(c, nt.Choice) for c in dec.choices)
+    dec = nt.next_trials(None, SPACE, GOAL, nt.Budget(examples=3.0), n=10)  # 3 committed: the budget is reached
     assert len(dec.choices) == 3
 
 
@@ -97,6 +99,10 @@ def test_goal_waits_on_lr_at_divergence_while_the_grid_has_an_lr_in_between():
     fit = {"target": 0.5, "b_crit": 20.0, "b_crit_ci": [18.0, 22.0], "points": pts, "flags": [fl.LR_AT_DIVERGENCE]}
     coarse = [nt.Trial(b, x, 0) for b in (8, 16, 32) for x in (0.01, 0.02, 0.08)]  # 0.04 untried: in between
     assert not nt._goal_met([fit], goal, space, coarse)
+    fit |= {"s_min": 10.0, "e_min": 200.0}
+    blockers = nt._goal_blockers([fit], [], goal, space, coarse, nt._Cost(None, np.zeros(0), space))
+    assert [(c.trial, c.kind, c.reason) for c in blockers] == [
+        (nt.Trial(32, 0.04, 0), "lr_refine", "optimum towards a diverged lr at target 0.5")]  # fmt: skip
     assert nt._goal_met([fit], goal, space, coarse + [nt.Trial(32, 0.04, 0)])
     pts[2]["flags"] = []
     assert nt._goal_met([fit], goal, space, coarse)
@@ -367,6 +373,11 @@ def test_a_near_floor_point_waits_for_every_seed_the_space_allows():
     assert nt._goal_met([fit], goal, space, tried)  # nothing more to run there: met, and the answer says FLAGGED
     pts[1]["flags"], pts[1]["seeds"] = [], 2
     assert nt._goal_met([fit], goal, space, tried)  # without the flag, min_seeds is enough
+    pts[1]["seeds"] = 1
+    one = [t for t in tried if not (t.batch_size == 16 and t.lr == 0.02 and t.seed == 1)]
+    blockers = nt._goal_blockers([fit], [], goal, space, one, nt._Cost(None, np.zeros(0), space))
+    assert [(c.trial, c.kind) for c in blockers] == [(nt.Trial(16, 0.02, 1), "seed")]
+    assert blockers[0].reason == "1 seed(s) at the best setting at target 0.5: the goal needs 2"
 
 
 def test_with_end_pending_a_running_trial_past_an_lr_edge_does_not_meet_the_goal(monkeypatch):
@@ -474,10 +485,11 @@ def test_sigma2_is_the_pooled_per_seed_variance_of_log_steps_in_float64():
     same = np.where(np.isfinite(steps), 100.0, steps)  # seeds that agree: the floor
     assert nt._sigma2(runs, fit, "eval/loss", same) == nt.SIGMA2_FLOOR
     # no point with two finished seeds: the fit's residuals, n - 2 degrees of freedom
-    pts = [{"batch_size": b, "trial_ids": by_b[b][:1], "steps": s} for b, s in ((16, 130.0), (64, 50.0), (256, 30.0))]
+    four = ((16, 130.0), (64, 50.0), (256, 30.0), (1024, 24.0))
+    pts = [{"batch_size": b, "trial_ids": by_b[b][:1], "steps": s} for b, s in four]
     one = {"points": pts, "s_min": 20.0, "e_min": 1600.0}
-    r = np.log([130.0, 50.0, 30.0]) - np.log(20.0 + 1600.0 / np.array([16.0, 64.0, 256.0]))
-    assert nt._sigma2(runs, one, "eval/loss", steps) == pytest.approx(float((r**2).sum()) / 1, rel=1e-12)
+    r = np.log([s for _, s in four]) - np.log(20.0 + 1600.0 / np.array([b for b, _ in four], float))
+    assert nt._sigma2(runs, one, "eval/loss", steps) == pytest.approx(float((r**2).sum()) / (4 - 2), rel=1e-12)
 
 
 def test_neighbours_and_the_lr_past_an_edge_are_read_from_the_tried_lrs():
@@ -511,3 +523,37 @@ def test_refine_offers_the_untried_grid_lr_nearest_the_best_on_each_side():
     assert nt._refine(SPACE, tried, 64, 1.6) == [1.2]  # at the high edge: below only
     dense = [nt.Trial(64, x, 0) for x in (0.5, 0.8, 1.2)]
     assert nt._refine(SPACE, dense, 64, 0.8) == []  # no grid lr between the tried ones
+
+
+def test_the_linearized_fit_weighs_points_by_their_seeds_and_refuses_a_singular_one():
+    """``_Model``: each point adds ``k/σ² g g'`` for its ``k`` seeds (float64 reference); a design whose rows cannot
+    separate S_min from E_min (every point at one batch size, or two a hair apart) has no variance (inf), and then
+    a candidate is worth the whole width (1 without an interval)."""
+    g = lambda b: np.array([20.0, 2000.0 / b]) / (20.0 + 2000.0 / b)  # noqa: E731
+    pts = [{"batch_size": b, "seeds": k} for b, k in ((16, 1), (64, 3), (256, 2))]
+    fit = {"s_min": 20.0, "e_min": 2000.0, "b_crit_ci": [80.0, 120.0], "b_crit": 100.0, "points": pts}
+    mdl = nt._Model(fit, 0.01)
+    want = sum(k / 0.01 * np.outer(g(b), g(b)) for b, k in ((16, 1), (64, 3), (256, 2)))
+    np.testing.assert_allclose(mdl.F, want, rtol=1e-12)
+    a = np.array([-1.0, 1.0])
+    assert mdl.var() == pytest.approx(float(a @ np.linalg.inv(want) @ a), rel=1e-9)
+    for bs in ((64, 64), (64, 64 * (1 + 1e-7))):
+        one = nt._Model({**fit, "points": [{"batch_size": b, "seeds": 2} for b in bs]}, 0.01)
+        assert one.var() == np.inf
+        assert one.narrowing(256) == pytest.approx(0.2)  # the interval's whole width
+        assert nt._Model({**fit, "b_crit_ci": [None, None], "points": _two_seed_points(bs)}, 0.01).narrowing(256) == 1.0
+    assert np.isfinite(nt._Model({**fit, "points": _two_seed_points((64, 80))}, 0.01).var())
+
+
+def _two_seed_points(bs):
+    return [{"batch_size": b, "seeds": 2} for b in bs]
+
+
+def test_a_width_exactly_at_the_goal_meets_it():
+    space = nt.Space(batch_sizes=(8, 16, 32), lrs=(0.01, 0.02, 0.04))
+    goal = nt.Goal(targets=(0.5,), rel_ci=0.2, min_seeds=1)
+    pts = [{"batch_size": b, "lr": 0.02, "seeds": 1, "flags": []} for b in (8, 16, 32)]
+    tried = [nt.Trial(b, x, 0) for b in (8, 16, 32) for x in (0.01, 0.02, 0.04)]
+    at = {"target": 0.5, "b_crit": 20.0, "b_crit_ci": [16.0, 24.0], "points": pts}  # (24 - 16) / 40 = 0.2
+    assert nt.rel_width(at) == 0.2 and nt._goal_met([at], goal, space, tried)
+    assert not nt._goal_met([{**at, "b_crit_ci": [16.0, 24.01]}], goal, space, tried)
