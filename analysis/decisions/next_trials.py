@@ -366,7 +366,8 @@ def next_trials(
     spent_all = spent_examples(runs) if runs is not None else np.zeros(0)
     # trials a stop on the goal ended part-way: spent, but neither fitted nor tried
     runs, spent = _not_ended(runs, spent_all)
-    tried = _tried(runs, pending)
+    done = _tried(runs, [])  # the finished trials (ended ones left out)
+    tried = pending + done
     cost = _Cost(runs, spent, space)
     n_done = len(spent_all)
     dec = Decision(None, [], {float(t): np.inf for t in goal.targets}, [], float(spent_all.sum()), n_done)
@@ -388,7 +389,7 @@ def next_trials(
         _within_examples(dec, budget, committed)
         return dec
     # with end_pending the pending trials end at a stop: the goal cannot count them as having passed an lr edge
-    judged = _tried(runs, []) if end_pending else tried
+    judged = done if end_pending else tried
     if _goal_met(fits, goal, space, judged) and _bins_met(dec.bins, goal):
         if pending and not end_pending:  # met on the finished trials; pending ones may change the fit: wait
             return dec
