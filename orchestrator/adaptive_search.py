@@ -34,13 +34,12 @@ from typing import Any
 
 import numpy as np
 import pyarrow as pa
-import pyarrow.compute as pc
 from ray.tune.search import Searcher
 
 from analysis.core import metrics as M
 from analysis.decisions import next_trials as nt
 from analysis.reporting.adaptive_report import DECISIONS_FILE  # every refit and every trial handed out
-from analysis.sources.loaders import RunsTableError, load_sweep_dir, runs_from_tables
+from analysis.sources.loaders import RunsTableError, load_sweep_dir, runs_from_tables, subset_tables
 from orchestrator.search import read_state
 from orchestrator.tune_trainable import OBJECTIVE
 
@@ -152,7 +151,7 @@ class AdaptiveSearch(Searcher):
         runs = self._table_runs()
         if runs is None or not done:
             return None
-        trials, metrics = _only(runs.trials, done), _only(runs.metrics, done)
+        trials, metrics = subset_tables(runs, done)
         i = trials.schema.get_field_index("seed")
         index = [self._seeds.index(int(s)) if int(s) in self._seeds else int(s) for s in trials.column(i).to_pylist()]
         trials = trials.set_column(i, trials.schema.field(i), pa.array(index, trials.schema.field(i).type))
@@ -330,15 +329,6 @@ def goal_key(goal: nt.Goal, end_running: bool = False) -> list:
         + ([True] if goal.bins else [])
         + (["end"] if end_running else [])
     )
-
-
-def _only(table: pa.Table, ids: list[str]) -> pa.Table:
-    """The rows of ``ids``, the ``trial_id`` dictionary rebuilt from them (the loaders check it holds no others)."""
-    col = pc.cast(table.column("trial_id"), pa.string())
-    table = table.filter(pc.is_in(col, pa.array(ids)))
-    i = table.schema.get_field_index("trial_id")
-    ids_col = pc.dictionary_encode(pc.cast(table.column(i), pa.string()))
-    return table.set_column(i, pa.field("trial_id", ids_col.type), ids_col)
 
 
 def _finite(x: float) -> float | None:

@@ -292,14 +292,18 @@ def runs_from_tables(trials: pa.Table, metrics: pa.Table, source: str = "") -> R
     return Runs(trials, metrics, source=source)
 
 
-def runs_subset(runs: Runs, ids: list[str], source: str | None = None) -> Runs:
-    """The trials ``ids`` of ``runs`` (trial and metric rows), their ``trial_id`` as plain strings (a dictionary
-    column would keep the others' ids, which the loaders' check refuses)."""
+def subset_tables(runs: Runs, ids: list[str]) -> tuple[pa.Table, pa.Table]:
+    """The trial and metric rows of the trials ``ids`` of ``runs``, their ``trial_id`` as plain strings (a dictionary
+    column would keep the others' ids, which the loaders' check refuses): ``runs_from_tables`` reads them back."""
     keep = pa.array(ids, pa.string())
     tables = []
     for t in (runs.trials, runs.metrics):
         i = t.schema.get_field_index("trial_id")
         ids_col = pc.cast(t.column(i), pa.string())
-        t = t.set_column(i, "trial_id", ids_col).filter(pc.is_in(ids_col, keep))
-        tables.append(t)
-    return runs_from_tables(*tables, source=runs.source if source is None else source)
+        tables.append(t.set_column(i, "trial_id", ids_col).filter(pc.is_in(ids_col, keep)))
+    return tables[0], tables[1]
+
+
+def runs_subset(runs: Runs, ids: list[str], source: str | None = None) -> Runs:
+    """The trials ``ids`` of ``runs`` (:func:`subset_tables`)."""
+    return runs_from_tables(*subset_tables(runs, ids), source=runs.source if source is None else source)
