@@ -11,6 +11,8 @@ from __future__ import annotations
 import json
 import os
 import shutil
+import subprocess
+import sys
 from pathlib import Path
 
 import pytest
@@ -18,7 +20,7 @@ import pytest
 from orchestrator.cli import main
 from orchestrator.local_services import make_bucket, moto_server, s3_env
 from orchestrator.overrides import UserError
-from tests.orchestrator.conftest import kill_sweep_midway, quadratic_spec, write_spec
+from tests.orchestrator.conftest import ROOT, kill_sweep_midway, quadratic_spec, write_spec
 
 BUCKET = "bcrit-test"
 
@@ -265,3 +267,48 @@ def test_resume_with_the_spec_yaml_restores_the_local_directory_first(s3_user, t
     with pytest.raises(UserError, match="differs from the spec"):
         options.spec_to_run(argparse.Namespace(spec=changed, set=[], resume=True), load_and_fetch, restore_spec,
                             what="sweep", command="sweep")  # fmt: skip
+
+
+@pytest.mark.ray
+@pytest.mark.slow
+def test_adaptive_sweep_killed_resumed_from_uri(s3_user, tmp_path, capsys, ray_local):
+    """An adaptive sweep to ``s3://`` killed mid-way, its local directory deleted (another machine), resumed with
+    ``bcrit sweep --resume s3://...``: the searcher's state comes back from the URI with Tune's, so the trial budget
+    holds across the kill (every trial finished, none extra, no setting run twice), every trial Tune restored is one
+    the design issued, the stop is recorded, tables and MLflow agree, and ``bcrit analyze s3://...`` reports the
+    design."""
+    from analysis.reporting.adaptive_report import DECISIONS_FILE
+    from orchestrator.uri_storage import local_dir
+    from tests.orchestrator.test_adaptive_sweep import BUDGET, adaptive_quadratic
+    from tests.orchestrator.test_faults import check_consistent
+
+    uri = f"s3://{BUCKET}/runs/adaptive"
+    spec = adaptive_quadratic(tmp_path)
+    spec["storage"] = uri
+    local = local_dir(uri)
+    assert kill_sweep_midway(tmp_path, write_spec(tmp_path, spec), parts_needed=3, sweep_dir=local) >= 3
+    shutil.rmtree(local)
+    capsys.readouterr()
+    assert main(["sweep", "--resume", uri]) == 0
+    out, err = capsys.readouterr()
+    assert "Traceback" not in err and "from scratch" not in out
+    d = json.loads(Path(local, DECISIONS_FILE).read_text())
+    assert d["stop"] == "budget_trials", d["stop"]
+    issued = {t["trial_id"] for t in d["issued"]}
+    assert len(issued) == BUDGET == len(d["issued"])
+    steps = check_consistent(local, BUDGET)  # none lost, none extra, one MLflow child each
+    assert set(steps) == issued
+    import pyarrow.parquet as pq
+
+    trials = pq.read_table(os.path.join(local, "trials.parquet")).to_pylist()
+    assert len({(t["batch_size"], t["lr"], t["seed"]) for t in trials}) == BUDGET
+
+    shutil.rmtree(local)  # analyze on yet another machine, MLflow on: a process of its own, as a user runs it
+    out_dir = tmp_path / "an"
+    cmd = [sys.executable, "-m", "orchestrator.cli", "analyze", uri, "--targets", "0.5", "--bootstrap", "100",
+           "--no-plots", "--out", str(out_dir)]  # fmt: skip
+    done = subprocess.run(cmd, cwd=ROOT, env={**os.environ, "PYTHONPATH": str(ROOT)}, capture_output=True, text=True)
+    assert done.returncode == 0, done.stderr[-3000:]
+    report = (out_dir / "report.md").read_text()
+    assert "## Adaptive design" in report and "trial budget was spent" in report
+    assert all(t in report for t in issued)
