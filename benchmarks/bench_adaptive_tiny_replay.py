@@ -19,6 +19,9 @@ repeat takes three seeds and:
 - **oracle**: a design that knows every batch size's best lr at each goal target beforehand (from the whole grid):
   3 seeds at each and 1 at the grid neighbours of their range (the least a design needs to bracket the best lr and
   measure the seed noise at it);
+- ``--no-hold``: the rule keeps choosing trials while the running ones are expected to meet the goal
+  (``next_trials(hold=False)``); the sweep's clock (recorded training seconds, trials in flight overlapping) shows
+  what holding costs in wall-clock time;
 - ``--max-seeds K`` (K > 3): the adaptive sweep may run up to K seeds per setting (the triplet's three, then
   ``K - 3`` other recorded seeds); the grid keeps its 3;
 - **hindsight** (``--hindsight``): the cheapest design of the oracle's family (each batch size left out or with 2
@@ -187,7 +190,7 @@ def cheapest_design(pool: Pool, seeds, g_ans: dict, targets, width: float) -> di
 
 
 def replay(pool: Pool, seeds, targets, rel_ci: float, trials_budget: int, concurrency: int,
-           end_pending: bool = False) -> dict:  # fmt: skip
+           end_pending: bool = False, hold: bool = True) -> dict:  # fmt: skip
     """One adaptive sweep on a clock: each trial runs its recorded training seconds (up to ``len(seeds)`` seeds
     per setting); when one finishes the rule refits and fills the free places. At a stop on the goal with
     ``end_pending`` the trials still running are ended: ``ended_examples`` is what they had processed."""
@@ -200,7 +203,7 @@ def replay(pool: Pool, seeds, targets, rel_ci: float, trials_budget: int, concur
     while True:
         runs = pool.reveal(done, seeds) if done else None
         dec = nt.next_trials(runs, space, goal, budget, pending=[f[2] for f in flight], n=concurrency - len(flight),
-                             seed=0, end_pending=end_pending)  # fmt: skip
+                             seed=0, end_pending=end_pending, hold=hold)  # fmt: skip
         for c in dec.choices:
             t = c.trial
             flight.append((now + pool.seconds[pool.index[(t.batch_size, _lr(t.lr), seeds[t.seed])]], now, t))
@@ -213,10 +216,11 @@ def replay(pool: Pool, seeds, targets, rel_ci: float, trials_budget: int, concur
             if dec.stop == nt.GOAL_MET and end_pending:  # ended part-way: their examples so far, not in the answer
                 part = sum(examples(pool.reveal([k], seeds)) * (now - s0) / (f - s0)
                            for k, (f, s0, _) in zip(running, flight, strict=True))  # fmt: skip
-                return {"stop": dec.stop, "keys": done, "steps": steps, "ended": running, "ended_examples": part}
+                return {"stop": dec.stop, "keys": done, "steps": steps, "ended": running, "ended_examples": part,
+                        "clock": now}  # fmt: skip
             # the trials still running finish (budget, exhausted; or waiting for them): counted in
             return {"stop": dec.stop or nt.EXHAUSTED, "keys": done + running, "steps": steps, "ended": [],
-                    "ended_examples": 0.0}  # fmt: skip
+                    "ended_examples": 0.0, "clock": max([now] + [f for f, _, _ in flight])}  # fmt: skip
         flight.sort(key=lambda f: f[0])
         now, _, t = flight.pop(0)
         done.append((t.batch_size, t.lr, t.seed))
@@ -234,7 +238,7 @@ def first_reach(pool: Pool, seeds, keys, targets, width: float, start: int) -> d
 
 
 def one(pool: Pool, seeds, concurrency: int, rel_ci: float | None, trials_budget: int, hindsight: bool,
-        extra: tuple[int, ...] = (), end_pending: bool = False) -> dict:  # fmt: skip
+        extra: tuple[int, ...] = (), end_pending: bool = False, hold: bool = True) -> dict:  # fmt: skip
     """Grid, oracle and adaptive sweep at one seed triplet; the goal targets are the grid's trusted ones of the two.
     ``extra``: further recorded seeds the adaptive sweep may run (its ``max_seeds`` is 3 + their number)."""
     t0 = time.time()
@@ -249,7 +253,7 @@ def one(pool: Pool, seeds, concurrency: int, rel_ci: float | None, trials_budget
     goal = rel_ci if rel_ci is not None else g_w
     orc = pool.reveal(oracle_keys(g_ans, targets), seeds)
     a_seeds = tuple(seeds) + tuple(extra)
-    rep = replay(pool, a_seeds, targets, goal, trials_budget, concurrency, end_pending)
+    rep = replay(pool, a_seeds, targets, goal, trials_budget, concurrency, end_pending, hold)
     a_runs = pool.reveal(rep["keys"], a_seeds)
     # the first prefix the goal would accept at the grid's width: scanned from where the refits' widths near it
     near = [s["trials"] for s in rep["steps"] if max(s["widths"]) <= 1.5 * g_w]
@@ -261,7 +265,8 @@ def one(pool: Pool, seeds, concurrency: int, rel_ci: float | None, trials_budget
         "goal_rel_ci": goal, "stop": rep["stop"],
         "oracle": {"trials": len(orc.trial_ids), "examples": examples(orc) / g_ex, "answer": answer(orc, targets)},
         "adaptive": {"trials": len(rep["keys"]) + len(rep["ended"]), "ended": len(rep["ended"]),
-                     "examples": (examples(a_runs) + rep["ended_examples"]) / g_ex, "answer": answer(a_runs, targets)},
+                     "examples": (examples(a_runs) + rep["ended_examples"]) / g_ex, "answer": answer(a_runs, targets),
+                     "clock": rep["clock"]},
         "reach": None if reach is None else {**reach, "examples": reach["examples"] / g_ex},
         "steps": rep["steps"], "seconds": time.time() - t0,
     }  # fmt: skip
@@ -287,6 +292,8 @@ def main() -> None:
                     "grid: 3; more are drawn from the recorded seeds outside the triplet)")  # fmt: skip
     ap.add_argument("--end-running", action="store_true", help="goal.running: end (end the trials running at a "
                     "goal met) instead of waiting for them")  # fmt: skip
+    ap.add_argument("--no-hold", action="store_true", help="keep choosing trials while the running ones are expected "
+                    "to meet the goal (next_trials(hold=False): the rule before 2026-11-28)")  # fmt: skip
     ap.add_argument("--hindsight", action="store_true", help="also the cheapest accepted design in hindsight (slow)")
     ap.add_argument("--json", default=None)
     a = ap.parse_args()
@@ -307,7 +314,7 @@ def main() -> None:
         extra = tuple(s for s in rest if pool.has((s,)))[: max(a.max_seeds - 3, 0)]
         if len(extra) < a.max_seeds - 3:
             raise SystemExit(f"--max-seeds {a.max_seeds}: only {3 + len(extra)} recorded seeds for {seeds}")
-        r = one(pool, seeds, a.concurrency, a.rel_ci, a.trials, a.hindsight, extra, a.end_running)
+        r = one(pool, seeds, a.concurrency, a.rel_ci, a.trials, a.hindsight, extra, a.end_running, not a.no_hold)
         results.append(r)
         if "skipped" in r:
             print(f"seeds {seeds}: skipped, {r['skipped']}: {_fmt(r['grid']['answer'])}", flush=True)
@@ -335,7 +342,8 @@ def main() -> None:
     print(f"\n{len(results)} repeats ({skipped} skipped): adaptive at its stop, examples / grid median "
           f"{np.median(ex):.2f} (range {min(ex):.2f}-{max(ex):.2f}); the grid's width first accepted in {len(rc)} "
           f"of {len(results)}, median {np.median(rc) if rc else float('nan'):.2f}; "
-          f"oracle {np.median(orc):.2f}")  # fmt: skip
+          f"oracle {np.median(orc):.2f}; sweep clock (recorded training seconds, {a.concurrency} at once) median "
+          f"{np.median([r['adaptive']['clock'] for r in results]):.0f} s")  # fmt: skip
     if a.json:
         with open(a.json, "w") as f:
             json.dump({"args": vars(a), "results": results_all}, f, indent=1, default=float)

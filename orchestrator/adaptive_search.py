@@ -62,6 +62,7 @@ class AdaptiveSearch(Searcher):
         seed: int = 0,
         bootstrap: int = DECISION_BOOTSTRAP,
         end_running: bool = False,
+        hold: bool = True,
     ):
         super().__init__(metric=OBJECTIVE, mode="min")
         self.space, self.goal, self.budget = space, goal, budget
@@ -79,6 +80,7 @@ class AdaptiveSearch(Searcher):
         self._lost: list[dict] = []  # trials handed out, lost with a killed driver and handed out again
         self._end_running = end_running  # goal.running: end (a goal met ends the running trials), else wait
         self._signal_synced = not end_running  # this driver's GoalSignal set from the state (one per driver)
+        self._hold = hold  # goal.hold: no new trial while the running ones are expected to meet the goal
 
     @classmethod
     def from_spec(cls, spec) -> AdaptiveSearch:
@@ -94,7 +96,7 @@ class AdaptiveSearch(Searcher):
         goal = nt.Goal(a.targets, a.rel_ci, a.min_seeds, bins=a.bins)
         budget = nt.Budget(a.budget_examples, a.budget_trials)
         return cls(space, goal, budget, configs, spec.seeds, spec.sweep_dir, seed=spec.search_seed,
-                   end_running=a.end_running)  # fmt: skip
+                   end_running=a.end_running, hold=a.hold)  # fmt: skip
 
     # --- Tune's interface ---------------------------------------------------------------------------------
     def set_max_concurrency(self, max_concurrent: int) -> bool:
@@ -183,7 +185,7 @@ class AdaptiveSearch(Searcher):
         pending = self.pending(done)
         dec = nt.next_trials(
             self.finished_runs(done), self.space, self.goal, self.budget, pending, n=self._batch,
-            bootstrap=self._bootstrap, seed=self._seed, end_pending=self._end_running,
+            bootstrap=self._bootstrap, seed=self._seed, end_pending=self._end_running, hold=self._hold,
         )  # fmt: skip
         self._seen_done = list(done)
         self._stop = dec.stop
@@ -211,6 +213,7 @@ class AdaptiveSearch(Searcher):
                 "stop": dec.stop,
                 "ending": ended,  # at a stop on the goal: the trials still running, asked to end
                 "confirmed": dec.confirmed,  # resamples of a refit that re-checked a goal met (else null)
+                "holding": dec.holding,  # no trial chosen: the running ones are expected to meet the goal
             }
         )
         self._write()

@@ -4,7 +4,7 @@
 nuisance:
   search: adaptive
   lr: [0.2, 0.5, 0.8, 1.2, 1.6, 1.95]   # the learning-rate grid the design may draw from (every batch size)
-  goal: {rel_ci: 0.15, targets: auto, bins: false, min_seeds: 2, running: wait}
+  goal: {rel_ci: 0.15, targets: auto, bins: false, min_seeds: 2, running: wait, hold: true}
   budget: {trials: 40}                # and/or {examples: 2.0e6}
 ```
 
@@ -17,7 +17,10 @@ launch by orchestrator.sweep_checks.check_bins); ``min_seeds``: seeds of every f
 before the goal counts (default 2); ``running``: what a goal met on the finished trials does with the trials still
 running -- ``wait`` (default) for them, no new trial starting, and check the goal again with them in; ``end`` them
 at once (status ``ended_at_goal``, kept, not fitted: trainables.sweep_signal), cheaper with many trials at once,
-its intervals less often holding the truth (docs/sweeps.md, "Adaptive search"). ``budget``: the most trials
+its intervals less often holding the truth (docs/sweeps.md, "Adaptive search"); ``hold``: ``true`` (default) starts
+no trial while the running ones are expected to meet the goal (fewer examples; fewer trials at once near the end),
+``false`` keeps every place busy (a reserved cluster pays for idle GPUs; analysis.decisions.next_trials,
+"Holding"). ``budget``: the most trials
 and/or examples the sweep may spend. The seeds of ``fixed.seeds`` are the seeds a setting may get. Each mistake is
 one UserError line, raised before any compute.
 """
@@ -29,7 +32,7 @@ from typing import Any
 
 from orchestrator.overrides import UserError
 
-GOAL_KEYS = ("rel_ci", "targets", "bins", "min_seeds", "running")
+GOAL_KEYS = ("rel_ci", "targets", "bins", "min_seeds", "running", "hold")
 RUNNING = ("wait", "end")
 BUDGET_KEYS = ("examples", "trials")
 AUTO = "auto"
@@ -46,6 +49,7 @@ class Adaptive:
     budget_examples: float | None
     budget_trials: int | None
     end_running: bool = False  # goal.running: end (else wait)
+    hold: bool = True  # goal.hold: no new trial while the running ones are expected to meet the goal
 
 
 def _number(v: Any) -> bool:
@@ -93,8 +97,12 @@ def parse_adaptive(nui: dict, stopping: dict, n_seeds: int) -> Adaptive:
     if running not in RUNNING:
         raise UserError(f"nuisance.goal.running must be wait or end (the trials running when the goal is met), got "
                         f"{running!r}")  # fmt: skip
+    hold = goal.get("hold", True)
+    if not isinstance(hold, bool):
+        raise UserError(f"nuisance.goal.hold must be true or false (start no trial while the running ones are "
+                        f"expected to meet the goal), got {hold!r}")  # fmt: skip
     return Adaptive(float(rel), tuple(float(t) for t in targets), min_seeds, bins, *_budget(budget),
-                    end_running=running == "end")  # fmt: skip
+                    end_running=running == "end", hold=hold)  # fmt: skip
 
 
 def _budget(budget: Any) -> tuple[float | None, int | None]:

@@ -80,7 +80,8 @@ def status_line(decisions: dict, refit: dict) -> str:
             f"trials{ending}{flagged}"
         )
     if not refit["choices"]:
-        return f"{head}; waiting for {refit['trials_pending']} running trial(s)"
+        why = ": expected to meet the goal" if refit.get("holding") else ""
+        return f"{head}; waiting for {refit['trials_pending']} running trial(s){why}"
     seeds = decisions["seeds"]
     c = refit["choices"][0]
     what = f"seed {seeds[c['seed']]}" if c["kind"] == "seed" else c["kind"].replace("_", " ")

@@ -37,6 +37,13 @@ it will be ended), and the pending trials are *ended* (trainables.sweep_signal; 
 answer is the confirmed one, the ended trials' examples count as spent and their rows are kept, but the analysis
 leaves them out (a trial stopped part-way by a decision taken without it measures nothing about its setting).
 
+**Holding.** With trials pending and nothing the goal waits for left untried, when the pending seeds at the fitted
+points' best settings are expected (the linearized model below) to bring every global interval within ``rel_ci``,
+no trial is chosen (``Decision.holding``): it would be waited for (``wait``) or ended part-way (``end``) by the
+stop the pending ones are expected to bring, its examples spent for nothing. The sweep runs below its concurrency
+until they finish; if the goal is then not met, the rule chooses again. This trades wall-clock time for examples
+(benchmarks/RESULTS.md, "ninth round").
+
 **Expected narrowing (the documented proxy).** In log space the fit ``log S(B) = log(S_min + E_min/B)`` is, near
 its optimum, linear in ``p = (log S_min, log E_min)`` with the row ``g(B) = (S_min, E_min/B) / S(B)`` per point;
 ``log B_crit = a·p`` with ``a = (-1, 1)``. A point holding ``k`` seeds of per-seed log-variance ``σ²`` has weight
@@ -169,6 +176,7 @@ class Decision:
     trials_spent: int = 0
     bins: list[BinInterval] = field(default_factory=list)  # Goal.bins: every bin at every fitted goal target
     confirmed: int | None = None  # resamples of the refit that re-checked a goal met (its fits, widths, bins)
+    holding: bool = False  # no trial chosen: the pending ones are expected to meet the goal (_pending_meet_goal)
 
     def widest(self) -> tuple[str, float]:
         """The interval the goal waits for: ``(label, relative half-width)`` of the widest of the global targets
@@ -187,6 +195,8 @@ class Decision:
             w += f"; untrusted bins: {bad}" if bad else ""
         if self.confirmed:
             w += f" ({self.confirmed} resamples: " + ("goal confirmed)" if self.stop == GOAL_MET else "goal not met)")
+        if self.holding:
+            nxt = "none, the running trials are expected to meet the goal"
         return f"B_crit at {w}" + (f" -> stop: {self.stop}{self.flagged()}" if self.stop else f"; next: {nxt or '-'}")
 
     def flagged(self) -> str:
@@ -353,6 +363,7 @@ def next_trials(
     seed: int = 0,
     confirm_bootstrap: int = CONFIRM_BOOTSTRAP,
     end_pending: bool = False,
+    hold: bool = True,
 ) -> Decision:
     """Refit the runs at the goal targets and choose up to ``n`` next trials, or say why the sweep stops.
 
@@ -361,7 +372,8 @@ def next_trials(
     if it holds there too, else it goes on from the confirming refit (module docstring, "Stopping").
     ``end_pending``: the caller ends the pending trials at a stop on the goal (their status ``ended_at_goal``), so a
     goal met on the finished trials is confirmed and taken with trials pending, instead of waiting for them. Trials
-    of ``runs`` with that status count as spent (examples and trials) and are otherwise left out."""
+    of ``runs`` with that status count as spent (examples and trials) and are otherwise left out. ``hold``: choose
+    nothing while the pending trials are expected to meet the goal (module docstring, "Holding")."""
     pending = list(pending)
     spent_all = spent_examples(runs) if runs is not None else np.zeros(0)
     # trials a stop on the goal ended part-way: spent, but neither fitted nor tried
@@ -399,6 +411,9 @@ def next_trials(
         if _goal_met(fits, goal, space, judged) and _bins_met(dec.bins, goal):
             dec.stop = GOAL_MET
             return dec
+    if hold and _pending_meet_goal(runs, goal, fits, dec.bins, space, tried, done, cost, metric):
+        dec.holding = True  # another trial now would be waited for, or ended, by the stop they are expected to bring
+        return dec
     for _ in range(n):
         c = _best_candidate(runs, space, goal, fits, tried, cost, metric, dec.bins)
         if c is None:
@@ -417,6 +432,34 @@ def _refit(dec: Decision, runs: Runs, goal: Goal, metric: str, bootstrap: int, s
     dec.fits = _fits(runs, goal, metric, bootstrap, seed)
     dec.widths = {float(t): np.inf for t in goal.targets} | {float(f["target"]): rel_width(f) for f in dec.fits}
     dec.bins = bin_intervals(runs, dec.fits, metric, bootstrap, seed, goal.level) if goal.bins and dec.fits else []
+
+
+def _pending_meet_goal(runs, goal: Goal, fits: list[dict], bins: list[BinInterval], space: Space,
+                       tried: list[Trial], done: list[Trial], cost: _Cost, metric: str) -> bool:  # fmt: skip
+    """Whether the trials running are expected to meet the goal without another one ("Holding", module docstring):
+    every goal target fitted, nothing the goal waits for left untried (:func:`_goal_blockers`, the pending trials
+    counted as tried: they finish while the sweep holds), the counted bins met (``Goal.bins``; their narrowing is not
+    predicted), and every global interval still too wide expected within ``rel_ci`` once the pending seeds at its
+    points' best settings join it: ``w_now sqrt(v'/v)`` in its linearized model. Pending trials at other settings,
+    or at batch sizes without a point, are expected to add nothing (so the rule holds less often, not more)."""
+    pending = [t for t in tried if t not in done]
+    if not pending or len(fits) < len(goal.targets) or not _bins_met(bins, goal):
+        return False
+    if _goal_blockers(fits, [b.fit for b in bins if b.counted], goal, space, tried, cost):
+        return False
+    for f in fits:
+        w = rel_width(f)
+        if w <= goal.rel_ci:
+            continue
+        mdl = _Model(f, _sigma2(runs, f, metric, _target_steps(runs, f, metric)))
+        v = mdl.var()
+        best = {p["batch_size"]: p["lr"] for p in f["points"]}
+        for t in pending:
+            if t.batch_size in best and _same_lr(t.lr, best[t.batch_size]):
+                mdl.add(t.batch_size)
+        if not (np.isfinite(w) and np.isfinite(v)) or w * np.sqrt(mdl.var() / v) > goal.rel_ci:
+            return False
+    return True
 
 
 def _within_examples(dec: Decision, budget: Budget, committed: float) -> None:

@@ -557,3 +557,48 @@ def test_a_width_exactly_at_the_goal_meets_it():
     at = {"target": 0.5, "b_crit": 20.0, "b_crit_ci": [16.0, 24.0], "points": pts}  # (24 - 16) / 40 = 0.2
     assert nt.rel_width(at) == 0.2 and nt._goal_met([at], goal, space, tried)
     assert not nt._goal_met([{**at, "b_crit_ci": [16.0, 24.01]}], goal, space, tried)
+
+
+def test_the_rule_holds_while_the_pending_seeds_are_expected_to_meet_the_goal(monkeypatch):
+    """No trial is chosen while the pending seeds at the points' best settings are expected to bring the interval
+    within the goal: ``w sqrt(v'/v) <= rel_ci`` in the linearized fit, here recomputed in float64 from the rows
+    ``g(B) = (S_min, E_min/B) / S(B)``; just above it, or with the pending trial at another setting, or with a seed
+    the goal still waits for, the rule chooses as before (and ``hold=False`` always does)."""
+    goal = nt.Goal((0.5,), rel_ci=0.15, min_seeds=1)
+    runs = _runs([*nt.initial_design(SPACE), nt.Trial(16, 0.5, 0)])
+    real = nt._fits(runs, goal, "eval/loss", 50, 0)[0]
+    pts = [{**p, "flags": []} for p in real["points"]]
+    p0 = pts[0]
+    fit = {**real, "points": pts}
+    s2 = nt._sigma2(runs, fit, "eval/loss", nt._target_steps(runs, fit, "eval/loss"))
+
+    def var(extra):
+        F = np.zeros((2, 2))
+        for b, k in [(p["batch_size"], p["seeds"]) for p in pts] + extra:
+            g = np.array([fit["s_min"], fit["e_min"] / b]) / (fit["s_min"] + fit["e_min"] / b)
+            F += k / s2 * np.outer(g, g)
+        a = np.array([-1.0, 1.0])
+        return float(a @ np.linalg.inv(F) @ a)
+
+    ratio = math.sqrt(var([(p0["batch_size"], 1)]) / var([]))  # the pending seed's expected narrowing
+    assert ratio < 1
+
+    def decide(width, pend, hold=True, g=goal):
+        b = fit["b_crit"]
+        fake = [{**fit, "b_crit_ci": [b * (1 - width), b * (1 + width)]}]
+        monkeypatch.setattr(nt, "_fits", lambda *a: fake)
+        return nt.next_trials(runs, SPACE, g, nt.Budget(trials=100), pending=pend, n=2, bootstrap=200, hold=hold)
+
+    at_best = [nt.Trial(p0["batch_size"], p0["lr"], 1)]
+    dec = decide(goal.rel_ci / ratio * 0.99, at_best)
+    assert dec.holding and dec.stop is None and not dec.choices
+    assert "next: none, the running trials are expected to meet the goal" in dec.summary()
+    assert decide(goal.rel_ci / ratio * 1.01, at_best).choices  # expected just short of the goal: go on
+    assert decide(goal.rel_ci / ratio * 0.99, at_best, hold=False).choices
+    other = [x for x in LRS if not math.isclose(x, p0["lr"]) and nt.Trial(p0["batch_size"], x, 0) not in
+             nt._tried(runs, [])][0]  # fmt: skip
+    dec = decide(goal.rel_ci / ratio * 0.99, [nt.Trial(p0["batch_size"], other, 0)])
+    assert not dec.holding and dec.choices  # a pending trial at another setting is expected to add nothing
+    two = nt.Goal((0.5,), rel_ci=0.15, min_seeds=2)  # every 1-seed point waits for a seed: not all pending
+    dec = decide(goal.rel_ci / ratio * 0.99, at_best, g=two)
+    assert not dec.holding and dec.choices and all(c.kind == "seed" for c in dec.choices)

@@ -29,11 +29,11 @@ SPACE = nt.Space((16, 64, 256, 1024), (0.5, 0.8, 1.2, 1.6, 1.95), max_seeds=2)
 SEEDS = (7, 11)  # seed values of the spec: the rule counts seed indices 0, 1
 
 
-def searcher(sweep_dir, goal=0.05, trials=None, examples=None, end_running=False) -> AdaptiveSearch:
+def searcher(sweep_dir, goal=0.05, trials=None, examples=None, end_running=False, hold=True) -> AdaptiveSearch:
     configs = {b: {"batch_size": b, "dim": DIM} for b in SPACE.batch_sizes}
     s = AdaptiveSearch(
         SPACE, nt.Goal((0.3,), goal), nt.Budget(examples, trials), configs, SEEDS, str(sweep_dir), bootstrap=50,
-        end_running=end_running,
+        end_running=end_running, hold=hold,
     )  # fmt: skip
     s.set_max_concurrency(2)
     return s
@@ -303,11 +303,31 @@ def test_a_goal_met_while_a_trial_runs_waits_for_it(tmp_path):
     assert last["stop"] == nt.GOAL_MET and last["trials_pending"] == 0 and not live and last["ending"] == []
 
 
+def test_holding_starts_no_trial_the_expected_stop_would_end(tmp_path):
+    """``goal.hold`` (default): once the running trials are expected to meet the goal (here: any width does, and
+    they are the seeds it waits for), suggest says wait instead of starting a trial; the refit records it and the
+    progress line says why; the goal is then met with nothing running, so ``running: end`` ends nothing."""
+    a, lab = searcher(tmp_path, goal=100.0, trials=60, end_running=True), Lab(tmp_path)
+    seen = []
+
+    def waiting(live):
+        last = a.decisions()["refits"][-1]
+        seen.append(last["holding"])
+        assert not last["choices"] and last["trials_pending"] == len(live) == 1
+        assert status_line(a.decisions(), last).endswith("waiting for 1 running trial(s): expected to meet the goal")
+
+    live, k, waited = run_to_stop(a, lab, waiting)
+    assert waited >= 1 and all(seen)
+    last = a.decisions()["refits"][-1]
+    assert last["stop"] == nt.GOAL_MET and last["ending"] == [] and not live and last["trials_finished"] == k - 1
+
+
 def test_a_goal_met_while_a_trial_runs_stops_and_ends_it(tmp_path):
     """``goal.running: end``: the goal met on the finished trials with one still running: the sweep stops at once
     (FINISHED), the refit names the running trial as ended (its trials are told through trainables.sweep_signal;
-    here, without Ray, there is no one to tell), and the answer is the finished trials'."""
-    a, lab = searcher(tmp_path, goal=100.0, trials=60, end_running=True), Lab(tmp_path)
+    here, without Ray, there is no one to tell), and the answer is the finished trials'. (``goal.hold: false``: with
+    holding the rule would not have started the running trial, test below.)"""
+    a, lab = searcher(tmp_path, goal=100.0, trials=60, end_running=True, hold=False), Lab(tmp_path)
     live, k, waited = run_to_stop(a, lab)
     assert waited == 0, "a goal met with a trial running stops; it does not wait"
     rec = a.decisions()
@@ -322,7 +342,7 @@ def test_a_goal_met_while_a_trial_runs_stops_and_ends_it(tmp_path):
     a.on_trial_complete(tid, {})
     state = tmp_path / "state.json"
     a.save(str(state))
-    b = searcher(tmp_path, goal=0.01, trials=60, end_running=True)
+    b = searcher(tmp_path, goal=0.01, trials=60, end_running=True, hold=False)
     b.restore(str(state))
     assert isinstance(b.suggest("r0"), dict)
     assert b.decisions()["refits"][-1]["trials_finished"] == k  # the ended trial's examples and trial count

@@ -33,6 +33,8 @@ def test_goal_and_budget_parsed(tmp_path):
     assert spec.num_trials() == 18
     assert not spec.adaptive.end_running  # goal.running: wait, the default
     assert parse_spec(adaptive_spec(tmp_path, goal={"rel_ci": 0.1, "running": "end"})).adaptive.end_running
+    assert spec.adaptive.hold  # goal.hold: true, the default
+    assert not parse_spec(adaptive_spec(tmp_path, goal={"rel_ci": 0.1, "hold": False})).adaptive.hold
 
 
 @pytest.mark.parametrize(
@@ -45,6 +47,7 @@ def test_goal_and_budget_parsed(tmp_path):
         ({"goal": {"rel_ci": 0.2, "min_seeds": 3}}, "exceeds the 2 seed(s) of fixed.seeds"),
         ({"goal": {"rel_ci": 0.2, "width": 1}}, "unknown key nuisance.goal.width"),
         ({"goal": {"rel_ci": 0.2, "running": "stop"}}, "nuisance.goal.running must be wait or end"),
+        ({"goal": {"rel_ci": 0.2, "hold": "yes"}}, "nuisance.goal.hold must be true or false"),
         ({"goal": None}, "needs nuisance.goal"),
         ({"budget": {}}, "needs nuisance.budget"),
         ({"budget": {"trials": 0}}, "nuisance.budget.trials must be an integer >= 1"),
