@@ -12,7 +12,8 @@ independent of the others, so a subset of the grid is what a sweep of those tria
 - **adaptive**: ``analysis.decisions.next_trials`` chooses ``--concurrency`` trials per refit (a batch-synchronous
   sweep with that many trials in flight; ``--rolling``: that many kept in flight, the oldest finishing first and a
   refit after each, as Tune runs it, the ones still running at a goal met waited for and counted in;
-  ``--end-running``: ended and left out of the answer, ``goal.running: end``), revealed from
+  ``--end-running``: ended and left out of the answer, ``goal.running: end``; ``--no-hold``: trials chosen also
+  while the running ones are expected to meet the goal, ``goal.hold: false``), revealed from
   the drawn grid, goal ``rel_ci`` = the grid's own widest
   relative half-width at the goal targets (the width the grid reaches), ``min_seeds`` 2, budget the grid's trial
   count; its finished trials are analysed as the grid's, globally at the goal targets and per bin at the bins'
@@ -63,7 +64,7 @@ def _hits(runs: Runs, sw, metric: str, targets, bootstrap: int, seed: int) -> li
 
 
 def _choose(full, space, goal, budget, index, concurrency: int, dec_boot: int, seed: int, rolling: bool,
-            end: bool = False):  # fmt: skip
+            end: bool = False, hold: bool = True):  # fmt: skip
     """The trials the rule runs, in order, and those it ended. Batch-synchronous: ``concurrency`` chosen per refit,
     all finished before the next. ``rolling``: ``concurrency`` in flight, the oldest finishing first, a refit after
     each (as Tune runs it); a goal met with trials running waits for them (no new trial starting) and counts them
@@ -75,7 +76,7 @@ def _choose(full, space, goal, budget, index, concurrency: int, dec_boot: int, s
         runs = subset(full, chosen) if chosen else None
         n = concurrency - len(flight) if rolling else concurrency
         dec = nt.next_trials(runs, space, goal, budget, pending=flight, n=n, bootstrap=dec_boot, seed=seed,
-                             end_pending=rolling and end)  # fmt: skip
+                             end_pending=rolling and end, hold=hold)  # fmt: skip
         if not rolling:
             if dec.stop is not None or not dec.choices:
                 return chosen, [], dec
@@ -90,7 +91,7 @@ def _choose(full, space, goal, budget, index, concurrency: int, dec_boot: int, s
 
 
 def one_sweep(shape: str, seed: int, bootstrap: int, dec_boot: int, concurrency: int, rolling: bool = False,
-              end: bool = False):  # fmt: skip
+              end: bool = False, hold: bool = True):  # fmt: skip
     sw = SHAPES[shape]
     full = simulate(np.random.default_rng(seed), sw)
     grid = _hits(full, sw, m.EVAL_LOSS, None, bootstrap, seed)
@@ -103,7 +104,7 @@ def one_sweep(shape: str, seed: int, bootstrap: int, dec_boot: int, concurrency:
     index = grid_index(full)
     space = nt.Space(sw.batch_sizes, sorted({k[1] for k in index}), sw.seeds)
     budget = nt.Budget(trials=len(full.trial_ids))
-    chosen, ended, dec = _choose(full, space, goal, budget, index, concurrency, dec_boot, seed, rolling, end)
+    chosen, ended, dec = _choose(full, space, goal, budget, index, concurrency, dec_boot, seed, rolling, end, hold)
     runs = subset(full, chosen)
     ada = _hits(runs, sw, m.EVAL_LOSS, targets, bootstrap, seed)
     bins = {"grid": [], "adaptive": []}
@@ -169,6 +170,8 @@ def main() -> None:
     ap.add_argument("--rolling", action="store_true", help="keep --concurrency trials in flight, oldest first")
     ap.add_argument("--end-running", action="store_true", help="with --rolling: goal.running: end (end the trials "
                     "running at a goal met, left out of the answer) instead of waiting for them")  # fmt: skip
+    ap.add_argument("--no-hold", action="store_true", help="keep choosing trials while the running ones are "
+                    "expected to meet the goal (next_trials(hold=False))")  # fmt: skip
     ap.add_argument("--json", default=None)
     a = ap.parse_args()
     out = {}
@@ -177,7 +180,7 @@ def main() -> None:
         rows = []
         for d in range(a.sweeps):
             r = one_sweep(shape, a.first_seed + d, a.bootstrap, a.decision_bootstrap, a.concurrency, a.rolling,
-                          a.end_running)  # fmt: skip
+                          a.end_running, not a.no_hold)  # fmt: skip
             if r is not None:
                 rows.append(r)
             print(f"  {shape} sweep {d}: {r and (r['stop'], round(r['examples_ratio'], 3))}", flush=True)
