@@ -293,7 +293,7 @@ def main() -> None:
     ap.add_argument("--end-running", action="store_true", help="goal.running: end (end the trials running at a "
                     "goal met) instead of waiting for them")  # fmt: skip
     ap.add_argument("--no-hold", action="store_true", help="keep choosing trials while the running ones are expected "
-                    "to meet the goal (next_trials(hold=False): the rule before 2026-11-28)")  # fmt: skip
+                    "to meet the goal (next_trials(hold=False): the rule before 2026-11-27)")  # fmt: skip
     ap.add_argument("--hindsight", action="store_true", help="also the cheapest accepted design in hindsight (slow)")
     ap.add_argument("--json", default=None)
     a = ap.parse_args()

@@ -102,6 +102,7 @@ def test_a_goal_met_with_trials_running_ends_them(tmp_path, ray_local, no_ray_ad
         f"storage={sweep_dir}",
         "nuisance.goal.rel_ci=0.95",
         "nuisance.goal.running=end",
+        "nuisance.goal.hold=false",  # with holding, the trials the goal would end are seldom started
         "fixed.step_seconds=0.004",
     ]
     example = os.path.join(os.path.dirname(__file__), "..", "..", "examples", "quadratic-adaptive.yaml")

@@ -190,6 +190,7 @@ def test_cluster_goal_met_ends_the_train_workers_running_on_other_nodes(tmp_path
     sweep_dir = str(tmp_path / "sweep")
     example = os.path.join(ROOT, "examples", "quadratic-adaptive.yaml")
     sets = [f"storage={sweep_dir}", "nuisance.goal.rel_ci=0.95", "nuisance.goal.running=end",
+            "nuisance.goal.hold=false",  # with holding, the trials the goal would end are seldom started
             "fixed.step_seconds=0.004", "scientific.splits=[{grad_accum: 1, num_workers: 1}]"]  # fmt: skip
     out = bcrit(cluster, "sweep", example, *[x for s in sets for x in ("--set", s)], timeout=600)
     assert out.returncode == 0, out.stdout[-2000:] + out.stderr[-3000:]
