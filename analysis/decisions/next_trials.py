@@ -411,7 +411,7 @@ def next_trials(
         if _goal_met(fits, goal, space, judged) and _bins_met(dec.bins, goal):
             dec.stop = GOAL_MET
             return dec
-    if hold and _pending_meet_goal(runs, goal, fits, dec.bins, space, tried, done, cost, metric):
+    if hold and _pending_meet_goal(goal, fits, dec.bins, space, tried, done, cost):
         dec.holding = True  # another trial now would be waited for, or ended, by the stop they are expected to bring
         return dec
     for _ in range(n):
@@ -434,8 +434,8 @@ def _refit(dec: Decision, runs: Runs, goal: Goal, metric: str, bootstrap: int, s
     dec.bins = bin_intervals(runs, dec.fits, metric, bootstrap, seed, goal.level) if goal.bins and dec.fits else []
 
 
-def _pending_meet_goal(runs, goal: Goal, fits: list[dict], bins: list[BinInterval], space: Space,
-                       tried: list[Trial], done: list[Trial], cost: _Cost, metric: str) -> bool:  # fmt: skip
+def _pending_meet_goal(goal: Goal, fits: list[dict], bins: list[BinInterval], space: Space, tried: list[Trial],
+                       done: list[Trial], cost: _Cost) -> bool:  # fmt: skip
     """Whether the trials running are expected to meet the goal without another one ("Holding", module docstring):
     every goal target fitted, nothing the goal waits for left untried (:func:`_goal_blockers`, the pending trials
     counted as tried: they finish while the sweep holds), the counted bins met (``Goal.bins``; their narrowing is not
@@ -451,7 +451,7 @@ def _pending_meet_goal(runs, goal: Goal, fits: list[dict], bins: list[BinInterva
         w = rel_width(f)
         if w <= goal.rel_ci:
             continue
-        mdl = _Model(f, _sigma2(runs, f, metric, _target_steps(runs, f, metric)))
+        mdl = _Model(f, 1.0)  # every row has the same per-seed variance, which cancels in v'/v
         v = mdl.var()
         best = {p["batch_size"]: p["lr"] for p in f["points"]}
         for t in pending:

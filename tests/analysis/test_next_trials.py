@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import math
+import types
 
 import numpy as np
 import pytest
@@ -562,31 +563,16 @@ def test_a_width_exactly_at_the_goal_meets_it():
 def test_the_rule_holds_while_the_pending_seeds_are_expected_to_meet_the_goal(monkeypatch):
     """No trial is chosen while the pending seeds at the points' best settings are expected to bring the interval
     within the goal: ``w sqrt(v'/v) <= rel_ci`` in the linearized fit, here recomputed in float64 from the rows
-    ``g(B) = (S_min, E_min/B) / S(B)``; just above it, or with the pending trial at another setting, or with a seed
-    the goal still waits for, the rule chooses as before (and ``hold=False`` always does)."""
+    ``g(B) = (S_min, E_min/B) / S(B)`` (the per-seed variance cancels in the ratio); just above it, or with the
+    pending trial at another setting, or with a seed the goal still waits for, the rule chooses as before (and
+    ``hold=False`` always does)."""
     goal = nt.Goal((0.5,), rel_ci=0.15, min_seeds=1)
     runs = _runs([*nt.initial_design(SPACE), nt.Trial(16, 0.5, 0)])
-    real = nt._fits(runs, goal, "eval/loss", 50, 0)[0]
-    pts = [{**p, "flags": []} for p in real["points"]]
-    p0 = pts[0]
-    fit = {**real, "points": pts}
-    s2 = nt._sigma2(runs, fit, "eval/loss", nt._target_steps(runs, fit, "eval/loss"))
-
-    def var(extra):
-        F = np.zeros((2, 2))
-        for b, k in [(p["batch_size"], p["seeds"]) for p in pts] + extra:
-            g = np.array([fit["s_min"], fit["e_min"] / b]) / (fit["s_min"] + fit["e_min"] / b)
-            F += k / s2 * np.outer(g, g)
-        a = np.array([-1.0, 1.0])
-        return float(a @ np.linalg.inv(F) @ a)
-
-    ratio = math.sqrt(var([(p0["batch_size"], 1)]) / var([]))  # the pending seed's expected narrowing
-    assert ratio < 1
+    fit, ratio = _hold_fit(runs, goal)
+    p0 = fit["points"][0]
 
     def decide(width, pend, hold=True, g=goal):
-        b = fit["b_crit"]
-        fake = [{**fit, "b_crit_ci": [b * (1 - width), b * (1 + width)]}]
-        monkeypatch.setattr(nt, "_fits", lambda *a: fake)
+        monkeypatch.setattr(nt, "_fits", lambda *a: [_at_width(fit, width)])
         return nt.next_trials(runs, SPACE, g, nt.Budget(trials=100), pending=pend, n=2, bootstrap=200, hold=hold)
 
     at_best = [nt.Trial(p0["batch_size"], p0["lr"], 1)]
@@ -602,3 +588,58 @@ def test_the_rule_holds_while_the_pending_seeds_are_expected_to_meet_the_goal(mo
     two = nt.Goal((0.5,), rel_ci=0.15, min_seeds=2)  # every 1-seed point waits for a seed: not all pending
     dec = decide(goal.rel_ci / ratio * 0.99, at_best, g=two)
     assert not dec.holding and dec.choices and all(c.kind == "seed" for c in dec.choices)
+
+
+def _hold_fit(runs, goal):
+    """A fit of ``runs`` without flags, and the float64 ratio ``sqrt(v'/v)`` a seed at its first point's best
+    setting is expected to bring."""
+    real = nt._fits(runs, goal, "eval/loss", 50, 0)[0]
+    fit = {**real, "points": [{**p, "flags": []} for p in real["points"]]}
+
+    def var(extra):
+        F = np.zeros((2, 2))
+        for b, k in [(p["batch_size"], p["seeds"]) for p in fit["points"]] + extra:
+            g = np.array([fit["s_min"], fit["e_min"] / b]) / (fit["s_min"] + fit["e_min"] / b)
+            F += k * np.outer(g, g)
+        a = np.array([-1.0, 1.0])
+        return float(a @ np.linalg.inv(F) @ a)
+
+    ratio = math.sqrt(var([(fit["points"][0]["batch_size"], 1)]) / var([]))
+    assert ratio < 1
+    return fit, ratio
+
+
+def _at_width(fit, width):
+    return {**fit, "b_crit_ci": [fit["b_crit"] * (1 - width), fit["b_crit"] * (1 + width)]}
+
+
+def test_holding_needs_pending_trials_every_target_fitted_and_every_interval_expected_met():
+    """``_pending_meet_goal`` directly: nothing pending, a goal target without a fit, a counted bin not met (or no
+    bins reported under ``Goal.bins``), a second target expected to stay too wide behind one already met, or a
+    linearized fit that is singular (one batch size): no hold."""
+    goal = nt.Goal((0.5,), rel_ci=0.15, min_seeds=1)
+    runs = _runs([*nt.initial_design(SPACE), nt.Trial(16, 0.5, 0)])
+    fit, ratio = _hold_fit(runs, goal)
+    p0 = fit["points"][0]
+    done = nt._tried(runs, [])
+    pend = nt.Trial(p0["batch_size"], p0["lr"], 1)
+    cost = nt._Cost(runs, nt.spent_examples(runs), SPACE)
+    near = _at_width(fit, goal.rel_ci / ratio * 0.99)
+
+    def holds(fits, g=goal, bins=(), pending=(pend,)):
+        return nt._pending_meet_goal(g, fits, list(bins), SPACE, [*pending, *done], done, cost)
+
+    assert holds([near])
+    assert not holds([near], pending=())  # nothing running: nothing to wait for
+    assert not holds([near], g=nt.Goal((0.5, 0.4), rel_ci=0.15, min_seeds=1))  # 0.4 has no fit
+    met = _at_width(fit, goal.rel_ci * 0.5)
+    far = _at_width(fit, goal.rel_ci / ratio * 1.5)
+    two = nt.Goal((0.5, 0.45), rel_ci=0.15, min_seeds=1)
+    assert holds([met, near], g=two)
+    assert not holds([met, far], g=two)  # the second target is not expected to be met: the first does not decide
+    with_bins = nt.Goal((0.5,), rel_ci=0.15, min_seeds=1, bins=True)
+    quiet = types.SimpleNamespace(counted=False)  # a bin the analysis does not trust is not counted
+    assert holds([near], g=with_bins, bins=[quiet])
+    assert not holds([near], g=with_bins)  # per-bin goals, but no bins reported
+    one_b = {**near, "points": [p0]}  # every point at one batch size: Var log B_crit has no finite value
+    assert not holds([one_b])
