@@ -75,8 +75,9 @@ def renew(tuner, spec: SweepSpec, experiment_dir: str) -> None:
                 "resume with the sweep's own goal and budget (or run it with a directory storage)"
             )
         searcher.goal, searcher.budget = fresh.goal, fresh.budget
-        # goal.running, and this driver's signal (a searcher pickled before goal.running existed has neither)
+        # goal.running, goal.hold, and this driver's signal (a searcher pickled before these existed has none)
         searcher._end_running, searcher._signal_synced = fresh._end_running, fresh._signal_synced
+        searcher._hold = fresh._hold
     from orchestrator.progress import SweepProgress
     from orchestrator.tuner import _tuner_callbacks
 

@@ -3,6 +3,8 @@ the CLI, before Ray starts)."""
 
 from __future__ import annotations
 
+import os
+
 import pytest
 
 from orchestrator.cli import main
@@ -110,3 +112,24 @@ def test_resume_may_change_only_the_goal_and_budget(tmp_path):
     assert resume_spec(args(spec.sweep_dir, "stopping.max_steps=5"), load_spec, restore_spec) is None
     assert resume_spec(args(path, "fixed.dim=10"), load_spec, restore_spec) is None  # the usual refusal then
     assert main(["sweep", spec.sweep_dir, "--resume", "--set", "nuisance.goal.rel_ci=2"]) == 2  # still validated
+
+
+def test_resume_gives_the_restored_searcher_the_specs_hold(tmp_path):
+    """``bcrit sweep --resume`` restores the searcher Tune pickled; ``adaptive_resume.renew`` then sets what the spec
+    says and the state does not hold. ``goal.hold`` among them: a searcher pickled before it existed has no ``_hold``
+    (its first refit failed with AttributeError), and ``--set nuisance.goal.hold=false`` on resume must take."""
+    import types
+
+    from orchestrator.adaptive_resume import renew
+    from orchestrator.adaptive_search import AdaptiveSearch
+
+    old = AdaptiveSearch.from_spec(parse_spec(adaptive_spec(tmp_path)))
+    del old._hold  # as pickled by the version before goal.hold
+    tuner = types.SimpleNamespace(_local_tuner=types.SimpleNamespace(_tune_config=types.SimpleNamespace(
+        search_alg=old)))  # fmt: skip
+    spec = parse_spec(adaptive_spec(tmp_path, goal={"rel_ci": 0.2, "targets": "auto", "hold": False}))
+    os.makedirs(spec.sweep_dir, exist_ok=True)
+    renew(tuner, spec, str(tmp_path / "tune"))
+    assert old._hold is False
+    renew(tuner, parse_spec(adaptive_spec(tmp_path)), str(tmp_path / "tune"))
+    assert old._hold is True
