@@ -411,7 +411,7 @@ def next_trials(
         if _goal_met(fits, goal, space, judged) and _bins_met(dec.bins, goal):
             dec.stop = GOAL_MET
             return dec
-    if hold and _pending_meet_goal(goal, fits, dec.bins, space, tried, done, cost):
+    if hold and _pending_meet_goal(goal, fits, dec.bins, space, pending, tried, cost):
         dec.holding = True  # another trial now would be waited for, or ended, by the stop they are expected to bring
         return dec
     for _ in range(n):
@@ -434,15 +434,14 @@ def _refit(dec: Decision, runs: Runs, goal: Goal, metric: str, bootstrap: int, s
     dec.bins = bin_intervals(runs, dec.fits, metric, bootstrap, seed, goal.level) if goal.bins and dec.fits else []
 
 
-def _pending_meet_goal(goal: Goal, fits: list[dict], bins: list[BinInterval], space: Space, tried: list[Trial],
-                       done: list[Trial], cost: _Cost) -> bool:  # fmt: skip
+def _pending_meet_goal(goal: Goal, fits: list[dict], bins: list[BinInterval], space: Space, pending: list[Trial],
+                       tried: list[Trial], cost: _Cost) -> bool:  # fmt: skip
     """Whether the trials running are expected to meet the goal without another one ("Holding", module docstring):
     every goal target fitted, nothing the goal waits for left untried (:func:`_goal_blockers`, the pending trials
     counted as tried: they finish while the sweep holds), the counted bins met (``Goal.bins``; their narrowing is not
     predicted), and every global interval still too wide expected within ``rel_ci`` once the pending seeds at its
     points' best settings join it: ``w_now sqrt(v'/v)`` in its linearized model. Pending trials at other settings,
     or at batch sizes without a point, are expected to add nothing (so the rule holds less often, not more)."""
-    pending = [t for t in tried if t not in done]
     if not pending or len(fits) < len(goal.targets) or not _bins_met(bins, goal):
         return False
     if _goal_blockers(fits, [b.fit for b in bins if b.counted], goal, space, tried, cost):

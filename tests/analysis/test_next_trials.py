@@ -627,7 +627,7 @@ def test_holding_needs_pending_trials_every_target_fitted_and_every_interval_exp
     near = _at_width(fit, goal.rel_ci / ratio * 0.99)
 
     def holds(fits, g=goal, bins=(), pending=(pend,)):
-        return nt._pending_meet_goal(g, fits, list(bins), SPACE, [*pending, *done], done, cost)
+        return nt._pending_meet_goal(g, fits, list(bins), SPACE, list(pending), [*pending, *done], cost)
 
     assert holds([near])
     assert not holds([near], pending=())  # nothing running: nothing to wait for
