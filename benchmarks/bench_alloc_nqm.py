@@ -26,7 +26,7 @@ from analysis.decisions.allocation_report import measured
 from analysis.quadratic import nqm_alloc as na
 from analysis.quadratic.nqm import _arrays
 from analysis.sources.loaders import load_sweep_dir
-from orchestrator.spec import load_spec
+from orchestrator.specs.sweep_spec import load_spec
 
 
 def main() -> None:

@@ -136,7 +136,7 @@ def fixes(draws: int) -> None:
 def quadratic(sweeps: int, n_boot: int) -> None:
     from analysis.quadratic.nqm import closed_form_b_crit, simulate_sweep
     from analysis.reporting.report import analyze
-    from orchestrator.spec import load_spec
+    from orchestrator.specs.sweep_spec import load_spec
     from trainables.nqm_trial import QuadraticConfig
 
     spec = load_spec("examples/quadratic.yaml", ["storage=/tmp/bench-coverage-unused"])

@@ -61,7 +61,7 @@ def timers(totals: dict[str, float]):
 def in_process_parts(spec_path: str) -> tuple[dict[str, float], int]:
     import torch
 
-    from orchestrator.spec import load_spec
+    from orchestrator.specs.sweep_spec import load_spec
     from trainables.config import TrialConfig
     from trainables.trial import run_local
 
@@ -79,18 +79,18 @@ def in_process_parts(spec_path: str) -> tuple[dict[str, float], int]:
 
 
 def sweep_wall(spec_path: str) -> dict[str, float]:
-    from orchestrator.spec import load_spec
-    from orchestrator.sweep import build_tuner, run, start_ray
+    from orchestrator.specs.sweep_spec import load_spec
+    from orchestrator.sweep import build_tuner, prepare, run
 
     out = tempfile.mkdtemp(prefix="bcrit-bench-")
     spec = load_spec(spec_path, [f"storage={out}"])
     t0 = time.perf_counter()
-    start_ray(spec)
+    configs = prepare(spec).configs  # as `bcrit sweep`: trials checked, then Ray
     t1 = time.perf_counter()
-    run(build_tuner(spec), spec)
+    run(build_tuner(spec, configs=configs), spec)
     t2 = time.perf_counter()
     env = {**os.environ, "PYTHONPATH": ROOT}
-    cmd = [sys.executable, "-m", "orchestrator.cli", "analyze", spec.sweep_dir]
+    cmd = [sys.executable, "-m", "orchestrator.cli.main", "analyze", spec.sweep_dir]
     subprocess.run(cmd, check=True, env=env, capture_output=True)
     t3 = time.perf_counter()
     return {"sweep start-up (Ray)": t1 - t0, "Tuner.fit": t2 - t1, "analysis": t3 - t2, "trials": spec.num_trials()}

@@ -36,7 +36,7 @@ from analysis.core.gns import b_simple_with_se
 
 def make_checkpoint(root: str, steps: int) -> str:
     """The README's example trial (examples/trial.yaml) in-process (W=1, A=4: the same B=64), ``steps`` steps."""
-    from orchestrator.overrides import load_yaml
+    from orchestrator.specs.yaml_overrides import load_yaml
     from trainables.config import TrialConfig
     from trainables.trial import run_local
 

@@ -35,7 +35,7 @@ from analysis.core.stages import BatchStages
 from analysis.decisions.schedule import measured_to_target, plan, propose, segments_of
 from analysis.quadratic.nqm_schedule import expected_to_target_staged
 from analysis.sources.loaders import load_sweep_dir
-from orchestrator.schedule_cmd import tuned_lrs
+from orchestrator.cli.schedule_plan import tuned_lrs
 from trainables.nqm_trial import QuadraticConfig
 
 

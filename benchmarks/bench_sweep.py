@@ -40,14 +40,14 @@ def main() -> None:
     if args.dir:
         s = summarize(args.dir, args.wall)
     else:
-        from orchestrator.spec import load_spec
-        from orchestrator.sweep import build_tuner, run, start_ray
+        from orchestrator.specs.sweep_spec import load_spec
+        from orchestrator.sweep import build_tuner, prepare, run
 
         out = tempfile.mkdtemp(prefix="bcrit-bench-")
         spec = load_spec(args.spec, [f"storage={out}"])
-        start_ray(spec)
+        configs = prepare(spec).configs  # as `bcrit sweep`: trials checked, then Ray
         t0 = time.perf_counter()
-        results = run(build_tuner(spec), spec)
+        results = run(build_tuner(spec, configs=configs), spec)
         wall = time.perf_counter() - t0
         s = summarize(spec.sweep_dir, wall)
         first = [r.metrics_dataframe["time_total_s"].iloc[0] for r in results if r.metrics_dataframe is not None]

@@ -1,6 +1,6 @@
 """A short critical-batch-size study on one GPU where Ray and MLflow are not installed (the lent device's image):
 the sweep's trials run one after another through `run_local` (the same `train_loop` a Tune trial runs), and their
-rows go into a sweep directory through orchestrator.tables (the files `bcrit sweep` writes), so that
+rows go into a sweep directory through orchestrator.records.runs_tables (the files `bcrit sweep` writes), so that
 ``bcrit analyze DIR`` reads it like any sweep. What differs from `bcrit sweep`: no Tune scheduling (one trial at a
 time), no MLflow run, no checkpoints.
 
@@ -31,7 +31,7 @@ import time
 import numpy as np
 
 from analysis.core import metrics as M
-from orchestrator.tables import RunsTables, trial_row
+from orchestrator.records.runs_tables import RunsTables, trial_row
 from trainables.config import TrialConfig
 from trainables.data.latent_store import pack
 from trainables.trial import run_local

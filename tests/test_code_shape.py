@@ -121,3 +121,107 @@ def test_one_name_per_module_across_packages():
             if p.name != "__init__.py":
                 seen.setdefault(p.stem, []).append(str(p.relative_to(CHECKOUT)))
     assert {k: v for k, v in seen.items() if len(v) > 1} == {}
+
+
+# The orchestrator's house, bottom to top: a module imports only from its own layer or those before it.
+ORCHESTRATOR_LAYERS = (
+    ("errors", "faults"),
+    ("storage",),
+    ("records",),
+    ("specs",),
+    ("cluster",),
+    ("search",),
+    ("execution",),
+    ("sweep",),
+    ("cli",),
+)
+
+
+def _layer(module: str) -> int:
+    part = module.split(".")[1]
+    return next(i for i, names in enumerate(ORCHESTRATOR_LAYERS) if part in names)
+
+
+def orchestrator_imports(root: Path = CHECKOUT) -> dict[str, set[str]]:
+    """``module -> {orchestrator modules it imports}``, at module level or inside functions (``from orchestrator.x
+    import y`` where ``y`` is a module counts as importing ``orchestrator.x.y``)."""
+    modules = {
+        ".".join(p.relative_to(root).with_suffix("").parts).removesuffix(".__init__")
+        for p in (root / "orchestrator").rglob("*.py")
+    }
+    graph: dict[str, set[str]] = {}
+    for p in sorted((root / "orchestrator").rglob("*.py")):
+        name = ".".join(p.relative_to(root).with_suffix("").parts).removesuffix(".__init__")
+        out = graph.setdefault(name, set())
+        for node in ast.walk(ast.parse(p.read_text())):
+            if isinstance(node, ast.ImportFrom) and (node.module or "").startswith("orchestrator"):
+                for alias in node.names:
+                    sub = f"{node.module}.{alias.name}"
+                    out.add(sub if sub in modules else node.module)
+            elif isinstance(node, ast.Import):
+                out.update(a.name for a in node.names if a.name.startswith("orchestrator."))
+    return {k: {m for m in v if m != k and m != "orchestrator"} for k, v in graph.items()}
+
+
+def import_cycles(graph: dict[str, set[str]]) -> list[list[str]]:
+    """Every strongly connected set of more than one module (Tarjan), each sorted."""
+    index: dict[str, int] = {}
+    low: dict[str, int] = {}
+    stack: list[str] = []
+    on: set[str] = set()
+    found: list[list[str]] = []
+
+    def visit(v: str) -> None:
+        index[v] = low[v] = len(index)
+        stack.append(v)
+        on.add(v)
+        for w in graph.get(v, ()):
+            if w not in index:
+                visit(w)
+                low[v] = min(low[v], low[w])
+            elif w in on:
+                low[v] = min(low[v], index[w])
+        if low[v] == index[v]:
+            comp = []
+            while True:
+                w = stack.pop()
+                on.discard(w)
+                comp.append(w)
+                if w == v:
+                    break
+            if len(comp) > 1:
+                found.append(sorted(comp))
+
+    for v in sorted(graph):
+        if v not in index:
+            visit(v)
+    return found
+
+
+def test_the_orchestrator_has_no_import_circle():
+    assert import_cycles(orchestrator_imports()) == []
+
+
+def test_the_orchestrator_never_imports_back_up_its_layers():
+    graph = orchestrator_imports()
+    found = [
+        f"{m} -> {d}"
+        for m, deps in sorted(graph.items())
+        if m != "orchestrator"
+        for d in sorted(deps)
+        if _layer(d) > _layer(m)
+    ]
+    assert found == []
+
+
+def test_every_orchestrator_module_is_in_a_named_layer_and_opens_with_its_concern():
+    for p in sorted((CHECKOUT / "orchestrator").rglob("*.py")):
+        name = ".".join(p.relative_to(CHECKOUT).with_suffix("").parts)
+        if name != "orchestrator.__init__":
+            _layer(name)  # StopIteration: a sub-package missing from ORCHESTRATOR_LAYERS
+        assert ast.get_docstring(ast.parse(p.read_text())), f"{name}: no opening docstring"
+
+
+def test_the_layer_and_cycle_checks_see_a_violation():
+    assert import_cycles({"a": {"b"}, "b": {"c"}, "c": {"a"}, "d": {"a"}}) == [["a", "b", "c"]]
+    assert _layer("orchestrator.cli.main") > _layer("orchestrator.execution.tuner") > _layer("orchestrator.errors")

@@ -11,6 +11,7 @@ from dataclasses import dataclass, field, fields
 from typing import Any, ClassVar
 
 from analysis.core.allocation import SAMPLERS
+from analysis.core.bcrit_error import BcritError
 from analysis.core.gns import DEFAULT_WINDOW
 from analysis.core.lr_rules import LR_RULES
 from analysis.core.stages import BatchStages
@@ -19,7 +20,7 @@ from trainables.presets import PRESETS
 RETIRED_KEYS = ("gns_ema_beta",)  # keys older checkpoints may hold (gns_ema_beta: replaced by gns_window)
 
 
-class ConfigError(ValueError):
+class ConfigError(BcritError):
     """A user mistake in a trial configuration; the message is one line that names the problem and the fix."""
 
 

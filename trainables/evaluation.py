@@ -13,8 +13,6 @@ and timesteps are then moved to the device once, and an evaluation reads its sum
 
 from __future__ import annotations
 
-import contextlib
-
 import numpy as np
 import torch
 
@@ -68,7 +66,3 @@ class HeldOutEval:
         model.train(was_training)
         per_bin = (sums / counts.clamp(min=1)).tolist()
         return float(sums.sum() / counts.sum()), per_bin
-
-
-def null_autocast():
-    return contextlib.nullcontext()

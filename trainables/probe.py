@@ -20,6 +20,7 @@ from dataclasses import asdict, dataclass
 
 import torch
 
+from analysis.core.bcrit_error import BcritError
 from analysis.core.bins import timestep_bins
 from analysis.core.gns import b_simple_with_se, g2_unbiased, mean_with_se, trace_unbiased
 from trainables.checkpoint import STATE_FILE, UnsafeCheckpoint, read
@@ -33,7 +34,7 @@ DEFAULT_REPS = 16  # repetitions per bin: SE within 11-16% of the spread over 20
 PROBE_TAG = 0x9E0BE  # keeps probe draws apart from the in-trial measurement keys (seed, STREAM_GNS, step, k)
 
 
-class ProbeError(ValueError):
+class ProbeError(BcritError):
     """Bad probe input (not a checkpoint, impossible batch sizes, ...): one line naming the problem."""
 
 

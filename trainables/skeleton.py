@@ -10,7 +10,8 @@ A trial is a `TrialSkeleton` driving a `Learner` (composer's split of the traini
   optimizer step, evaluates, and reads and writes its own state (the DiT: `trainables.loop.DiTLearner`, torch
   checkpoints on every rank; the noisy quadratic model: `trainables.nqm_trial.QuadraticLearner`, one JSON file).
 
-(``Learner``, not ``Workload``: `orchestrator.tune_trainable.Workload` is a sweep's entry for a workload -- its
+(``Learner``, not ``Workload``: `orchestrator.execution.tune_trainable.Workload` is a sweep's entry for a workload
+-- its
 config class, check and loop.)
 
 Every report carries the counters, ``status``, ``train_seconds``, ``startup_seconds``, ``worker_pid`` (a restarted
@@ -46,7 +47,7 @@ CLOCK = time.perf_counter  # start-up seconds (a test swaps in a fake clock)
 
 class Session(Protocol):
     """The trial's runner: a Ray Train worker (`trainables.trial.RaySession`), a Tune trial actor
-    (`orchestrator.tune_trainable.TuneSession`) or in-process (`trainables.trial.LocalSession`)."""
+    (`orchestrator.execution.tune_trainable.TuneSession`) or in-process (`trainables.trial.LocalSession`)."""
 
     rank: int
     world_size: int

@@ -149,7 +149,7 @@ def run_local(cfg: TrialConfig, checkpoint_root: str | None = None, resume_from:
 def train_func(config: dict, config_cls: type = TrialConfig, loop: Callable | None = None) -> dict:
     """What each Ray Train worker runs, for every workload: ``loop(config_cls.from_dict(config["trial"]),
     RaySession())``; default: the DiT trial. Bind another workload with ``functools.partial`` (e.g.
-    `orchestrator.tune_trainable.Workload.train_func`): Ray Train counts one required argument either way."""
+    `orchestrator.execution.tune_trainable.Workload.train_func`): Ray Train counts one required argument either way."""
     return (loop or train_loop)(config_cls.from_dict(config["trial"]), RaySession(config.get(SIGNAL_KEY)))
 
 
@@ -258,7 +258,8 @@ def run_trial(
     Checkpoints live under ``<storage>/<name>`` for every ``num_workers`` (in-process too), and a run of the same
     name resumes -- if its config may continue it (trainables.resume). ``summary["note"]``: a damaged checkpoint
     that was skipped, else absent. ``callbacks``: Ray Train ``UserCallback``s (e.g.
-    orchestrator.progress.ProgressFileCallback; Ray Train runs only with ``num_workers >= 1``); ``log_level``: Ray
+    orchestrator.records.progress.ProgressFileCallback; Ray Train runs only with ``num_workers >= 1``);
+    ``log_level``: Ray
     Train's console logging."""
     from trainables.resume import resume_point
 

@@ -79,7 +79,8 @@ def gns_names(k: int | None = None) -> dict[str, str]:
     return {role: name.replace("gns/", f"gns/bin{k}/", 1) for role, name in glob.items()}
 
 
-# --- MLflow child runs only (orchestrator.tracking): sortable copies and the outcome of each trial ------------
+# --- MLflow child runs only (orchestrator.records.mlflow_tracking): sortable copies and the outcome of each trial
+# ------------
 WALL_TIME = "wall_time"  # training seconds of the trial when the row was measured (metrics.parquet `wall_time`)
 STEPS_TO_TARGET = "steps_to_target"  # step of the first eval at or below the target (reached_target trials only)
 EXAMPLES_TO_TARGET = "examples_to_target"  # = steps_to_target x batch_size
@@ -87,7 +88,8 @@ SECONDS_TO_TARGET = "seconds_to_target"  # training seconds until then (start-up
 SCIENTIFIC = ("batch_size", "micro_batch_size", "grad_accum", "num_workers", "lr")  # numeric copies of the params
 TRACKING_ONLY = (STEP, EXAMPLES, WALL_TIME, STEPS_TO_TARGET, EXAMPLES_TO_TARGET, SECONDS_TO_TARGET, *SCIENTIFIC)
 
-# --- MLflow parent run of a sweep only (orchestrator.adaptive_view): one point per refit of an adaptive sweep ----
+# --- MLflow parent run of a sweep only (orchestrator.search.adaptive_view): one point per refit of an adaptive
+# sweep ----
 ADAPTIVE_REL_CI = "adaptive/rel_ci"  # relative half-width of the widest interval the goal looks at
 ADAPTIVE_REL_CI_GLOBAL = "adaptive/rel_ci_global"  # goal.bins: the same over the global targets only
 ADAPTIVE_BIN_REL_CI = "adaptive/bin{k}/rel_ci"  # goal.bins: the same for timestep bin k (trusted bins only)

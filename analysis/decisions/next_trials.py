@@ -31,7 +31,8 @@ it the best at an edge). Stopping there instead, the running trials joining the 
 measured and rejected (benchmarks/RESULTS.md, "resampled the learning rates"): with 4 in flight it cost 0.48 of
 the grid's examples against 0.73 on 14 replayed tiny-DiT sweeps, but left 14 of 32 global answers flagged on the
 ``t3`` simulator (0 of 32 batch-synchronous) and widths up to 24% above the goal. What the Tune searcher does
-instead (``end_pending``, orchestrator.adaptive_search): the goal met on the finished trials is confirmed and taken
+instead (``end_pending``, orchestrator.search.adaptive_search): the goal met on the finished trials is confirmed and
+taken
 with trials pending (judged on the finished trials alone: a running trial past an lr edge does not resolve it, as
 it will be ended), and the pending trials are *ended* (trainables.sweep_signal; status ``ended_at_goal``): the
 answer is the confirmed one, the ended trials' examples count as spent and their rows are kept, but the analysis

@@ -29,6 +29,7 @@ from dataclasses import dataclass, field
 import numpy as np
 
 from analysis.core import metrics as m
+from analysis.core.bcrit_error import BcritError
 from analysis.fits import pareto, throughput
 from analysis.fits.steps import (
     aggregate_seeds,
@@ -44,7 +45,7 @@ from analysis.sources.loaders import Runs
 HOUR = 3600.0
 
 
-class RecommendError(ValueError):
+class RecommendError(BcritError):
     """The sweep cannot support a recommendation at this target; the message names why and the fix."""
 
 

@@ -22,7 +22,7 @@ allowed batch size nearest the critical batch size of the last target, the usual
 from ``sys/examples_per_s`` where the sweep measured it. The Merrill et al. rule (double B when the local critical
 batch size exceeds 2B) is the same idea with hand-picked thresholds.
 
-Pure numpy; printed by ``bcrit schedule`` (orchestrator/schedule_cmd.py).
+Pure numpy; printed by ``bcrit schedule`` (orchestrator/cli/schedule_cmd.py).
 """
 
 from __future__ import annotations

@@ -27,13 +27,14 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from analysis.core.bcrit_error import BcritError
 from analysis.fits.flags import CI_SEEDS, CI_TRIALS
 from analysis.fits.steps import Settings, aggregate_seeds
 
 MIN_BATCH_SIZES = 3
 
 
-class TooFewBatchSizesError(ValueError):
+class TooFewBatchSizesError(BcritError):
     """Fewer than three batch sizes reach a target; the message names the missing ones."""
 
 

@@ -28,12 +28,13 @@ from dataclasses import dataclass
 import numpy as np
 
 from analysis.core import metrics as m
+from analysis.core.bcrit_error import BcritError
 from analysis.sources.loaders import Runs
 
 FEATURES = ("gamma", "alpha", "beta", "kappa")  # s per step, per micro-step, per example of a micro-step, per ring
 
 
-class NoThroughputError(ValueError):
+class NoThroughputError(BcritError):
     """The runs hold no usable ``sys/`` measurements; the message names what is missing and the fix."""
 
 

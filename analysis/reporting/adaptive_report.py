@@ -1,6 +1,6 @@
 """The adaptive sweep's design in ``bcrit analyze``'s report: which trials the design chose and why, how the B_crit
 interval narrowed, and why the sweep stopped -- read from the decisions file that the sweep's searcher writes into
-the sweep directory (orchestrator.adaptive_search; docs/sweeps.md "Adaptive search")."""
+the sweep directory (orchestrator.search.adaptive_search; docs/sweeps.md "Adaptive search")."""
 
 from __future__ import annotations
 
@@ -8,7 +8,7 @@ import json
 from collections import Counter
 from pathlib import Path
 
-DECISIONS_FILE = "adaptive-decisions.json"  # in the sweep directory (written by orchestrator.adaptive_search)
+DECISIONS_FILE = "adaptive-decisions.json"  # in the sweep directory (written by orchestrator.search.adaptive_search)
 
 KINDS = {
     "design": "the initial design spanning the batch sizes",

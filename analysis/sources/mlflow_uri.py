@@ -10,13 +10,15 @@ from __future__ import annotations
 import os
 import urllib.parse
 
+from analysis.core.bcrit_error import BcritError
+
 # schemes MLflow's SQLAlchemy store and REST client accept; the file store is refused by MLflow 3
 DB_SCHEMES = ("postgresql", "mysql", "mssql")
 HTTP_SCHEMES = ("http", "https", "databricks")
 TIMEOUT_S = 3.0
 
 
-class TrackingUriError(ValueError):
+class TrackingUriError(BcritError):
     """An unusable tracking URI; the message is one line naming the URI, the problem and the fix."""
 
 

@@ -25,6 +25,7 @@ import pyarrow as pa
 import pyarrow.compute as pc
 
 from analysis.core import metrics as m
+from analysis.core.bcrit_error import BcritError
 
 TRIALS_FILE = "trials.parquet"
 METRICS_FILE = "metrics.parquet"
@@ -60,7 +61,7 @@ WALL_TIME = pa.field("wall_time", pa.float64())  # optional column of metrics.pa
 METRICS_SCHEMA_WITH_WALL_TIME = METRICS_SCHEMA.append(WALL_TIME)
 
 
-class RunsTableError(ValueError):
+class RunsTableError(BcritError):
     """A runs table breaks the contract; the message names the file, the column and the fix."""
 
 

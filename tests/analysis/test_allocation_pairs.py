@@ -14,7 +14,7 @@ from analysis.decisions.allocation_pairs import paired_ratios, reached_by_all
 from analysis.decisions.allocation_report import samplers_of
 from analysis.sources.loaders import runs_from_tables, write_sweep_dir
 from analysis.sources.schema import metrics_table, trials_table
-from orchestrator.cli import main
+from orchestrator.cli.main import main
 
 SPEED = {"uniform": 1.0, "noise": 1.25}  # the noise trials run 1.25x faster: S_noise / S_uniform = 0.8 per pair
 

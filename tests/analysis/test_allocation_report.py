@@ -17,7 +17,7 @@ from analysis.fits.sweep_fit import analyze_metric
 from analysis.quadratic import nqm
 from analysis.sources.loaders import runs_from_tables, write_sweep_dir
 from analysis.sources.schema import metrics_table, trials_table
-from orchestrator.cli import main
+from orchestrator.cli.main import main
 
 K, WINDOW, TARGET = 2, 15, 0.5
 

@@ -118,7 +118,7 @@ def test_bcrit_analyze_records_the_calibrated_level_and_turns_it_off(tmp_path):
 
     from analysis.quadratic import nqm
     from analysis.sources.loaders import runs_from_tables, write_sweep_dir
-    from orchestrator.cli import main
+    from orchestrator.cli.main import main
 
     h = np.arange(1, 51, dtype=np.float64) ** -0.5
     r = nqm.simulate_sweep(h, h, np.ones(50), [4, 8, 16, 32, 64], [0.3, 0.6, 1.2], seeds=2, max_steps=400,

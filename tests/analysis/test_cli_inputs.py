@@ -21,7 +21,7 @@ from synth_runs import synth_runs
 from analysis.core import metrics as m
 from analysis.reporting import report
 from analysis.sources.loaders import SWEEP_PARENT_FILE, runs_from_tables, write_sweep_dir
-from orchestrator import analyze_cmd as cli
+from orchestrator.cli.main import main as bcrit
 
 ROOT = Path(__file__).resolve().parents[2]
 FAST = ["--no-plots", "--bootstrap", "5"]
@@ -58,7 +58,7 @@ def no_compute(monkeypatch):
 
 
 def error_line(capsys, argv) -> str:
-    assert cli.main(argv) == 2
+    assert bcrit(["analyze", *argv]) == 2
     err = capsys.readouterr().err
     assert err.startswith("bcrit analyze: error: ") and err.count("\n") == 1 and "Traceback" not in err, err
     return err
@@ -103,7 +103,7 @@ def test_deleted_mlflow_db_of_the_sweep(tracked, tmp_path, capsys, monkeypatch):
     err = error_line(capsys, [str(gone), "--out", str(out), *FAST])
     assert "no database at" in err and "--no-mlflow" in err
     assert not (gone / "mlflow.db").exists() and not (out / "bcrit.json").exists()
-    assert cli.main([str(gone), "--no-mlflow", "--out", str(out), *FAST]) == 0
+    assert bcrit(["analyze", str(gone), "--no-mlflow", "--out", str(out), *FAST]) == 0
     assert (out / "bcrit.json").is_file() and not (gone / "mlflow.db").exists()
 
 
@@ -123,13 +123,11 @@ def test_a_copied_sweep_dir_does_not_log_into_the_original(tracked, tmp_path, ca
     assert f"{copy} holds a copy of the sweep in {d}" in err and "--no-mlflow" in err
     assert not (out / "bcrit.json").exists()
     assert MlflowClient(uri).get_run(run).data.metrics == {}  # nothing logged to the original
-    assert cli.main([str(copy), "--no-mlflow", "--out", str(out), *FAST]) == 0
-    from orchestrator.cli import main as bcrit
-
+    assert bcrit(["analyze", str(copy), "--no-mlflow", "--out", str(out), *FAST]) == 0
     assert bcrit(["recommend", str(copy), "--target", "0.5", "--bootstrap", "5"]) == 2
     assert f"{copy} holds a copy of the sweep in {d}" in capsys.readouterr().err
     # the original itself is still analysed and logged as before
-    assert cli.main([str(d), "--out", str(tmp_path / "orig"), *FAST]) == 0
+    assert bcrit(["analyze", str(d), "--out", str(tmp_path / "orig"), *FAST]) == 0
 
 
 @pytest.mark.timeout(60)  # a hang guard, not a timing assertion: the unguarded client retried for 120 s
@@ -184,13 +182,13 @@ def _sweep_copy(tmp_path, runs):
 
 # --- atomic outputs: kills and concurrent runs -------------------------------------------------------------------
 def analyze_cmd(sweep, out) -> list[str]:
-    return [sys.executable, "-m", "orchestrator.analyze_cmd", str(sweep), "--out", str(out), "--bootstrap", "200"]
+    return [sys.executable, "-m", "orchestrator.cli.analyze_cmd", str(sweep), "--out", str(out), "--bootstrap", "200"]
 
 
 def test_interrupted_write_leaves_old_results_whole(sweep, tmp_path, monkeypatch):
     """Fast, in-process: the outputs die half-written (as at a kill); the previous bcrit.json stays whole."""
     out = tmp_path / "out"
-    assert cli.main([str(sweep), "--out", str(out), *FAST]) == 0
+    assert bcrit(["analyze", str(sweep), "--out", str(out), *FAST]) == 0
     before = (out / "bcrit.json").read_text()
     real = report.write_outputs
 
@@ -199,8 +197,7 @@ def test_interrupted_write_leaves_old_results_whole(sweep, tmp_path, monkeypatch
         raise KeyboardInterrupt
 
     monkeypatch.setattr(report, "write_outputs", dies_mid_write)
-    with pytest.raises(KeyboardInterrupt):
-        cli.main([str(sweep), "--out", str(out), *FAST, "--seed", "1"])
+    assert bcrit(["analyze", str(sweep), "--out", str(out), *FAST, "--seed", "1"]) == 130  # "interrupted", as Ctrl-C
     assert (out / "bcrit.json").read_text() == before
     assert sorted(p.name for p in out.iterdir()) == [
         "bcrit.json",
@@ -221,7 +218,7 @@ def test_two_analyses_at_once_in_threads(tracked, tmp_path):
 
     def analyse():
         try:
-            codes.append(cli.main([*argv, str(out)]))
+            codes.append(bcrit(["analyze", *argv, str(out)]))
         except BaseException as e:  # a thread's exception would otherwise only reach stderr
             codes.append(repr(e))
 
@@ -231,7 +228,7 @@ def test_two_analyses_at_once_in_threads(tracked, tmp_path):
     for t in threads:
         t.join()
     assert codes == [0, 0]
-    assert cli.main([*argv, str(solo), "--no-mlflow"]) == 0
+    assert bcrit(["analyze", *argv, str(solo), "--no-mlflow"]) == 0
     assert (out / "bcrit.json").read_text() == (solo / "bcrit.json").read_text()
     assert sorted(p.name for p in out.iterdir()) == ["bcrit.json", "report.html", "report.md"]
 
@@ -270,7 +267,7 @@ def test_two_analyses_of_one_sweep_at_once(tracked, tmp_path):
     results = [p.communicate(timeout=300) for p in procs]
     assert [p.returncode for p in procs] == [0, 0], [e.decode()[-2000:] for _, e in results]
     solo = tmp_path / "solo"
-    assert cli.main([str(d), "--no-mlflow", "--no-plots", "--bootstrap", "200", "--out", str(solo)]) == 0
+    assert bcrit(["analyze", str(d), "--no-mlflow", "--no-plots", "--bootstrap", "200", "--out", str(solo)]) == 0
     assert json.loads((out / "bcrit.json").read_text()) == json.loads((solo / "bcrit.json").read_text())
     assert (out / "report.md").read_text() == (solo / "report.md").read_text()
     assert not [p for p in out.iterdir() if p.name.startswith(".partial-")]
@@ -282,7 +279,7 @@ def test_two_analyses_of_one_sweep_at_once(tracked, tmp_path):
 
 def test_out_defaults_to_sweep_dir_analysis(tracked, capsys):
     d, _uri, _parent = tracked
-    assert cli.main([str(d), "--bootstrap", "20", "--no-plots", "--no-mlflow"]) == 0
+    assert bcrit(["analyze", str(d), "--bootstrap", "20", "--no-plots", "--no-mlflow"]) == 0
     assert (d / "analysis" / "bcrit.json").exists()
-    assert cli.main(["--mlflow-experiment", "x", "--bootstrap", "20"]) == 2
+    assert bcrit(["analyze", "--mlflow-experiment", "x", "--bootstrap", "20"]) == 2
     assert "--mlflow-experiment needs --out DIR" in capsys.readouterr().err

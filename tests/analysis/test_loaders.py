@@ -137,7 +137,7 @@ def test_analyze_from_mlflow_experiment_and_parent_run_id(store, tmp_path, capsy
     is the newest one with children, `--parent-run-id` picks another, and the artifacts go to the parent analyzed."""
     from mlflow.tracking import MlflowClient
 
-    from orchestrator.analyze_cmd import main
+    from orchestrator.cli.main import main as bcrit
 
     uri, _ = store
     client = MlflowClient(uri)
@@ -163,11 +163,13 @@ def test_analyze_from_mlflow_experiment_and_parent_run_id(store, tmp_path, capsy
     args = ["--targets", "0.3,0.2", "--bootstrap", "30", "--no-plots"]
 
     write_sweep_dir(full, tmp_path / "parquet")
-    assert main([str(tmp_path / "parquet"), "--out", str(tmp_path / "from_parquet"), *args]) == 0
+    assert bcrit(["analyze", str(tmp_path / "parquet"), "--out", str(tmp_path / "from_parquet"), *args]) == 0
     base = ["--mlflow-experiment", "analyzed", "--tracking-uri", uri]
-    assert main([*base, "--out", str(tmp_path / "newest"), *args]) == 2  # the newest parent has 2 batch sizes
+    assert (
+        bcrit(["analyze", *base, "--out", str(tmp_path / "newest"), *args]) == 2
+    )  # the newest parent has 2 batch sizes
     assert "only batch sizes" in capsys.readouterr().err
-    assert main([*base, "--parent-run-id", older, "--out", str(tmp_path / "from_mlflow"), *args]) == 0
+    assert bcrit(["analyze", *base, "--parent-run-id", older, "--out", str(tmp_path / "from_mlflow"), *args]) == 0
     assert f"logged to MLflow run {older}" in capsys.readouterr().out
 
     a = json.loads((tmp_path / "from_parquet" / "bcrit.json").read_text())

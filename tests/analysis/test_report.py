@@ -13,7 +13,8 @@ from analysis.core import metrics as m
 from analysis.fits.flags import FLAGS, NEAR_FLOOR
 from analysis.reporting.report import analyze, render_markdown, summary_lines
 from analysis.sources.loaders import load_sweep_dir, write_sweep_dir
-from orchestrator import analyze_cmd as cli
+from orchestrator.cli import analyze_cmd as cli
+from orchestrator.cli.main import main as bcrit
 
 TARGET_KEYS = {"target", "b_crit", "b_crit_ci", "s_min", "e_min", "flags", "ci_resamples", "points", "censored"}
 TARGET_KEYS |= {"b_crit_refined", "censored_batch_sizes", "unreached_batch_sizes"}
@@ -64,7 +65,7 @@ def test_analyze_writes_json_plots_report(sweep, tmp_path):
 
 def test_cli_ok(sweep, tmp_path, capsys):
     out = tmp_path / "o"
-    rc = cli.main([str(sweep), "--targets", "0.3,0.25", "--bootstrap", "20", "--no-plots", "--out", str(out)])
+    rc = bcrit(["analyze", str(sweep), "--targets", "0.3,0.25", "--bootstrap", "20", "--no-plots", "--out", str(out)])
     assert rc == 0
     assert "B_crit" in capsys.readouterr().out
     assert len(json.loads((out / "bcrit.json").read_text())["targets"]) == 2
@@ -90,7 +91,7 @@ def test_cli_user_errors_one_line_status_2(argv, msg, sweep, tmp_path, capsys):
     argv = [subs.get(a, a) for a in argv] + ["--out", str(tmp_path / "out"), "--no-plots", "--bootstrap", "5"]
     if "-1" in argv:
         argv = argv[:-2]
-    rc = cli.main(argv)
+    rc = bcrit(["analyze", *argv])
     err = capsys.readouterr().err
     assert rc == 2
     assert err.startswith("bcrit analyze: error: ") and msg in err
@@ -112,7 +113,7 @@ def test_python_dash_m(sweep, tmp_path):
     import sys
 
     r = subprocess.run(
-        [sys.executable, "-m", "orchestrator.analyze_cmd", str(tmp_path / "nope"), "--out", str(tmp_path)],
+        [sys.executable, "-m", "orchestrator.cli.main", "analyze", str(tmp_path / "nope"), "--out", str(tmp_path)],
         capture_output=True,
         text=True,
         check=False,

@@ -76,8 +76,8 @@ KILL_ON_CONDITION = textwrap.dedent(
     """
     import os, pathlib, signal, sys
     from ray.tune import Callback
-    import orchestrator.tuner
-    from orchestrator.cli import main
+    import orchestrator.execution.tuner
+    from orchestrator.cli.main import main
 
     spec_path, parts, needed, mark = sys.argv[1], sys.argv[2], int(sys.argv[3]), sys.argv[4]
 
@@ -96,8 +96,9 @@ KILL_ON_CONDITION = textwrap.dedent(
                 pathlib.Path(mark).touch()
                 os.killpg(os.getpgrp(), signal.SIGKILL)
 
-    bcrit_callbacks = orchestrator.tuner.callbacks
-    orchestrator.tuner.callbacks = lambda spec, *a, **kw: [*bcrit_callbacks(spec, *a, **kw), KillOnCondition()]
+    bcrit_callbacks = orchestrator.execution.tuner.callbacks
+    orchestrator.execution.tuner.callbacks = lambda spec, *a, **kw: [*bcrit_callbacks(spec, *a, **kw),
+    KillOnCondition()]
     sys.exit(main(["sweep", spec_path]))
     """
 )

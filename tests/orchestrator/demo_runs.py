@@ -1,5 +1,6 @@
 """The demo spec's trials run in-process (no Ray, no MLflow), written to a sweep directory's Parquet tables with the
-sweep's own writer (orchestrator.tables), for tests of what the demo answers. Test helper, not a test module.
+sweep's own writer (orchestrator.records.runs_tables), for tests of what the demo answers. Test helper, not a test
+module.
 
 The in-process trial is the loop the sweep runs for ``num_workers: 0`` (bit for bit on a CPU); 2-worker trials need
 Ray Train and are left out (``in_process_only``): in the demo they are one split variant of one setting.
@@ -28,7 +29,7 @@ def _run_one(cfg: dict) -> tuple[str, list]:
 
 def run_in_process(configs: list[dict], sweep_dir: str, processes: int = 2) -> Runs:
     """Run every config with ``num_workers: 0`` in ``processes`` spawned processes; return the sweep's runs."""
-    from orchestrator.tables import RunsTables, trial_row
+    from orchestrator.records.runs_tables import RunsTables, trial_row
 
     configs = [c for c in configs if int(c.get("num_workers", 0)) == 0]
     with ProcessPoolExecutor(processes, mp_context=mp.get_context("spawn")) as pool:

@@ -11,14 +11,15 @@ import pytest
 
 from analysis.core import metrics as M
 from analysis.decisions import next_trials as nt
-from analysis.reporting.adaptive_report import DECISIONS_FILE, markdown_lines
+from analysis.reporting.adaptive_report import markdown_lines
 from analysis.sources.loaders import write_sweep_dir
-from orchestrator.adaptive_search import AdaptiveSearch, goal_key
-from orchestrator.adaptive_view import AdaptiveWatch, status_line
-from orchestrator.cli import main
-from orchestrator.overrides import UserError
-from orchestrator.spec import parse_spec
-from orchestrator.sweep_checks import check_bins
+from orchestrator.cli.main import main
+from orchestrator.errors import UserError
+from orchestrator.execution.preflight import check_bins
+from orchestrator.search.adaptive_search import AdaptiveSearch, goal_key
+from orchestrator.search.adaptive_view import AdaptiveWatch, status_line
+from orchestrator.specs.sweep_spec import parse_spec
+from orchestrator.storage.layout import DECISIONS_FILE
 from tests.analysis.test_bin_goals import BS, SPACE, _runs
 from tests.orchestrator.conftest import write_spec
 from tests.orchestrator.test_adaptive_spec import adaptive_spec

@@ -16,10 +16,11 @@ from ray.tune.search import Searcher
 from analysis.core import metrics as M
 from analysis.decisions import next_trials as nt
 from analysis.decisions.nqm_adaptive import concat, run_trial
-from analysis.reporting.adaptive_report import DECISIONS_FILE, markdown_lines
+from analysis.reporting.adaptive_report import markdown_lines
 from analysis.sources.loaders import runs_from_tables, write_sweep_dir
-from orchestrator.adaptive_search import AdaptiveSearch
-from orchestrator.adaptive_view import status_line
+from orchestrator.search.adaptive_search import AdaptiveSearch
+from orchestrator.search.adaptive_view import status_line
+from orchestrator.storage.layout import DECISIONS_FILE
 
 DIM = 200
 H = np.arange(1, DIM + 1.0) ** -0.5
@@ -237,7 +238,7 @@ def setting(cfg: dict) -> nt.Trial:
 @pytest.mark.parametrize("state_after_lost", [True, False], ids=["state-newer", "state-older"])
 def test_a_trial_tune_lost_while_running_is_handed_out_again(tmp_path, state_after_lost):
     """A trial handed out after Tune's last save of its trial list and running at the kill is lost (Tune never
-    runs it again; its records are removed, orchestrator.lost_trials). The resumed searcher must not wait for it
+    runs it again; its records are removed, orchestrator.records.lost_trials). The resumed searcher must not wait for it
     (pending for ever: the trial budget never spent, the sweep stalled with nothing running): its setting is
     handed out again, and the sweep spends exactly its budget."""
     lab = Lab(tmp_path)

@@ -7,9 +7,9 @@ import os
 
 import pytest
 
-from orchestrator.cli import main
-from orchestrator.overrides import UserError
-from orchestrator.spec import parse_spec
+from orchestrator.cli.main import main
+from orchestrator.errors import UserError
+from orchestrator.specs.sweep_spec import parse_spec
 from tests.orchestrator.conftest import quadratic_spec, write_spec
 
 
@@ -91,9 +91,10 @@ def test_resume_may_change_only_the_goal_and_budget(tmp_path):
     import argparse
     import os
 
-    from orchestrator.adaptive_resume import resume_spec
-    from orchestrator.spec import SPEC_FILE, load_spec
-    from orchestrator.sweep_state import restore_spec
+    from orchestrator.execution.sweep_state import restore_spec
+    from orchestrator.search.adaptive_resume import resume_spec
+    from orchestrator.specs.sweep_spec import load_spec
+    from orchestrator.storage.layout import SPEC_FILE
 
     raw = adaptive_spec(tmp_path)
     path = write_spec(tmp_path, raw)
@@ -118,18 +119,14 @@ def test_resume_gives_the_restored_searcher_the_specs_hold(tmp_path):
     """``bcrit sweep --resume`` restores the searcher Tune pickled; ``adaptive_resume.renew`` then sets what the spec
     says and the state does not hold. ``goal.hold`` among them: a searcher pickled before it existed has no ``_hold``
     (its first refit failed with AttributeError), and ``--set nuisance.goal.hold=false`` on resume must take."""
-    import types
-
-    from orchestrator.adaptive_resume import renew
-    from orchestrator.adaptive_search import AdaptiveSearch
+    from orchestrator.search.adaptive_resume import renew
+    from orchestrator.search.adaptive_search import AdaptiveSearch
 
     old = AdaptiveSearch.from_spec(parse_spec(adaptive_spec(tmp_path)))
     del old._hold  # as pickled by the version before goal.hold
-    tuner = types.SimpleNamespace(_local_tuner=types.SimpleNamespace(_tune_config=types.SimpleNamespace(
-        search_alg=old)))  # fmt: skip
     spec = parse_spec(adaptive_spec(tmp_path, goal={"rel_ci": 0.2, "targets": "auto", "hold": False}))
     os.makedirs(spec.sweep_dir, exist_ok=True)
-    renew(tuner, spec, str(tmp_path / "tune"))
+    renew(old, spec, str(tmp_path / "tune"))
     assert old._hold is False
-    renew(tuner, parse_spec(adaptive_spec(tmp_path)), str(tmp_path / "tune"))
+    renew(old, parse_spec(adaptive_spec(tmp_path)), str(tmp_path / "tune"))
     assert old._hold is True

@@ -11,8 +11,8 @@ import pyarrow.parquet as pq
 import pytest
 
 from analysis.core import metrics as M
-from analysis.reporting.adaptive_report import DECISIONS_FILE
-from orchestrator.cli import main
+from orchestrator.cli.main import main
+from orchestrator.storage.layout import DECISIONS_FILE
 from tests.orchestrator.conftest import kill_sweep_midway, mlflow_runs, quadratic_spec, write_spec
 
 pytestmark = [pytest.mark.ray, pytest.mark.slow]
@@ -79,7 +79,7 @@ def test_driver_killed_mid_sweep_then_resumed(tmp_path, ray_local, no_ray_addres
     d = json.loads(open(os.path.join(sweep_dir, DECISIONS_FILE)).read())
     assert d["stop"] == "budget_trials"
     # a trial started just before the kill and lost by Tune has its rows removed by --resume
-    # (orchestrator.lost_trials): the searcher neither counts it nor waits for it, and its setting may run again
+    # (orchestrator.records.lost_trials): the searcher neither counts it nor waits for it, and its setting may run again
     final = [t for t in trials if t["status"] in M.FINAL_STATUSES]
     assert len(final) == BUDGET  # none lost, none extra
     assert {t["trial_id"] for t in final} <= {t["trial_id"] for t in d["issued"]}
@@ -94,9 +94,9 @@ def test_a_goal_met_with_trials_running_ends_them(tmp_path, ray_local, no_ray_ad
     once and the running trials end themselves at their next evaluation (trainables.sweep_signal): status
     ``ended_at_goal`` in the tables and the MLflow child run (FINISHED), the progress and `bcrit analyze` say so,
     and the analysis leaves them out."""
-    import orchestrator.tuner
+    import orchestrator.execution.tuner
 
-    monkeypatch.setattr(orchestrator.tuner, "compute_slots", lambda configs: 4)
+    monkeypatch.setattr(orchestrator.execution.tuner, "compute_slots", lambda configs: 4)
     sweep_dir = str(tmp_path / "sweep")
     sets = [
         f"storage={sweep_dir}",

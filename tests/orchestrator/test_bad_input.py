@@ -12,8 +12,8 @@ import yaml
 from hypothesis import HealthCheck, assume, given, settings
 from hypothesis import strategies as st
 
-from orchestrator.cli import main
-from orchestrator.spec import OWNED
+from orchestrator.cli.main import main
+from orchestrator.specs.sweep_spec import OWNED
 from tests.orchestrator.conftest import quadratic_spec
 from trainables.config import BOUNDS, Bound, ConfigError, TrialConfig, _coerce
 from trainables.nqm_trial import QUADRATIC_BOUNDS, QuadraticConfig
@@ -56,15 +56,15 @@ def tripwires(monkeypatch):
     def launched(*a, **k):
         raise AssertionError("compute was launched for a bad input")
 
-    import orchestrator.resources
-    import orchestrator.tuner
+    import orchestrator.cluster.ray_start
+    import orchestrator.execution.tuner
     import trainables.trial
 
     monkeypatch.setattr(trainables.trial, "run_trial", launched)
     monkeypatch.setattr(trainables.trial, "build_trainer", launched)
     monkeypatch.setattr(trainables.trial, "ensure_ray", launched)
-    monkeypatch.setattr(orchestrator.resources, "start_ray", launched)
-    monkeypatch.setattr(orchestrator.tuner, "build_tuner", launched)
+    monkeypatch.setattr(orchestrator.cluster.ray_start, "start_quiet_ray", launched)
+    monkeypatch.setattr(orchestrator.execution.tuner, "build_tuner", launched)
 
 
 def one_line_exit_2(capsys, argv: list[str], command: str) -> str:

@@ -9,8 +9,8 @@ import pytest
 from analysis.reporting import branch_report
 from analysis.sources.loaders import load_mlflow, load_sweep_dir
 from analysis.sources.schema import RunsTableError
-from orchestrator.branch import check_branch_spec, parse_branch_spec, run_inprocess
-from orchestrator.tracking import MLflowTracking
+from orchestrator.execution.branch_study import check_branch_spec, parse_branch_spec, run_inprocess
+from orchestrator.records.mlflow_tracking import MLflowTracking
 from tests.orchestrator.test_branch_quadratic import quadratic_branch_spec
 
 

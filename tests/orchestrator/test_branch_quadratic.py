@@ -13,7 +13,7 @@ import pytest
 from analysis.fits import branched as br
 from analysis.quadratic.nqm import branched_critical_k
 from analysis.sources.loaders import load_sweep_dir
-from orchestrator.branch import parse_branch_spec, run_inprocess
+from orchestrator.execution.branch_study import parse_branch_spec, run_inprocess
 from trainables.branch_points import kept_path
 from trainables.nqm_trial import STATE_FILE, QuadraticConfig
 
@@ -73,10 +73,10 @@ def test_branched_quadratic_recovers_closed_form(tmp_path):
     assert headline[0] > 2 * headline[-1]
     assert out["cost"]["branch_examples"] == len(spec.branches()) * spec.delta
     # bcrit analyze on the study directory: the study's own settings, bcrit.json + report + plot
-    from orchestrator.analyze_cmd import main
+    from orchestrator.cli.main import main as bcrit
 
     out_dir = tmp_path / "analysis"
-    assert main([spec.sweep_dir, "--out", str(out_dir), "--bootstrap", "50"]) == 0
+    assert bcrit(["analyze", spec.sweep_dir, "--out", str(out_dir), "--bootstrap", "50"]) == 0
     saved = json.loads((out_dir / "bcrit.json").read_text())
     assert saved["kind"] == "branched" and saved["epsilons"] == list(spec.epsilons) and saved["window"] == 0.25
     assert [p["by_epsilon"][0]["b_crit"] for p in saved["points"]] == pytest.approx(headline)

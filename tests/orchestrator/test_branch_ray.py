@@ -12,8 +12,8 @@ import pytest
 import yaml
 
 from analysis.core import metrics as M
-from orchestrator.branch import parse_branch_spec, run_inprocess
-from orchestrator.cli import main
+from orchestrator.cli.main import main
+from orchestrator.execution.branch_study import parse_branch_spec, run_inprocess
 from tests.orchestrator.conftest import mlflow_runs
 from tests.orchestrator.test_branch_quadratic import quadratic_branch_spec
 

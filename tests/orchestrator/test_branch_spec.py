@@ -6,9 +6,10 @@ import os
 
 import pytest
 
-from orchestrator.branch_spec import parse_branch_spec
-from orchestrator.cli import main
-from orchestrator.overrides import UserError, load_yaml
+from orchestrator.cli.main import main
+from orchestrator.errors import UserError
+from orchestrator.specs.branch_spec import parse_branch_spec
+from orchestrator.specs.yaml_overrides import load_yaml
 from tests.orchestrator.test_branch_quadratic import quadratic_branch_spec
 
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
@@ -87,10 +88,10 @@ def test_cli_refuses_in_one_line(tmp_path, capsys):
 
 
 def test_a_branched_spec_builds_the_sweeps_trainable_and_callbacks(tmp_path):
-    """A branched study runs its phases through the sweep's trainable and callbacks (orchestrator.tuner): they
+    """A branched study runs its phases through the sweep's trainable and callbacks (orchestrator.execution.tuner): they
     read only what a BranchSpec has too (a sweep-only attribute broke `bcrit branch` once: storage_root, search)."""
-    from orchestrator.branch_spec import load_branch_spec
-    from orchestrator.tuner import callbacks, sweep_trainable
+    from orchestrator.execution.tuner import callbacks, sweep_trainable
+    from orchestrator.specs.branch_spec import load_branch_spec
 
     spec = load_branch_spec(os.path.join(ROOT, "examples", "branched-quadratic.yaml"), [f"storage={tmp_path / 'b'}"])
     assert spec.storage_root == spec.sweep_dir and spec.storage_uri is None

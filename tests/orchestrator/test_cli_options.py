@@ -1,5 +1,5 @@
 """One option name, one meaning: every option that several ``bcrit`` sub-commands take has the same type, default,
-metavar and help everywhere (they are defined once, in orchestrator/options.py), the commands that read a sweep
+metavar and help everywhere (they are defined once, in orchestrator/cli/options.py), the commands that read a sweep
 take it as the same positional ``SWEEP_DIR`` and write to ``SWEEP_DIR/analysis`` unless ``--out`` says otherwise,
 and ``bcrit branch`` follows ``bcrit sweep``'s resume rules."""
 
@@ -12,7 +12,7 @@ from collections import defaultdict
 import pytest
 import yaml
 
-from orchestrator.cli import build_parser, main
+from orchestrator.cli.main import build_parser, main
 
 SWEEP_READERS = ("analyze", "recommend", "allocate", "schedule")
 RUNNERS = ("sweep", "branch")
@@ -96,8 +96,8 @@ def _branch_spec(tmp_path) -> str:
 def test_branch_resume_refuses_a_changed_spec_like_sweep(tmp_path, capsys, how):
     """Before any compute: ``--set`` on a study directory, and a YAML that differs from the one the study started
     with, are refused in one line (``bcrit sweep`` does the same); nothing in the study directory changes."""
-    from orchestrator.branch_cmd import _saved_spec
-    from orchestrator.branch_spec import STUDY_FILE, load_branch_spec
+    from orchestrator.cli.branch_cmd import _saved_spec
+    from orchestrator.specs.branch_spec import STUDY_FILE, load_branch_spec
 
     study = tmp_path / "study"
     path = _branch_spec(tmp_path)

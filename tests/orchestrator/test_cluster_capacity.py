@@ -1,4 +1,5 @@
-"""What a cluster can hold (orchestrator.cluster), without Ray: an autoscaling cluster's node types (cluster.yaml
+"""What a cluster can hold (orchestrator.cluster.capacity), without Ray: an autoscaling cluster's node types
+(cluster.yaml
 itself, whose GPU workers scale from 0) make a GPU trial valid while no GPU node runs yet; only what no node type
 could ever hold is refused, in one line. The accelerator-like test hook (``BCRIT_WORKER_RESOURCES``) counts in a
 trial's needs as GPUs would."""
@@ -10,11 +11,11 @@ import os
 import pytest
 import yaml
 
-from orchestrator import cluster as C
-from orchestrator.overrides import UserError
-from orchestrator.resources import max_concurrent, trial_need, worker_bundle
-from orchestrator.spec import parse_spec
-from orchestrator.sweep_checks import check_spec
+from orchestrator.cluster import capacity as C
+from orchestrator.cluster.sizing import max_concurrent, trial_need, worker_bundle
+from orchestrator.errors import UserError
+from orchestrator.execution.preflight import check_spec
+from orchestrator.specs.sweep_spec import parse_spec
 from tests.orchestrator.conftest import quadratic_spec
 
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
@@ -65,7 +66,7 @@ def autoscaling(gpus_per_node: int, nodes: int, cpus_per_node: int = 4) -> C.Cap
 @pytest.fixture
 def one_node_storage(monkeypatch):
     """These tests run without Ray: the shared-storage probe (a Ray task per other node) has no other node."""
-    from orchestrator import storage
+    from orchestrator.storage import shared_dir as storage
 
     monkeypatch.setattr(storage, "check_shared_storage", lambda sweep_dir: 0)
 
@@ -75,7 +76,7 @@ def test_cluster_state_is_never_read_from_a_ray_not_joined(monkeypatch, tmp_path
     head of an earlier `ray start` hung CI for 14 minutes that way): both readers refuse instead."""
     import ray
 
-    from orchestrator import storage
+    from orchestrator.storage import shared_dir as storage
 
     monkeypatch.setattr(ray, "is_initialized", lambda: False)
     monkeypatch.setattr(ray, "nodes", lambda: pytest.fail("ray.nodes() called before joining a cluster"))
@@ -124,8 +125,8 @@ def test_an_adaptive_sweep_runs_locally_as_many_trials_as_the_cores_train(tmp_pa
     """The embedded local Ray holds twice the cores (a Tune driver idles beside its workers), so a grid runs 4
     in-process trials at once on 2 cores; an adaptive sweep runs 2 (each further trial would be chosen without
     the others' results, for no more throughput). On a cluster (RAY_ADDRESS) both run what the cluster holds."""
-    from orchestrator import tuner
-    from orchestrator.resources import compute_slots
+    from orchestrator.cluster.sizing import compute_slots
+    from orchestrator.execution import tuner
     from tests.orchestrator.test_adaptive_sweep import adaptive_quadratic
 
     monkeypatch.delenv("RAY_ADDRESS", raising=False)

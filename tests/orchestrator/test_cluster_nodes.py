@@ -1,6 +1,6 @@
 """bcrit against an existing multi-node Ray cluster, through the CLI with ``RAY_ADDRESS`` (and Ray's token auth on),
 as docs/cluster.md runs it. The cluster is real ``ray start`` processes on this machine
-(orchestrator.local_cluster): a head (Tune drivers) and worker nodes that each hold one ``fake_gpu``, an
+(orchestrator.cluster.local_cluster): a head (Tune drivers) and worker nodes that each hold one ``fake_gpu``, an
 accelerator-like custom resource that the ``BCRIT_WORKER_RESOURCES`` hook makes every Train worker request, so CPU
 trials are placed one worker per node as GPU trials would be. Quadratic workload: seconds per trial."""
 
@@ -13,7 +13,7 @@ import time
 
 import pytest
 
-from orchestrator.local_cluster import LocalCluster
+from orchestrator.cluster.local_cluster import LocalCluster
 from tests.orchestrator.conftest import kill_sweep_midway, write_spec
 from tests.orchestrator.test_faults import check_consistent, slow_spec
 
@@ -25,7 +25,7 @@ HOOK = {"BCRIT_WORKER_RESOURCES": '{"fake_gpu": 1}'}
 @pytest.fixture(scope="module")
 def cluster(tmp_path_factory):
     """A head of 2 CPUs and two worker nodes of 2 CPUs (a Tune driver may land there) and 1 fake_gpu each (port
-    unique to these tests), shared by this module's tests; the test that loses a node runs last."""
+    unique to these tests), shared by this module's tests; the test that loses a node adds a new one in its place."""
     c = LocalCluster(port=6411, head_cpus=2, logs=str(tmp_path_factory.mktemp("ray-logs")))
     try:
         c.start_head()
@@ -40,7 +40,7 @@ def bcrit(cluster: LocalCluster, *args: str, timeout: float = 400, watch=None) -
     """``bcrit ARGS`` in a child process joined to ``cluster``; ``watch()`` is called every 0.2 s while it runs
     (returns True to stop watching)."""
     proc = subprocess.Popen(
-        [sys.executable, "-m", "orchestrator.cli", *args],
+        [sys.executable, "-m", "orchestrator.cli.main", *args],
         env={**cluster.env(**HOOK), "PYTHONPATH": ROOT},
         cwd=ROOT,
         stdout=subprocess.PIPE,
@@ -142,7 +142,7 @@ def test_cluster_adaptive_sweep_killed_then_resumed(tmp_path, cluster, monkeypat
     setting run twice), the stop is recorded, tables and MLflow agree, and ``bcrit analyze`` reports the design."""
     import json
 
-    from analysis.reporting.adaptive_report import DECISIONS_FILE
+    from orchestrator.storage.layout import DECISIONS_FILE
     from tests.orchestrator.test_adaptive_sweep import BUDGET, adaptive_quadratic
 
     spec = adaptive_quadratic(tmp_path)
@@ -185,7 +185,7 @@ def test_cluster_goal_met_ends_the_train_workers_running_on_other_nodes(tmp_path
     import pyarrow.parquet as pq
 
     from analysis.core import metrics as M
-    from analysis.reporting.adaptive_report import DECISIONS_FILE
+    from orchestrator.storage.layout import DECISIONS_FILE
 
     sweep_dir = str(tmp_path / "sweep")
     example = os.path.join(ROOT, "examples", "quadratic-adaptive.yaml")
@@ -220,9 +220,29 @@ def test_cluster_node_lost_mid_trial(tmp_path, cluster):
             return True
         return False
 
-    out = bcrit(cluster, "sweep", write_spec(tmp_path, spec), watch=kill_busy_node)
+    try:
+        out = bcrit(cluster, "sweep", write_spec(tmp_path, spec), watch=kill_busy_node)
+    finally:
+        for _ in killed:  # the shared cluster whole again for the tests after this one, in any order
+            cluster.add_worker(cpus=2, resources={"fake_gpu": 1})
     assert killed, "no checkpointed trial on a worker node to interrupt"
     assert out.returncode == 0, out.stdout[-2000:] + out.stderr[-3000:]
     steps = check_consistent(str(tmp_path / "sweep"), 1)
     (trial_steps,) = steps.values()
     assert trial_steps[-1] == 100  # the trial finished its budget after the node was lost
+
+
+def test_cluster_sweep_script_takes_the_cli_path(tmp_path, cluster):
+    """examples/sweep_script.py (the Python sweep API) with RAY_ADDRESS: it joins the cluster, as ``bcrit sweep``
+    does (orchestrator.execution.launch.prepare), instead of starting a Ray of its own."""
+    out = subprocess.run(
+        [sys.executable, "examples/sweep_script.py", "examples/quadratic.yaml", str(tmp_path / "sweep")],
+        env={**cluster.env(**HOOK), "PYTHONPATH": ROOT},
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        timeout=400,
+    )
+    assert out.returncode == 0, out.stdout[-2000:] + out.stderr[-3000:]
+    assert f"Ray at {cluster.address}" in out.stdout, out.stdout[-2000:]
+    assert "trials done" in out.stdout

@@ -16,7 +16,7 @@ from pathlib import Path
 import pytest
 import yaml
 
-from orchestrator.cluster_check import option, tokens
+from orchestrator.cli.check_cluster_cmd import option, tokens
 
 ROOT = Path(__file__).resolve().parents[2]
 CLUSTER_YAML = ROOT / "cluster.yaml"
@@ -324,7 +324,7 @@ def _fill(text: str, sg: str = SG, cidr: str = CIDR) -> str:
 
 
 def _check(tmp_path, capsys, text: str, *flags: str) -> tuple[int, str, str]:
-    from orchestrator.cli import main
+    from orchestrator.cli.main import main
 
     path = tmp_path / "cluster.yaml"
     path.write_text(text)
@@ -493,7 +493,7 @@ def test_world_rule_for_another_port_is_refused_even_with_the_opt_in(tmp_path, c
 
 
 def test_unreadable_or_non_mapping_file_is_one_line(tmp_path, capsys):
-    from orchestrator.cli import main
+    from orchestrator.cli.main import main
 
     assert main(["check-cluster", str(tmp_path / "missing.yaml")]) == 2
     assert "cannot read" in capsys.readouterr().err
@@ -552,7 +552,7 @@ def test_spec_storage_uri_is_accepted_for_a_sweep_only(tmp_path, capsys, text):
 
 
 def test_shared_mounts_come_from_the_docker_volumes(text):
-    from orchestrator.cluster_check import shared_mounts
+    from orchestrator.cli.check_cluster_cmd import shared_mounts
 
     cfg = yaml.safe_load(text)
     assert shared_mounts(cfg) == ["/mnt/bcrit"]
@@ -560,11 +560,12 @@ def test_shared_mounts_come_from_the_docker_volumes(text):
     assert shared_mounts(cfg) == ["/data", "/b"]
 
 
-# --- the torch / ray pins of the setup (orchestrator/constraints.py) -----------------------------------------------
+# --- the torch / ray pins of the setup (orchestrator/cluster/constraints.py)
+# -----------------------------------------------
 def test_setup_pins_distribution_versions_not_dunder_version(text):
     cfg = yaml.safe_load(text)
     setup = " ".join(cfg["setup_commands"])
-    assert "orchestrator/constraints.py > /tmp/bcrit-constraints.txt" in setup and "__version__" not in setup
+    assert "orchestrator/cluster/constraints.py > /tmp/bcrit-constraints.txt" in setup and "__version__" not in setup
 
 
 @pytest.mark.parametrize("dist", ["2.13.0+cu128", "2.13.0"])
@@ -575,7 +576,7 @@ def test_torch_pin_matches_a_cuda_wheel_with_a_local_tag(dist):
 
     from packaging.requirements import Requirement
 
-    from orchestrator.constraints import constraint_lines
+    from orchestrator.cluster.constraints import constraint_lines
 
     versions = {"ray": "2.60.0", "torch": dist}
 
@@ -598,7 +599,7 @@ def test_constraints_script_runs_standalone(tmp_path):
     from importlib import metadata
 
     out = subprocess.run(
-        [sys.executable, str(ROOT / "orchestrator/constraints.py")], capture_output=True, text=True, check=True,
+        [sys.executable, str(ROOT / "orchestrator/cluster/constraints.py")], capture_output=True, text=True, check=True,
         cwd=tmp_path,
     ).stdout.split()  # fmt: skip
     assert f"ray=={metadata.version('ray')}" in out and f"torch=={metadata.version('torch')}" in out

@@ -15,7 +15,7 @@ sys.path.insert(0, str(Path(__file__).parents[1] / "analysis"))
 from synth_splits import synth_split_runs  # noqa: E402
 
 from analysis.sources.loaders import write_sweep_dir  # noqa: E402
-from orchestrator.cli import main  # noqa: E402
+from orchestrator.cli.main import main  # noqa: E402
 
 
 def _log_sweep(client, exp: str, runs) -> str:

@@ -16,7 +16,7 @@ from analysis.fits import flags as fl
 from analysis.fits.answer import trusted_bins
 from analysis.fits.trust import headline
 from analysis.reporting.report import analyze
-from orchestrator.spec import load_spec
+from orchestrator.specs.sweep_spec import load_spec
 from tests.orchestrator.demo_runs import run_in_process
 
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
@@ -48,7 +48,7 @@ def test_demo_spec_answers_in_process(tmp_path):
 @pytest.mark.slow
 @pytest.mark.ray
 def test_make_demo_path_answers(tmp_path, no_ray_address):
-    bcrit = [sys.executable, "-m", "orchestrator.cli"]
+    bcrit = [sys.executable, "-m", "orchestrator.cli.main"]
     sweep_dir = tmp_path / "tiny"
     env = {**os.environ, "PYTHONPATH": ROOT}
     subprocess.run([*bcrit, "sweep", DEMO, "--set", f"storage={sweep_dir}"], check=True, cwd=tmp_path, env=env)

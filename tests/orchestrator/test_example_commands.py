@@ -11,10 +11,10 @@ import shlex
 
 import pytest
 
-from orchestrator.cli import main
-from orchestrator.spec import load_spec
+from orchestrator.cli.main import main
+from orchestrator.records.runs_tables import RunsTables, trial_row
+from orchestrator.specs.sweep_spec import load_spec
 from orchestrator.sweep import check_spec
-from orchestrator.tables import RunsTables, trial_row
 from tests.orchestrator.test_quadratic_pipeline import TablesSession
 from trainables.nqm_trial import QuadraticConfig, train_loop
 

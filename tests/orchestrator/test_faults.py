@@ -17,8 +17,8 @@ from ray.tune import Callback
 
 from analysis.core import metrics as M
 from analysis.sources.schema import validate_metrics, validate_trials
-from orchestrator.cli import main
-from orchestrator.spec import parse_spec
+from orchestrator.cli.main import main
+from orchestrator.specs.sweep_spec import parse_spec
 from orchestrator.sweep import build_tuner, run
 from tests.orchestrator.conftest import (
     eval_steps_by_trial,
@@ -120,7 +120,7 @@ MULTI_NODE = textwrap.dedent(
     import ray
     from ray.cluster_utils import Cluster
     from ray._private.state import actors as actor_table
-    from orchestrator.spec import parse_spec
+    from orchestrator.specs.sweep_spec import parse_spec
     from orchestrator.sweep import build_tuner, run
 
     cluster = Cluster(initialize_head=True, head_node_args={"num_cpus": 1})

@@ -7,7 +7,7 @@ from __future__ import annotations
 import pytest
 
 from analysis.core import metrics as M
-from orchestrator.tune_trainable import make_trainable
+from orchestrator.execution.tune_trainable import make_trainable
 from trainables.nqm_trial import QuadraticConfig
 from trainables.sweep_signal import SignalReader, set_signal, signal_name
 

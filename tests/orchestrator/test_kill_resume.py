@@ -19,7 +19,7 @@ import pyarrow.parquet as pq
 import pytest
 
 from analysis.core import metrics as M
-from orchestrator.cli import main
+from orchestrator.cli.main import main
 from tests.orchestrator.conftest import mlflow_runs, quadratic_spec, write_spec
 
 pytestmark = [pytest.mark.ray, pytest.mark.slow]
@@ -79,7 +79,7 @@ def test_driver_killed_then_resumed_equals_unkilled(tmp_path, reference, ray_loc
     sweep_dir = str(tmp_path / "sweep")
     env = {**os.environ, "PYTHONPATH": ROOT, "BCRIT_FAULT": point, "BCRIT_FAULT_STEP": "20"}
     proc = subprocess.Popen(
-        [sys.executable, "-m", "orchestrator.cli", "sweep", path],
+        [sys.executable, "-m", "orchestrator.cli.main", "sweep", path],
         env=env, cwd=ROOT, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, start_new_session=True,
     )  # fmt: skip
     assert proc.wait(300) == -signal.SIGKILL, "the fault point was never reached"

@@ -19,9 +19,10 @@ import pyarrow.parquet as pq
 import pytest
 
 from analysis.core import metrics as M
-from orchestrator.cli import main
-from orchestrator.spec import SPEC_FILE, parse_spec
-from orchestrator.tables import RunsTables, trial_row
+from orchestrator.cli.main import main
+from orchestrator.records.runs_tables import RunsTables, trial_row
+from orchestrator.specs.sweep_spec import parse_spec
+from orchestrator.storage.layout import SPEC_FILE
 from tests.orchestrator.conftest import quadratic_spec
 
 
@@ -103,7 +104,7 @@ class Killed(BaseException):
 
 
 def test_parent_created_but_not_recorded_is_adopted(tmp_path, monkeypatch):
-    import orchestrator.tracking as tracking
+    import orchestrator.records.mlflow_tracking as tracking
 
     uri = f"sqlite:///{tmp_path / 'mlflow.db'}"
     sweep_dir = str(tmp_path / "sweep")
@@ -136,12 +137,12 @@ class Launched(Exception):
 
 @pytest.fixture
 def launch_trap(monkeypatch):
-    import orchestrator.resources
+    import orchestrator.cluster.ray_start
 
     def trap(*a, **k):
         raise Launched
 
-    monkeypatch.setattr(orchestrator.resources, "start_ray", trap)
+    monkeypatch.setattr(orchestrator.cluster.ray_start, "start_quiet_ray", trap)
 
 
 def sweep_dir_with(tmp_path, *, state: str, results: bool = False, child: bool = False):
@@ -158,7 +159,7 @@ def sweep_dir_with(tmp_path, *, state: str, results: bool = False, child: bool =
     if results:
         RunsTables(d).add_rows("t0", [[0, 0, M.EVAL_LOSS, 1.0, 0.0]])
     if child:
-        from orchestrator.tracking import MLflowTracking
+        from orchestrator.records.mlflow_tracking import MLflowTracking
 
         t = MLflowTracking(spec.mlflow_uri, spec.experiment, spec.name, d, spec.to_yaml())
         t.open_parent()
@@ -237,7 +238,7 @@ def test_trial_lost_at_the_kill_leaves_no_record_after_resume(tmp_path, empty_ml
     found 4 trials for a quota of 3: 3 finished + the lost one, still "running")."""
     from types import SimpleNamespace
 
-    from orchestrator.tuner import callbacks
+    from orchestrator.execution.tuner import callbacks
     from tests.orchestrator.conftest import mlflow_runs
 
     spec = parse_spec(quadratic_spec(tmp_path))

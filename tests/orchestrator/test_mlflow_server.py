@@ -13,7 +13,7 @@ from tests.orchestrator.conftest import quadratic_spec, write_spec
 @pytest.fixture
 def mlflow_server(tmp_path_factory):
     """``mlflow server`` on a free loopback port, SQLite store and proxied artifacts; ended at the end."""
-    from orchestrator.local_services import mlflow_server as server
+    from orchestrator.cluster.local_services import mlflow_server as server
 
     root = tmp_path_factory.mktemp("mlflow-server")
     with server(str(root)) as uri:
@@ -25,7 +25,7 @@ def test_sweep_analyze_recommend_tracked_to_a_server(tmp_path, monkeypatch, caps
     import ray
     from mlflow.tracking import MlflowClient
 
-    from orchestrator.cli import main
+    from orchestrator.cli.main import main
 
     uri, artifacts = mlflow_server
     monkeypatch.delenv("RAY_ADDRESS", raising=False)

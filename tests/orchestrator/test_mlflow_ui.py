@@ -171,9 +171,9 @@ def fake_sweep(tmp_path, empty_db) -> tuple[str, str, int]:
     the best lr inside the grid) or never (lr 1e-4), then ``bcrit analyze`` at automatic targets."""
     from types import SimpleNamespace
 
-    from orchestrator.analyze_cmd import main as analyze_main
-    from orchestrator.tables_callback import TablesCallback
-    from orchestrator.tracking import MLflowTracking
+    from orchestrator.cli.main import main as bcrit
+    from orchestrator.records.mlflow_tracking import MLflowTracking
+    from orchestrator.records.tables_callback import TablesCallback
 
     sweep = str(tmp_path / "sweep")
     os.makedirs(sweep)
@@ -205,7 +205,7 @@ def fake_sweep(tmp_path, empty_db) -> tuple[str, str, int]:
     tables.on_experiment_end([])
     tracking.close("FINISHED")
     out = os.path.join(sweep, "analysis")
-    assert analyze_main([sweep, "--bootstrap", "20", "--no-plots", "--out", out]) == 0
+    assert bcrit(["analyze", sweep, "--bootstrap", "20", "--no-plots", "--out", out]) == 0
     return sweep, uri, n
 
 
@@ -232,7 +232,7 @@ def test_ui_calls_on_a_tracked_store(tmp_path, monkeypatch, empty_mlflow_db):
 def small_sweep(tmp_path):
     """examples/quadratic.yaml (36 in-process quadratic trials, seconds each): its lr grid brackets every batch size's
     best lr, so the analysis trusts some of its automatic targets (tests/orchestrator/test_sweep_quadratic.py)."""
-    from orchestrator.spec import load_spec
+    from orchestrator.specs.sweep_spec import load_spec
 
     root = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
     return load_spec(
@@ -262,10 +262,10 @@ def test_user_reads_the_answer_in_the_mlflow_ui(tmp_path, ray_local, no_ray_addr
             first = json.loads(f.readline())
         assert "rows" not in first and M.STEP in first
 
-    from orchestrator.analyze_cmd import main as analyze_main
+    from orchestrator.cli.main import main as bcrit
 
     out_dir = os.path.join(spec.sweep_dir, "analysis")
-    assert analyze_main([spec.sweep_dir, "--bootstrap", "50", "--out", out_dir]) == 0
+    assert bcrit(["analyze", spec.sweep_dir, "--bootstrap", "50", "--out", out_dir]) == 0
     server = Server(spec.mlflow_uri, str(tmp_path))
     try:
         check_what_a_user_reads(server, "ui-test", spec.sweep_dir, n)

@@ -22,12 +22,12 @@ def folder(tmp_path_factory):
 def _bcrit(*args):
     env = {**os.environ, "PYTHONPATH": ROOT}
     return subprocess.run(
-        [sys.executable, "-m", "orchestrator.cli", *args], env=env, capture_output=True, text=True, timeout=120
+        [sys.executable, "-m", "orchestrator.cli.main", *args], env=env, capture_output=True, text=True, timeout=120
     )
 
 
 def test_cli_packs_and_refuses_bad_input_in_one_line(folder, tmp_path, capsys):
-    from orchestrator.cli import main
+    from orchestrator.cli.main import main
 
     assert main(["pack-latents", str(folder), str(tmp_path / "st"), "--dtype", "float16"]) == 0
     out, err = capsys.readouterr()

@@ -10,7 +10,7 @@ import numpy as np
 import pytest
 import torch
 
-from orchestrator.cli import main
+from orchestrator.cli.main import main
 from trainables.config import TrialConfig
 from trainables.trial import run_local
 
@@ -128,7 +128,7 @@ def test_live_b_simple_agrees_with_the_probe_at_the_last_checkpoint(tmp_path, ca
     per bin (every 5 steps) over a 20-step window; `bcrit probe` on its last checkpoint measures the truth there.
     Each live value agrees with the probe within their combined SEs (|z| <= 3); the train summary prints them."""
     from analysis.core import metrics as M
-    from orchestrator.train_cmd import format_summary
+    from orchestrator.cli.train_cmd import format_summary
 
     cfg = TrialConfig(
         preset="tiny", batch_size=64, micro_batch_size=16, lr=5e-4, warmup_steps=10, max_steps=80, eval_every=80,
@@ -156,7 +156,7 @@ def test_live_b_simple_agrees_with_the_probe_at_the_last_checkpoint(tmp_path, ca
 
 def test_cli_default_reps_is_the_probes() -> None:
     """`bcrit probe` without --reps uses the repetitions whose SE benchmarks/RESULTS.md measured as honest."""
-    from orchestrator.cli import build_parser
+    from orchestrator.cli.main import build_parser
     from trainables.probe import DEFAULT_REPS
 
     assert build_parser().parse_args(["probe", "x"]).reps == DEFAULT_REPS

@@ -1,4 +1,5 @@
-"""The terminal of a sweep and of one trial (orchestrator.progress), driven with fake trials and a fake clock."""
+"""The terminal of a sweep and of one trial (orchestrator.records.progress), driven with fake trials and a fake
+clock."""
 
 from __future__ import annotations
 
@@ -8,9 +9,8 @@ import os
 from types import SimpleNamespace
 
 from analysis.core import metrics as M
-from orchestrator.progress import (
+from orchestrator.records.progress import (
     LogLines,
-    StripRows,
     SweepProgress,
     TrainProgress,
     fmt_lr,
@@ -19,6 +19,7 @@ from orchestrator.progress import (
     trial_label,
     write_progress,
 )
+from orchestrator.records.tables_callback import StripRows
 
 
 class Clock:
@@ -190,8 +191,8 @@ def test_train_progress_file_and_bar(tmp_path):
 def test_verbose_switches_tunes_own_output_and_logs(monkeypatch):
     import logging
 
-    from orchestrator.cli import build_parser
-    from orchestrator.ray_logs import quiet_driver_logs
+    from orchestrator.cli.main import build_parser
+    from orchestrator.cluster.ray_logs import quiet_driver_logs
 
     monkeypatch.delenv("RAY_AIR_NEW_OUTPUT", raising=False)
     slow = logging.LogRecord("ray.tune.utils.util", logging.WARNING, "", 0, "x took 0.6 s, which may be a "
@@ -213,7 +214,7 @@ def test_verbose_switches_tunes_own_output_and_logs(monkeypatch):
 
 
 def test_global_gns_note_is_one_line_per_sweep():
-    from orchestrator.sweep_cmd import gns_note
+    from orchestrator.cli.sweep_cmd import gns_note
 
     def dit(w: int, a: int, gns: bool = True, halves: bool = True, micro: int = 8) -> dict:
         return {"dataset": "digits", "num_workers": w, "grad_accum": a, "gns": gns, "gns_halves": halves,

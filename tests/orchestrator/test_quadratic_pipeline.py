@@ -11,9 +11,9 @@ import os
 from analysis.core import metrics as M
 from analysis.reporting.report import analyze
 from analysis.sources.loaders import load_sweep_dir
-from orchestrator.spec import load_spec
+from orchestrator.records.runs_tables import RunsTables, trial_row
+from orchestrator.specs.sweep_spec import load_spec
 from orchestrator.sweep import check_spec
-from orchestrator.tables import RunsTables, trial_row
 from tests.orchestrator.test_sweep_quadratic import _check_trustworthy
 from trainables.nqm_trial import QuadraticConfig, train_loop
 

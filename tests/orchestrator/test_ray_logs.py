@@ -2,7 +2,7 @@
 
 from ray._private.ray_logging import WorkerStandardStreamDispatcher
 
-from orchestrator import ray_logs
+from orchestrator.cluster import ray_logs
 
 NOISE = (
     "[2026-11-25 03:10:44,495 E 4215 4272] core_worker.cc:2465: Actor with class name: 'PreemptionWatcher' and ID: "

@@ -7,7 +7,7 @@ import json
 
 import pytest
 
-from orchestrator.cli import main
+from orchestrator.cli.main import main
 from trainables.nqm_trial import QuadraticConfig
 
 SIZES = [8, 16, 32, 64, 128, 256, 512, 1024]
@@ -66,8 +66,8 @@ def test_missing_or_unusable_analysis_is_one_line_exit_2(tmp_path, capsys):
 def test_seconds_come_from_the_median_throughput_per_batch_size(tmp_path, capsys):
     """A sweep directory with sys/examples_per_s rows: the proposal's seconds are examples / median throughput."""
     from analysis.core import metrics as M
-    from orchestrator.schedule_cmd import throughput_per_batch
-    from orchestrator.tables import RunsTables, trial_row
+    from orchestrator.cli.schedule_plan import throughput_per_batch
+    from orchestrator.records.runs_tables import RunsTables, trial_row
 
     tables = RunsTables(str(tmp_path))
     for i, (b, rates) in enumerate([(b, [100.0 * b, 300.0 * b, 250.0 * b]) for b in SIZES]):
@@ -92,7 +92,7 @@ def test_seconds_come_from_the_median_throughput_per_batch_size(tmp_path, capsys
 def test_recommend_states_the_schedule_in_one_line(tmp_path):
     """`bcrit recommend`'s schedule line is the `bcrit schedule` proposal (same stages, same predicted savings), a
     'none proposed' line where the batch need not grow, and says why where nothing can be proposed."""
-    from orchestrator.recommend_cmd import schedule_line
+    from orchestrator.cli.recommend_cmd import schedule_line
 
     sweep = tmp_path / "sweep"
     (sweep / "analysis").mkdir(parents=True)

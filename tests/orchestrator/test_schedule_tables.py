@@ -9,7 +9,7 @@ import pyarrow.compute as pc
 import pyarrow.parquet as pq
 
 from analysis.core import metrics as M
-from orchestrator.tables import RunsTables, trial_row
+from orchestrator.records.runs_tables import RunsTables, trial_row
 from tests.orchestrator.test_quadratic_pipeline import TablesSession
 from trainables.nqm_trial import QuadraticConfig, train_loop
 

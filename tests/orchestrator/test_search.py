@@ -1,4 +1,5 @@
-"""The per-group Optuna searcher (orchestrator.search) driven directly, without Ray actors: quotas, ranges, seeding,
+"""The per-group Optuna searcher (orchestrator.search.optuna_search) driven directly, without Ray actors: quotas,
+ranges, seeding,
 routing of results, save/restore mid-search; and one `bcrit sweep` of a small quadratic optuna spec end to end."""
 
 from __future__ import annotations
@@ -14,10 +15,9 @@ import pyarrow.parquet as pq
 import pytest
 
 from analysis.core import metrics as M
-from orchestrator.cli import main
-from orchestrator.search import GroupedOptunaSearch, distributions
-from orchestrator.spec import parse_spec
-from orchestrator.tune_trainable import OBJECTIVE
+from orchestrator.cli.main import main
+from orchestrator.search.optuna_search import OBJECTIVE, GroupedOptunaSearch, distributions
+from orchestrator.specs.sweep_spec import parse_spec
 from tests.orchestrator.conftest import kill_sweep_midway, mlflow_runs, quadratic_spec, write_spec
 
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
@@ -187,7 +187,8 @@ def test_restore_recounts_quotas_from_the_trials_tune_restores(tmp_path):
 def test_restore_counts_a_trial_that_ended_after_tunes_last_save(tmp_path):
     """A trial suggested and ended between Tune's last save of its trial list and the kill: Tune never runs it
     again, its study holds its result (and the tables its final row), so it counts towards its group's quota: the
-    group gets no trial too many. One lost while running is replaced (its records go: orchestrator.lost_trials)."""
+    group gets no trial too many. One lost while running is replaced (its records go:
+    orchestrator.records.lost_trials)."""
     spec = optuna_spec(tmp_path, trials=3)
     first = GroupedOptunaSearch.from_spec(spec)
     suggested = {f"t{j}": first.suggest(f"t{j}") for j in range(8)}
@@ -250,7 +251,7 @@ def test_bcrit_sweep_optuna_resume_end_to_end(tmp_path, ray_local, no_ray_addres
     ("name", "groups", "trials"), [("quadratic-optuna.yaml", 4, 32), ("dit-s2-imagenet.yaml", 16, 96)]
 )
 def test_example_specs(tmp_path, name, groups, trials):
-    from orchestrator.spec import load_spec
+    from orchestrator.specs.sweep_spec import load_spec
 
     spec = load_spec(os.path.join(ROOT, "examples", name), sweep_dir=str(tmp_path))
     s = GroupedOptunaSearch.from_spec(spec)
@@ -261,7 +262,7 @@ def test_example_specs(tmp_path, name, groups, trials):
 def test_num_trials_counts_every_optuna_group():
     from pathlib import Path
 
-    from orchestrator.spec import load_spec
+    from orchestrator.specs.sweep_spec import load_spec
 
     spec = load_spec(str(Path(__file__).parents[2] / "examples" / "dit-s2-imagenet.yaml"), [])
     assert spec.num_trials() == len(spec.groups()) * spec.trials_per_batch_size

@@ -7,9 +7,9 @@ from pathlib import Path
 
 import pytest
 
-from orchestrator.cli import main
-from orchestrator.overrides import UserError
-from orchestrator.spec import load_spec, parse_spec
+from orchestrator.cli.main import main
+from orchestrator.errors import UserError
+from orchestrator.specs.sweep_spec import load_spec, parse_spec
 from orchestrator.sweep import check_spec
 from tests.orchestrator.conftest import quadratic_spec, write_spec
 
@@ -116,7 +116,7 @@ def test_set_override_and_resume_of_nothing(tmp_path, capsys, no_ray_address):
 
 
 def test_resume_with_a_changed_spec_is_refused(tmp_path, capsys, no_ray_address):
-    from orchestrator.sweep import SPEC_FILE
+    from orchestrator.storage.layout import SPEC_FILE
 
     path = write_spec(tmp_path, quadratic_spec(tmp_path))
     spec = load_spec(path, [])
@@ -136,8 +136,8 @@ def test_every_example_spec_loads(name, tmp_path):
     """Every shipped sweep or branched-study spec parses and validates (trial.yaml is a `bcrit train` config)."""
     import yaml
 
-    from orchestrator.branch_spec import load_branch_spec
-    from orchestrator.spec import load_spec
+    from orchestrator.specs.branch_spec import load_branch_spec
+    from orchestrator.specs.sweep_spec import load_spec
 
     path = str(Path(__file__).parents[2] / "examples" / name)
     with open(path) as f:
@@ -236,7 +236,7 @@ def test_timestep_sampling_is_a_scientific_variable(tmp_path, no_ray_address):
     assert spec.num_trials() == len(configs) == 2 * 2 * 2  # batch sizes x lrs x samplers
     assert sorted({c["timestep_sampling"] for c in configs}) == ["noise", "uniform"]
     assert "timestep_sampling" not in parse_spec(base).trial_configs()[0]  # absent: today's configs
-    from orchestrator.tables import trial_row
+    from orchestrator.records.runs_tables import trial_row
 
     assert (
         trial_row("t", {**configs[-1], "lr": 0.5}, "running")["timestep_sampling"] == configs[-1]["timestep_sampling"]

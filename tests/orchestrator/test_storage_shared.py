@@ -1,4 +1,4 @@
-"""`orchestrator.storage`: a branched study's storage URI is refused in one line (not turned into a local
+"""`orchestrator.storage.shared_dir`: a branched study's storage URI is refused in one line (not turned into a local
 ``./s3:/...`` directory; a sweep takes one: test_storage_uri.py), and on a multi-node Ray cluster a storage
 directory that another node cannot see is refused before launch.
 
@@ -12,14 +12,14 @@ import os
 import pytest
 import yaml
 
-from orchestrator.overrides import UserError
+from orchestrator.errors import UserError
 from tests.orchestrator.conftest import quadratic_spec
 
 
 @pytest.mark.parametrize("storage", ["s3://bucket/prefix", "gs://b/x", "file:///tmp/x"])
 def test_storage_uri_of_a_branched_study_is_refused_in_one_line(tmp_path, storage, monkeypatch):
-    from orchestrator.branch_spec import parse_branch_spec
-    from orchestrator.spec import parse_spec
+    from orchestrator.specs.branch_spec import parse_branch_spec
+    from orchestrator.specs.sweep_spec import parse_spec
 
     monkeypatch.setenv("BCRIT_URI_CACHE", str(tmp_path / "cache"))
     spec = parse_spec(quadratic_spec(tmp_path, storage=storage))  # a sweep takes it (test_storage_uri.py)
@@ -33,7 +33,7 @@ def test_storage_uri_of_a_branched_study_is_refused_in_one_line(tmp_path, storag
 
 
 def test_plain_path_is_kept(tmp_path):
-    from orchestrator.spec import parse_spec
+    from orchestrator.specs.sweep_spec import parse_spec
 
     spec = parse_spec(quadratic_spec(tmp_path, storage=str(tmp_path / "s3-like:name")))
     assert spec.sweep_dir == str(tmp_path / "s3-like:name")
@@ -59,7 +59,7 @@ def two_nodes():
 def test_shared_storage_passes_and_a_blind_node_is_refused(two_nodes, tmp_path):
     import ray
 
-    from orchestrator.storage import check_shared_storage
+    from orchestrator.storage.shared_dir import check_shared_storage
 
     d = tmp_path / "sweep"
     assert check_shared_storage(str(d)) == 1  # the worker node sees the driver's marker: same file system
@@ -84,14 +84,16 @@ def test_shared_storage_passes_and_a_blind_node_is_refused(two_nodes, tmp_path):
 @pytest.mark.slow
 def test_check_spec_on_a_cluster_checks_the_storage(two_nodes, tmp_path, monkeypatch):
     """`check_spec` without resources (the RAY_ADDRESS path) runs the shared-storage check before validating."""
-    import orchestrator.storage
-    from orchestrator.spec import parse_spec
-    from orchestrator.sweep_checks import check_spec
+    import orchestrator.storage.shared_dir
+    from orchestrator.execution.preflight import check_spec
+    from orchestrator.specs.sweep_spec import parse_spec
 
     monkeypatch.setenv("MLFLOW_TRACKING_URI", f"sqlite:///{tmp_path / 'mlflow.db'}")
     spec = parse_spec(quadratic_spec(tmp_path))
     checked = []
-    real = orchestrator.storage.check_shared_storage
-    monkeypatch.setattr(orchestrator.storage, "check_shared_storage", lambda d: checked.append(real(d)) or checked[-1])
+    real = orchestrator.storage.shared_dir.check_shared_storage
+    monkeypatch.setattr(
+        orchestrator.storage.shared_dir, "check_shared_storage", lambda d: checked.append(real(d)) or checked[-1]
+    )
     assert len(check_spec(spec)) == 4
     assert checked == [1]  # one other node, and it sees the sweep dir

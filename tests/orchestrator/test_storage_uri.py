@@ -1,5 +1,5 @@
 """``storage: s3://...`` against a real S3-compatible server the tests start (``moto_server``, tests/orchestrator/
-orchestrator/local_services.py), not a mock of bcrit's code.
+orchestrator/cluster/local_services.py), not a mock of bcrit's code.
 
 Fast (no Ray): the probe before launch refuses a missing bucket, an unreachable endpoint and unknown credentials in
 one line naming the fix, through ``bcrit sweep``; the mirror of bcrit's files round-trips; a spec takes a URI.
@@ -17,9 +17,9 @@ from pathlib import Path
 
 import pytest
 
-from orchestrator.cli import main
-from orchestrator.local_services import make_bucket, moto_server, s3_env
-from orchestrator.overrides import UserError
+from orchestrator.cli.main import main
+from orchestrator.cluster.local_services import make_bucket, moto_server, s3_env
+from orchestrator.errors import UserError
 from tests.orchestrator.conftest import ROOT, kill_sweep_midway, quadratic_spec, write_spec
 
 BUCKET = "bcrit-test"
@@ -69,8 +69,8 @@ def test_probe_refuses_unknown_credentials(tmp_path, capsys, monkeypatch):
 
 
 def test_spec_takes_a_uri(s3_user, tmp_path):
-    from orchestrator.spec import parse_spec
-    from orchestrator.sweep_state import NO_SWEEP, sweep_state
+    from orchestrator.execution.sweep_state import NO_SWEEP, sweep_state
+    from orchestrator.specs.sweep_spec import parse_spec
 
     uri = f"s3://{BUCKET}/runs/spec-only"
     spec = parse_spec(quadratic_spec(tmp_path, storage=uri))
@@ -82,7 +82,7 @@ def test_spec_takes_a_uri(s3_user, tmp_path):
 
 
 def test_mirror_round_trip(s3_user, tmp_path):
-    from orchestrator.uri_storage import Mirror, fetch
+    from orchestrator.storage.uri import Mirror, fetch
 
     uri = f"s3://{BUCKET}/runs/mirror"
     a = tmp_path / "a"
@@ -115,12 +115,13 @@ def test_mirror_round_trip(s3_user, tmp_path):
 
 
 def test_trials_removed_from_the_tables_leave_the_mirror_too(s3_user, tmp_path):
-    """A trial the tables forget (lost with a killed driver: orchestrator.lost_trials) is deleted at the URI as well:
+    """A trial the tables forget (lost with a killed driver: orchestrator.records.lost_trials) is deleted at the URI
+    as well:
     the mirror's manifest keeps what a push no longer sees, so a pull on another machine would bring it back."""
     from analysis.core import metrics as M
-    from orchestrator.tables import trial_row
-    from orchestrator.tables_callback import TablesCallback
-    from orchestrator.uri_storage import fetch
+    from orchestrator.records.runs_tables import trial_row
+    from orchestrator.records.tables_callback import TablesCallback
+    from orchestrator.storage.uri import fetch
 
     uri = f"s3://{BUCKET}/runs/forget"
     cb = TablesCallback(str(tmp_path / "driver"), storage_uri=uri)
@@ -139,16 +140,15 @@ def test_trials_removed_from_the_tables_leave_the_mirror_too(s3_user, tmp_path):
 
 
 def test_unstarted_uri_sweep_is_cleared_at_the_mirror_too(s3_user, tmp_path):
-    """A URI sweep killed before Tune's first state file starts again from scratch (orchestrator.sweep_state
+    """A URI sweep killed before Tune's first state file starts again from scratch (orchestrator.execution.sweep_state
     ``reset_unstarted``): its table parts, tables and searcher files go from ``<URI>/bcrit/`` as well as locally,
     else the restarted sweep's pushes keep them in the manifest and a pull on another machine brings them back."""
     from analysis.core import metrics as M
-    from analysis.reporting.adaptive_report import DECISIONS_FILE
-    from orchestrator.search import SEARCH_FILE
-    from orchestrator.spec import parse_spec
-    from orchestrator.sweep_state import reset_unstarted
-    from orchestrator.tables import RunsTables, trial_row
-    from orchestrator.uri_storage import Mirror
+    from orchestrator.execution.sweep_state import reset_unstarted
+    from orchestrator.records.runs_tables import RunsTables, trial_row
+    from orchestrator.specs.sweep_spec import parse_spec
+    from orchestrator.storage.layout import DECISIONS_FILE, SEARCH_FILE
+    from orchestrator.storage.uri import Mirror
 
     uri = f"s3://{BUCKET}/runs/unstarted"
     spec = parse_spec(quadratic_spec(tmp_path, storage=uri))
@@ -185,7 +185,7 @@ def _b_crit(out_dir) -> list[tuple[float, float]]:
 def test_sweep_killed_resumed_from_uri_and_analyzed(s3_user, tmp_path, capsys, ray_local):
     import pyarrow.fs as pafs
 
-    from orchestrator.uri_storage import local_dir, resolve
+    from orchestrator.storage.uri import local_dir, resolve
 
     uri = f"s3://{BUCKET}/runs/q"
     sci = {"batch_sizes": [16, 64, 256], "splits": [{"grad_accum": 1, "num_workers": 0}]}  # analyze needs 3
@@ -245,11 +245,12 @@ def test_resume_with_the_spec_yaml_restores_the_local_directory_first(s3_user, t
     started with comes back from ``<URI>/bcrit/`` and is compared with the YAML (no Ray needed to see it)."""
     import argparse
 
-    from orchestrator import options
-    from orchestrator.spec import SPEC_FILE, load_spec
-    from orchestrator.sweep_cmd import load_and_fetch
-    from orchestrator.sweep_state import restore_spec
-    from orchestrator.uri_storage import Mirror
+    from orchestrator.cli import inputs
+    from orchestrator.cli.sweep_cmd import load_and_fetch
+    from orchestrator.execution.sweep_state import restore_spec
+    from orchestrator.specs.sweep_spec import load_spec
+    from orchestrator.storage.layout import SPEC_FILE
+    from orchestrator.storage.uri import Mirror
 
     uri = f"s3://{BUCKET}/runs/yaml-resume"
     data = quadratic_spec(tmp_path, storage=uri)
@@ -261,11 +262,11 @@ def test_resume_with_the_spec_yaml_restores_the_local_directory_first(s3_user, t
     assert Mirror(uri, spec.sweep_dir).push() == 1
     shutil.rmtree(spec.sweep_dir)
     args = argparse.Namespace(spec=path, set=[], resume=True)
-    got = options.spec_to_run(args, load_and_fetch, restore_spec, what="sweep", command="sweep")
+    got = inputs.spec_to_run(args, load_and_fetch, restore_spec, what="sweep", command="sweep")
     assert got.to_yaml() == spec.to_yaml() and got.storage_uri == uri and got.sweep_dir == spec.sweep_dir
     changed = write_spec(tmp_path, {**data, "nuisance": {"search": "grid", "lr": [0.5]}}, "changed.yaml")
     with pytest.raises(UserError, match="differs from the spec"):
-        options.spec_to_run(argparse.Namespace(spec=changed, set=[], resume=True), load_and_fetch, restore_spec,
+        inputs.spec_to_run(argparse.Namespace(spec=changed, set=[], resume=True), load_and_fetch, restore_spec,
                             what="sweep", command="sweep")  # fmt: skip
 
 
@@ -277,8 +278,8 @@ def test_adaptive_sweep_killed_resumed_from_uri(s3_user, tmp_path, capsys, ray_l
     holds across the kill (every trial finished, none extra, no setting run twice), every trial Tune restored is one
     the design issued, the stop is recorded, tables and MLflow agree, and ``bcrit analyze s3://...`` reports the
     design."""
-    from analysis.reporting.adaptive_report import DECISIONS_FILE
-    from orchestrator.uri_storage import local_dir
+    from orchestrator.storage.layout import DECISIONS_FILE
+    from orchestrator.storage.uri import local_dir
     from tests.orchestrator.test_adaptive_sweep import BUDGET, adaptive_quadratic
     from tests.orchestrator.test_faults import check_consistent
 
@@ -305,7 +306,7 @@ def test_adaptive_sweep_killed_resumed_from_uri(s3_user, tmp_path, capsys, ray_l
 
     shutil.rmtree(local)  # analyze on yet another machine, MLflow on: a process of its own, as a user runs it
     out_dir = tmp_path / "an"
-    cmd = [sys.executable, "-m", "orchestrator.cli", "analyze", uri, "--targets", "0.5", "--bootstrap", "100",
+    cmd = [sys.executable, "-m", "orchestrator.cli.main", "analyze", uri, "--targets", "0.5", "--bootstrap", "100",
            "--no-plots", "--out", str(out_dir)]  # fmt: skip
     done = subprocess.run(cmd, cwd=ROOT, env={**os.environ, "PYTHONPATH": str(ROOT)}, capture_output=True, text=True)
     assert done.returncode == 0, done.stderr[-3000:]

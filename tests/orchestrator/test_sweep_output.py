@@ -4,7 +4,7 @@
 def test_parent_run_page_opens_the_model_training_view(tmp_path):
     import json
 
-    from orchestrator.sweep_cmd import parent_run_page
+    from orchestrator.cli.sweep_cmd import parent_run_page
 
     assert parent_run_page(str(tmp_path)) is None
     (tmp_path / "mlflow_parent.json").write_text(json.dumps({"experiment_id": "3", "run_id": "abc"}))

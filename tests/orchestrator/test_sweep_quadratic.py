@@ -12,7 +12,7 @@ import pytest
 
 from analysis.core import metrics as M
 from analysis.sources.schema import validate_metrics, validate_trials
-from orchestrator.spec import load_spec, parse_spec
+from orchestrator.specs.sweep_spec import load_spec, parse_spec
 from orchestrator.sweep import build_tuner, run
 from tests.orchestrator.conftest import eval_steps_by_trial, mlflow_runs, quadratic_spec
 

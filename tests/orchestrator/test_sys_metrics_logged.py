@@ -5,7 +5,7 @@ import os
 import pyarrow.parquet as pq
 
 from analysis.core import metrics as M
-from orchestrator.tables import RunsTables, trial_row
+from orchestrator.records.runs_tables import RunsTables, trial_row
 from tests.orchestrator.test_tracking import fake_trial, tracking  # noqa: F401 (the fixture)
 from trainables.config import TrialConfig
 from trainables.trial import run_local

@@ -11,8 +11,8 @@ from types import SimpleNamespace
 import pytest
 
 from analysis.core import metrics as M
-from orchestrator import run_fields as F
-from orchestrator.tracking import MLflowTracking
+from orchestrator.records import run_fields as F
+from orchestrator.records.mlflow_tracking import MLflowTracking
 
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 T0 = 1_700_000_000.0  # the trainable's clock at the first row (epoch seconds)

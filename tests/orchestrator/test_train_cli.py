@@ -2,7 +2,7 @@
 
 import pytest
 
-from orchestrator.cli import main
+from orchestrator.cli.main import main
 
 
 @pytest.mark.parametrize(

@@ -10,7 +10,7 @@ import pytest
 import torch
 import yaml
 
-from orchestrator.cli import main
+from orchestrator.cli.main import main
 from trainables.config import ConfigError
 from trainables.resume import changed_keys, resume_point
 

@@ -1,4 +1,5 @@
-"""orchestrator.tune_handoff: the Train run's results still in the inter-actor queue when ``fit()`` returns are
+"""orchestrator.execution.tune_handoff: the Train run's results still in the inter-actor queue when ``fit()``
+returns are
 reported by the training thread itself, before Tune's wrapper adds its duplicate result (the Ray 2.60 deadlock)."""
 
 from __future__ import annotations
@@ -8,7 +9,7 @@ import threading
 
 from ray.util.queue import Empty
 
-from orchestrator.tune_handoff import hand_off_pending_results
+from orchestrator.execution.tune_handoff import hand_off_pending_results
 
 
 class FakeInterActorQueue:

@@ -16,7 +16,7 @@ import pytest
 import torch
 import yaml
 
-from orchestrator.cli import main
+from orchestrator.cli.main import main
 from trainables import checkpoint
 from trainables.checkpoint import STATE_FILE, UnsafeCheckpoint
 from trainables.config import TrialConfig

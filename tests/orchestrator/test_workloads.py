@@ -12,10 +12,10 @@ import pytest
 import yaml
 
 from analysis.core import metrics as M
-from orchestrator.branch_spec import parse_branch_spec
-from orchestrator.cli import main
-from orchestrator.overrides import UserError
-from orchestrator.spec import parse_spec
+from orchestrator.cli.main import main
+from orchestrator.errors import UserError
+from orchestrator.specs.branch_spec import parse_branch_spec
+from orchestrator.specs.sweep_spec import parse_spec
 from tests.orchestrator.conftest import quadratic_spec
 from trainables import workloads
 from trainables.config import BaseConfig, ConfigError

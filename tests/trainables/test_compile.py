@@ -8,7 +8,7 @@ import pytest
 import torch
 
 from analysis.core import metrics as M
-from orchestrator.cli import main
+from orchestrator.cli.main import main
 from trainables import compiling
 from trainables.checkpoint import STATE_FILE
 from trainables.compiling import CompileError

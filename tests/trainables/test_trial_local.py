@@ -135,7 +135,7 @@ def test_halves_train_the_same_losses_as_one_backward(micro):
 
 
 def test_global_gns_unavailable_is_said_plainly(capsys):
-    from orchestrator.train_cmd import format_summary
+    from orchestrator.cli.train_cmd import format_summary
 
     cfg = TrialConfig(**{**TINY, "max_steps": 2, "gns_halves": False})
     s = run_local(cfg)

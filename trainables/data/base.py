@@ -11,13 +11,14 @@ from dataclasses import dataclass
 import numpy as np
 import torch
 
+from analysis.core.bcrit_error import BcritError
 from trainables.exc_chain import exception_in_chain
 
 LATENT_SHAPE = (1, 4, 32, 32)  # one fast-DiT feature file
 FOLDER_CLASSES = 1000  # fast-DiT ImageNet labels
 
 
-class DatasetError(ValueError):
+class DatasetError(BcritError):
     """A dataset that is missing or malformed; one line naming the problem and the fix."""
 
 

@@ -1,0 +1,61 @@
+"""``bcrit branch SPEC.yaml [--set key=value ...] [--resume]`` and ``bcrit branch --resume STUDY_DIR``: the branched
+study (orchestrator.execution.branch_study), then ``bcrit analyze STUDY_DIR --out ...`` for the answer."""
+
+from __future__ import annotations
+
+import os
+
+from orchestrator.cli import inputs, options
+
+
+def register(sub) -> None:
+    p = sub.add_parser(
+        "branch",
+        help="critical batch size during training from branches of one run (Merrill et al. 2025)",
+        description="Run a branched study (see examples/branched-quadratic.yaml), or continue an interrupted one.",
+    )
+    p.add_argument("spec", help="branched-study spec YAML (kind: branched), or with --resume the study directory")
+    options.overrides(p)
+    options.resume(p)
+    options.verbose(p)
+    p.set_defaults(func=run)
+
+
+def run(args) -> int:
+    import time
+
+    from orchestrator.errors import UserError
+    from orchestrator.execution.branch_study import run_study
+    from orchestrator.specs.branch_spec import STUDY_FILE, load_branch_spec
+
+    def started(study_dir: str) -> bool:  # a study killed before it saved its spec starts again from the YAML
+        return os.path.exists(os.path.join(study_dir, STUDY_FILE))
+
+    spec = inputs.spec_to_run(args, load_branch_spec, _saved_spec, what="study", command="branch", started=started)
+    if not args.resume and started(spec.sweep_dir):
+        raise UserError(
+            f"{spec.sweep_dir} already holds a branched study; add --resume to continue it, or set storage to a "
+            "new directory"
+        )
+    t0 = time.perf_counter()
+    print(f"[bcrit] study dir {spec.sweep_dir}\n[bcrit] MLflow {spec.mlflow_uri} (experiment {spec.experiment!r})")
+    ref_id, results = run_study(spec, resume=args.resume, verbose=args.verbose)
+    errors = sum(1 for r in results if r.error is not None)
+    wall = time.perf_counter() - t0
+    print(f"[bcrit] done: reference {ref_id}, {len(results)} branches ({errors} failed) in {wall:.0f}s")
+    print(f"[bcrit] answer: bcrit analyze {spec.sweep_dir} --out {spec.sweep_dir}/analysis")
+    return 0
+
+
+def _saved_spec(study_dir: str):
+    """The spec a study directory was started with (what ``--resume`` continues)."""
+    import yaml
+
+    from orchestrator.errors import UserError
+    from orchestrator.specs.branch_spec import STUDY_FILE, parse_branch_spec
+
+    path = os.path.join(study_dir, STUDY_FILE)
+    if not os.path.exists(path):
+        raise UserError(f"{study_dir}: not a branched study directory (no {STUDY_FILE})")
+    with open(path) as f:
+        return parse_branch_spec(yaml.safe_load(f), sweep_dir=study_dir, source=path)

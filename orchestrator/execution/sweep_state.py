@@ -1,0 +1,144 @@
+"""What a sweep directory holds, read before Ray starts: a Tune experiment to restore (or one killed before its
+first state file), results of an earlier sweep, the spec it was started with and its MLflow parent run."""
+
+from __future__ import annotations
+
+import contextlib
+import fnmatch
+import glob
+import os
+
+from orchestrator.errors import UserError
+from orchestrator.specs.sweep_spec import SweepSpec, parse_spec
+from orchestrator.specs.yaml_overrides import load_yaml
+from orchestrator.storage.layout import BCRIT_FILES, PARENT_FILE, PARTS, SPEC_FILE, TRAIN_DIR, TUNE_DIR
+
+NO_SWEEP, UNSTARTED, RESTORABLE = "none", "unstarted", "restorable"
+
+
+def sweep_state(sweep_dir: str, storage_uri: str | None = None) -> str:
+    """`RESTORABLE`: Tune saved its experiment state (``Tuner.restore`` works); `UNSTARTED`: the driver died
+    after writing ``tuner.pkl`` but before Tune's first ``experiment_state-*.json`` (``Tuner.can_restore`` says
+    yes, then ``Tuner.restore`` fails with ``KeyError: 'trial'``); `NO_SWEEP`: no Tune experiment at all.
+    Tune's experiment is read at ``storage_uri`` when the sweep's storage is a URI."""
+    if storage_uri:
+        from orchestrator.storage.uri import exists, glob_names
+
+        if not exists(storage_uri, TUNE_DIR, "tuner.pkl"):
+            return NO_SWEEP
+        names = glob_names(storage_uri, TUNE_DIR)
+        return RESTORABLE if any(fnmatch.fnmatch(n, "experiment_state-*.json") for n in names) else UNSTARTED
+    tune_dir = os.path.join(os.path.abspath(sweep_dir), TUNE_DIR)
+    if not os.path.isfile(os.path.join(tune_dir, "tuner.pkl")):
+        return NO_SWEEP
+    if glob.glob(os.path.join(tune_dir, "experiment_state-*.json")):
+        return RESTORABLE
+    return UNSTARTED
+
+
+def can_restore(sweep_dir: str, storage_uri: str | None = None) -> bool:
+    return sweep_state(sweep_dir, storage_uri) == RESTORABLE
+
+
+def has_results(sweep_dir: str) -> bool:
+    """Metric rows of an earlier sweep in the directory (the tables or their parts)."""
+    d = os.path.abspath(sweep_dir)
+    return bool(glob.glob(os.path.join(d, "parts", "*", "m-*.parquet"))) or os.path.exists(
+        os.path.join(d, "metrics.parquet")
+    )
+
+
+def reset_unstarted(spec: SweepSpec) -> None:
+    """Clear what a sweep killed before Tune's first state file left behind -- Tune and Train directories, table
+    parts and tables, the searchers' files (Optuna's journal, the adaptive decisions), and the child runs under the
+    MLflow parent (the parent itself is kept and adopted) -- so that it starts again from scratch with nothing stale
+    mixed in. For a URI sweep also at ``<URI>/bcrit/`` (else a pull would bring them back)."""
+    import shutil
+
+    d = spec.sweep_dir
+    for sub in (TUNE_DIR, TRAIN_DIR, PARTS):
+        shutil.rmtree(os.path.join(d, sub), ignore_errors=True)
+    files = BCRIT_FILES
+    for name in files:
+        with contextlib.suppress(FileNotFoundError):
+            os.remove(os.path.join(d, name))
+    if spec.storage_uri:
+        from orchestrator.storage.uri import Mirror, remove_dirs
+
+        remove_dirs(spec.storage_uri, TUNE_DIR, TRAIN_DIR)
+        mirror = Mirror(spec.storage_uri, d)
+        for prefix in (f"{TUNE_DIR}/", f"{TRAIN_DIR}/", f"{PARTS}/", *files):
+            mirror.remove(prefix)
+    parent = recorded_parent(spec)
+    if parent:
+        from mlflow.tracking import MlflowClient
+
+        client = MlflowClient(spec.mlflow_uri)
+        exp = client.get_run(parent).info.experiment_id
+        for run in client.search_runs([exp], filter_string=f"tags.`mlflow.parentRunId` = '{parent}'"):
+            client.delete_run(run.info.run_id)
+        if _saved_spec_text(d) != spec.to_yaml():
+            # another spec starts here: the old parent (its params are the old spec's) ends; a new one is made
+            client.set_terminated(parent, status="KILLED")
+            os.remove(os.path.join(d, PARENT_FILE))
+
+
+def _saved_spec_text(sweep_dir: str) -> str | None:
+    try:
+        with open(os.path.join(sweep_dir, SPEC_FILE)) as f:
+            return f.read()
+    except OSError:
+        return None
+
+
+def recorded_parent(spec: SweepSpec) -> str | None:
+    """The MLflow parent run id the sweep dir recorded for the spec's tracking URI (None: none yet)."""
+    import json
+
+    path = os.path.join(spec.sweep_dir, PARENT_FILE)
+    try:
+        with open(path) as f:
+            saved = json.load(f)
+    except (OSError, ValueError):
+        return None
+    if not isinstance(saved, dict) or saved.get("tracking_uri") != spec.mlflow_uri:
+        return None
+    return saved.get("run_id")
+
+
+def check_resumable_tracking(spec: SweepSpec) -> None:
+    """The MLflow parent a resumed sweep continues must still exist -- checked before Ray starts, touching
+    nothing (a deleted SQLite store is not re-created empty)."""
+    from analysis.sources.mlflow_uri import sqlite_path
+
+    parent = recorded_parent(spec)
+    if not parent:
+        return
+    fix = (
+        f"restore it, or delete {os.path.join(spec.sweep_dir, PARENT_FILE)} to resume with a new MLflow parent run "
+        "(the metric histories logged so far are then not in MLflow; the Parquet tables keep them)"
+    )
+    db = sqlite_path(spec.mlflow_uri)
+    if db is not None and not os.path.exists(db):
+        raise UserError(f"the sweep's MLflow store {db} is gone; {fix}")
+    from mlflow.exceptions import MlflowException
+    from mlflow.tracking import MlflowClient
+
+    try:
+        MlflowClient(spec.mlflow_uri).get_run(parent)
+    except MlflowException:
+        raise UserError(f"the sweep's MLflow parent run {parent} is not in {spec.mlflow_uri}; {fix}") from None
+
+
+def restore_spec(sweep_dir: str) -> SweepSpec:
+    """The spec an existing sweep dir was started with."""
+    path = os.path.join(os.path.abspath(sweep_dir), SPEC_FILE)
+    if not os.path.exists(path):
+        raise UserError(f"{sweep_dir}: not a bcrit sweep directory (no {SPEC_FILE}); pass the spec YAML instead")
+    try:
+        return parse_spec(load_yaml(path, allow_empty=False), sweep_dir=sweep_dir, source=path)
+    except UserError as e:
+        raise UserError(
+            f"{e} -- {SPEC_FILE} is the spec this sweep was started with; restore it (it is also an artifact of "
+            "the sweep's MLflow parent run) or start the sweep again in a new storage directory"
+        ) from None

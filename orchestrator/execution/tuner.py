@@ -1,0 +1,164 @@
+"""The Ray Tune ``Tuner`` of a sweep: its trainable and resources, its search, bcrit's driver-side callbacks; a
+sweep restored with ``Tuner.restore``; ``run``, which leaves no MLflow run RUNNING when the fit is interrupted."""
+
+from __future__ import annotations
+
+from orchestrator.cluster.ray_logs import quiet_driver_logs
+from orchestrator.cluster.ray_start import sweep_capacity
+from orchestrator.cluster.sizing import compute_slots, max_concurrent, trial_bundle
+from orchestrator.errors import UserError
+from orchestrator.execution.preflight import check_spec
+from orchestrator.execution.sweep_state import can_restore
+from orchestrator.execution.tune_trainable import make_trainable
+from orchestrator.specs.sweep_spec import SweepSpec
+from orchestrator.storage.layout import TUNE_DIR
+
+
+def sweep_trainable(spec: SweepSpec, worker_failures: int, verbose: bool = False):
+    """The workload's Tune function trainable, holding what `trial_bundle` says (its Train workers hold their own)."""
+    from ray import tune
+    from ray.tune.execution.placement_groups import PlacementGroupFactory
+
+    from trainables.sweep_signal import signal_name
+
+    adaptive = getattr(spec, "search", None) == "adaptive"  # a BranchSpec has no search
+    ends = adaptive and spec.adaptive.end_running  # goal.running: end: its trials ask whether to end
+    signal = signal_name(spec.sweep_dir) if ends else None
+    fn = make_trainable(spec.workload, spec.storage_root, worker_failures, verbose=verbose, signal=signal)
+    return tune.with_resources(fn, lambda config: PlacementGroupFactory([trial_bundle(config["trial"])]))
+
+
+def callbacks(spec: SweepSpec, verbose: bool = False, total: int | None = None) -> list:
+    """The driver-side callbacks every bcrit sweep needs: MLflow tracking, the Parquet tables, the terminal
+    (event lines; the live bar unless ``verbose``); on resume, trials Tune lost removed from the first two
+    (orchestrator.records.lost_trials); fault injection for tests (orchestrator.faults)."""
+    from orchestrator.faults import fault_callbacks
+    from orchestrator.records.lost_trials import ForgetLost
+    from orchestrator.records.mlflow_tracking import MLflowTracking
+    from orchestrator.records.progress import SweepProgress
+    from orchestrator.records.tables_callback import TablesCallback
+
+    tracking = MLflowTracking(spec.mlflow_uri, spec.experiment, spec.name, spec.sweep_dir, spec.to_yaml())
+    progress = SweepProgress(spec.num_trials() if total is None else total, live=not verbose)
+    watch = []
+    if getattr(spec, "search", None) == "adaptive":  # its refits as progress lines and parent-run metrics
+        from orchestrator.search.adaptive_view import AdaptiveWatch
+
+        watch = [AdaptiveWatch(spec.sweep_dir, tracking, progress)]
+    tables = TablesCallback(spec.sweep_dir, storage_uri=spec.storage_uri)
+    return [*fault_callbacks(), ForgetLost(tracking, tables), *watch, tracking, tables, progress]
+
+
+def build_tuner(
+    spec: SweepSpec,
+    *,
+    configs: list[dict] | None = None,
+    worker_failures: int = 3,
+    trial_retries: int = 2,
+    extra_callbacks: list | tuple = (),
+    verbose: bool = False,
+):
+    """A ``Tuner`` for the spec (saves the resolved spec in the sweep dir, where ``restore_tuner`` reads it).
+    ``extra_callbacks``: your own Tune callbacks, after bcrit's (tracking, tables, terminal); they still see each
+    result's ``rows``, which a last callback then drops (orchestrator.records.tables_callback.StripRows).
+    ``verbose``: Tune's
+    own tables and Ray Train's INFO logs instead of bcrit's progress bar."""
+    from ray import tune
+
+    from orchestrator.records.tables_callback import StripRows
+
+    configs = configs if configs is not None else check_spec(spec)
+    save_spec(spec)
+    if spec.search == "grid":
+        param_space, search_alg, num_samples = {"trial": tune.grid_search(configs)}, None, 1
+    elif (
+        spec.search == "adaptive"
+    ):  # trials chosen by the B_crit interval until it stops (orchestrator.search.adaptive_search)
+        from orchestrator.search.adaptive_search import AdaptiveSearch
+
+        # one more than the space: the searcher, not Tune's count, ends the sweep (and records why)
+        search_alg, param_space, num_samples = AdaptiveSearch.from_spec(spec), {}, len(configs) + 1
+    # one TPE study per (batch size, split, seed) group; its quota of trials each (orchestrator.search.optuna_search)
+    else:
+        from orchestrator.search.optuna_search import GroupedOptunaSearch
+
+        search_alg = GroupedOptunaSearch.from_spec(spec)
+        param_space, num_samples = {}, search_alg.total_trials
+    quiet_driver_logs(verbose)
+    return tune.Tuner(
+        sweep_trainable(spec, worker_failures, verbose),
+        param_space=param_space,
+        tune_config=tune.TuneConfig(
+            search_alg=search_alg,
+            num_samples=num_samples,
+            max_concurrent_trials=sweep_concurrency(spec, configs),
+            trial_dirname_creator=lambda t: t.trial_id,
+            reuse_actors=True,  # in-process trials skip the actor start and torch import
+        ),
+        run_config=tune.RunConfig(
+            name=TUNE_DIR,
+            storage_path=spec.storage_root,
+            callbacks=[*callbacks(spec, verbose), *extra_callbacks, StripRows()],
+            failure_config=tune.FailureConfig(max_failures=trial_retries),
+            verbose=1 if verbose else 0,  # 0: none of Tune's boxes (Ray 2.60's output ignores progress_reporter)
+        ),
+    )
+
+
+def sweep_concurrency(spec: SweepSpec, configs: list[dict]) -> int:
+    """Tune's ``max_concurrent_trials``: what the resources hold (:func:`orchestrator.cluster.sizing.max_concurrent`);
+    an adaptive sweep on the embedded local Ray no more than compute at once on the cores
+    (:func:`orchestrator.cluster.sizing.compute_slots`): its refits choose each trial from the ones finished, and a
+    local Ray's oversubscribed CPUs would only add trials chosen blind. On a cluster (``RAY_ADDRESS``) its capacity."""
+    from orchestrator.cluster.ray_start import on_cluster
+
+    n = max_concurrent(configs, sweep_capacity())
+    return min(n, compute_slots(configs)) if spec.search == "adaptive" and not on_cluster() else n
+
+
+def restore_tuner(spec: SweepSpec, worker_failures: int = 3, verbose: bool = False):
+    """``Tuner.restore`` of the sweep: finished trials stay finished, unfinished ones resume from checkpoints.
+    (The run config, callbacks included, is the one the sweep was started with: ``verbose`` sets the trainable
+    and the driver's logs.)"""
+    from ray.tune import Tuner
+
+    path = spec.layout.tune
+    if not can_restore(spec.sweep_dir, spec.storage_uri):
+        raise UserError(f"{spec.sweep_dir}: no interrupted sweep to resume; run it without --resume")
+    quiet_driver_logs(verbose)
+    tuner = Tuner.restore(path, trainable=sweep_trainable(spec, worker_failures, verbose), resume_unfinished=True)
+    if spec.search == "adaptive":  # its goal and budget may have changed (orchestrator.search.adaptive_resume)
+        from orchestrator.records.progress import SweepProgress
+        from orchestrator.search.adaptive_resume import renew
+
+        renew(tuner._local_tuner._tune_config.search_alg, spec, path)
+        for cb in _tuner_callbacks(tuner):
+            if isinstance(cb, SweepProgress):
+                cb.total = spec.num_trials()  # the bar's total under the new budget
+        save_spec(spec)
+    return tuner
+
+
+def run(tuner, spec: SweepSpec):
+    """Fit the tuner; on any interruption every MLflow run this driver opened is ended (KILLED), none RUNNING."""
+    from orchestrator.records.mlflow_tracking import MLflowTracking
+
+    try:
+        return tuner.fit()
+    except BaseException:
+        for cb in _tuner_callbacks(tuner):
+            if isinstance(cb, MLflowTracking):
+                cb.close("KILLED")
+        raise
+
+
+def save_spec(spec: SweepSpec) -> None:
+    """The resolved spec in the sweep directory: what ``--resume`` reads."""
+    with open(spec.layout.spec, "w") as f:
+        f.write(spec.to_yaml())
+
+
+def _tuner_callbacks(tuner) -> list:
+    internal = getattr(tuner, "_local_tuner", None)
+    rc = getattr(internal, "_run_config", None) if internal else None
+    return list(getattr(rc, "callbacks", None) or [])

@@ -1,0 +1,2 @@
+"""Tune searchers: Optuna (TPE) per batch-size group, and the adaptive searcher on the analysis's decision rule (its
+progress view and its resume with a new goal)."""
