@@ -1,5 +1,5 @@
 """What any design of the adaptive sweep's family must spend to reach the grid's B_crit precision: a bound from the
-decision rule's own linearization (analysis.decisions.next_trials, module docstring), not a measurement.
+decision rule's own linearization (docs/sweeps.md, "The decision rule"), not a measurement.
 
 The fit ``log S(B) = log(S_min + E_min/B)`` linearized in ``p = (log S_min, log E_min)``: a batch size with ``k``
 seeds at its best setting adds ``k g g' / sigma^2`` to the information matrix ``F``, ``g(B) = (S_min, E_min/B) /

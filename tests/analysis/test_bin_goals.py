@@ -9,6 +9,7 @@ import pyarrow.compute as pc
 import pytest
 
 from analysis.decisions import next_trials as nt
+from analysis.decisions.adaptive import narrowing
 from analysis.decisions.bin_goals import NO_FIT
 from analysis.fits.answer import bins_at
 from analysis.fits.sweep_fit import analyze_metric
@@ -99,7 +100,7 @@ def test_global_goal_met_but_a_trusted_bin_wider_does_not_stop(runs, probe):
     # scored by what it does to bin 1, the one interval still open: its expected narrowing of bin 1's
     # linearized fit per expected example (the global interval, met, no longer counts)
     c = dec.choices[0]
-    mdl = nt._Model(wide.fit, nt._sigma2(runs, wide.fit, wide.metric))
+    mdl = narrowing._Model(wide.fit, narrowing._sigma2(runs, wide.fit, wide.metric))
     assert c.kind in ("seed", "lr_refine") and c.score == pytest.approx(mdl.narrowing(c.trial.batch_size) / c.examples)
 
 

@@ -9,6 +9,7 @@ import numpy as np
 import pytest
 
 from analysis.decisions import next_trials as nt
+from analysis.decisions.adaptive import candidates, goal_checks, ledger, lr_moves, narrowing
 from analysis.decisions.nqm_adaptive import adaptive_sweep, concat, run_trial
 from analysis.fits import flags as fl
 from analysis.quadratic.nqm import closed_form_b_crit
@@ -99,20 +100,20 @@ def test_goal_waits_on_lr_at_divergence_while_the_grid_has_an_lr_in_between():
     pts[2]["flags"] = [fl.LR_AT_DIVERGENCE]
     fit = {"target": 0.5, "b_crit": 20.0, "b_crit_ci": [18.0, 22.0], "points": pts, "flags": [fl.LR_AT_DIVERGENCE]}
     coarse = [nt.Trial(b, x, 0) for b in (8, 16, 32) for x in (0.01, 0.02, 0.08)]  # 0.04 untried: in between
-    assert not nt._goal_met([fit], goal, space, coarse)
+    assert not goal_checks._goal_met([fit], goal, space, coarse)
     fit |= {"s_min": 10.0, "e_min": 200.0}
-    blockers = nt._goal_blockers([fit], [], goal, space, coarse, nt._Cost(None, np.zeros(0), space))
+    blockers = goal_checks._goal_blockers([fit], [], goal, space, coarse, ledger._Cost(None, np.zeros(0), space))
     assert [(c.trial, c.kind, c.reason) for c in blockers] == [
         (nt.Trial(32, 0.04, 0), "lr_refine", "optimum towards a diverged lr at target 0.5")]  # fmt: skip
-    assert nt._goal_met([fit], goal, space, coarse + [nt.Trial(32, 0.04, 0)])
+    assert goal_checks._goal_met([fit], goal, space, coarse + [nt.Trial(32, 0.04, 0)])
     pts[2]["flags"] = []
-    assert nt._goal_met([fit], goal, space, coarse)
+    assert goal_checks._goal_met([fit], goal, space, coarse)
 
 
 def test_narrowing_is_the_rank_one_update_of_the_linearized_fit():
     fit = {"s_min": 20.0, "e_min": 2000.0, "b_crit_ci": [80.0, 120.0], "b_crit": 100.0,
            "points": [{"batch_size": b, "seeds": 1} for b in (16, 64, 256)]}  # fmt: skip
-    mdl = nt._Model(fit, 0.01)
+    mdl = narrowing._Model(fit, 0.01)
     a = np.array([-1.0, 1.0])
 
     def var(rows):
@@ -141,7 +142,7 @@ def test_removing_more_seeds_than_a_fit_holds_is_the_points_whole_value():
     # fewer seeds at that B: the remainder is not a fit (not positive definite), so the point is worth the width
     fit = {"s_min": 20.0, "e_min": 2000.0, "b_crit_ci": [80.0, 120.0], "b_crit": 100.0,
            "points": [{"batch_size": b, "seeds": 1} for b in (16, 64, 256)]}  # fmt: skip
-    mdl = nt._Model(fit, 0.01)
+    mdl = narrowing._Model(fit, 0.01)
     assert mdl.narrowing(16, 3, remove=True) == pytest.approx(mdl.width)
 
 
@@ -222,8 +223,8 @@ def test_a_far_worse_neighbours_seed_ranks_below_a_seed_elsewhere():
     fits = nt._fits(runs, GOAL, "eval/loss", 50, 0)
     best16 = next(p for p in fits[0]["points"] if p["batch_size"] == 16)
     assert (best16["lr"], best16["seeds"]) == (0.5, 2)
-    cost = nt._Cost(runs, nt.spent_examples(runs), space)
-    cands = nt._candidates(runs, space, GOAL, fits, nt._tried(runs, []), cost, "eval/loss")
+    cost = ledger._Cost(runs, nt.spent_examples(runs), space)
+    cands = candidates._candidates(runs, space, GOAL, fits, ledger._tried(runs, []), cost, "eval/loss")
     score = {(c.kind, c.trial.batch_size, c.trial.lr): c.score for c in cands}
     far, diverged = score["seed", 16, 0.2], score["seed", 16, 0.8]
     assert diverged == 0.0
@@ -250,7 +251,7 @@ def test_a_narrow_target_still_gets_the_trials_its_goal_needs():
         def of(self, b, fits):
             return float(b)
 
-    got = nt._goal_blockers([narrow], [], goal, space, tried, Cost())
+    got = goal_checks._goal_blockers([narrow], [], goal, space, tried, Cost())
     assert {(c.kind, c.trial) for c in got} == {
         ("seed", nt.Trial(8, 0.02, 1)),  # 1 seed, the goal needs 2
         ("lr_edge", nt.Trial(16, 0.01, 0)),  # best 0.02 at the low edge of {0.02, 0.04}; 0.01 is in the grid
@@ -258,10 +259,10 @@ def test_a_narrow_target_still_gets_the_trials_its_goal_needs():
     }
     assert all(c.score == np.inf and str(c.trial.batch_size) in str(c.examples) for c in got)
     pending = tried + [nt.Trial(8, 0.02, 1), nt.Trial(16, 0.01, 0), nt.Trial(32, 0.04, 0)]
-    assert nt._goal_blockers([narrow], [], goal, space, pending, Cost()) == []  # pending: nothing more
-    assert not nt._goal_met([narrow], goal, space, tried)
+    assert goal_checks._goal_blockers([narrow], [], goal, space, pending, Cost()) == []  # pending: nothing more
+    assert not goal_checks._goal_met([narrow], goal, space, tried)
     # a counted bin's point: only its seeds (what _open_bin checks); its flags are not the goal's
-    got = nt._goal_blockers([], [narrow], goal, space, tried, Cost())
+    got = goal_checks._goal_blockers([], [narrow], goal, space, tried, Cost())
     assert [(c.kind, c.trial) for c in got] == [("seed", nt.Trial(8, 0.02, 1))] and "bin target 0.5" in got[0].reason
 
 
@@ -364,19 +365,19 @@ def test_a_near_floor_point_waits_for_every_seed_the_space_allows():
     fit = {"target": 0.5, "b_crit": 20.0, "b_crit_ci": [18.0, 22.0], "s_min": 10.0, "e_min": 200.0, "points": pts,
            "flags": [fl.NEAR_FLOOR]}  # fmt: skip
     tried = [nt.Trial(b, x, s) for b in (8, 16, 32) for x in (0.01, 0.02, 0.04) for s in (0, 1)]
-    assert not nt._goal_met([fit], goal, space, tried)
-    blockers = nt._goal_blockers([fit], [], goal, space, tried, nt._Cost(None, np.zeros(0), space))
+    assert not goal_checks._goal_met([fit], goal, space, tried)
+    blockers = goal_checks._goal_blockers([fit], [], goal, space, tried, ledger._Cost(None, np.zeros(0), space))
     assert [(c.trial, c.kind) for c in blockers] == [(nt.Trial(16, 0.02, 2), "seed")]
     assert blockers[0].score == np.inf and "needs 3 (near_floor)" in blockers[0].reason
     pending = tried + [nt.Trial(16, 0.02, 2)]  # the third seed running: not asked for twice
-    assert not nt._goal_blockers([fit], [], goal, space, pending, nt._Cost(None, np.zeros(0), space))
+    assert not goal_checks._goal_blockers([fit], [], goal, space, pending, ledger._Cost(None, np.zeros(0), space))
     pts[1]["seeds"] = 3
-    assert nt._goal_met([fit], goal, space, tried)  # nothing more to run there: met, and the answer says FLAGGED
+    assert goal_checks._goal_met([fit], goal, space, tried)  # nothing more to run there: met, the answer FLAGGED
     pts[1]["flags"], pts[1]["seeds"] = [], 2
-    assert nt._goal_met([fit], goal, space, tried)  # without the flag, min_seeds is enough
+    assert goal_checks._goal_met([fit], goal, space, tried)  # without the flag, min_seeds is enough
     pts[1]["seeds"] = 1
     one = [t for t in tried if not (t.batch_size == 16 and t.lr == 0.02 and t.seed == 1)]
-    blockers = nt._goal_blockers([fit], [], goal, space, one, nt._Cost(None, np.zeros(0), space))
+    blockers = goal_checks._goal_blockers([fit], [], goal, space, one, ledger._Cost(None, np.zeros(0), space))
     assert [(c.trial, c.kind) for c in blockers] == [(nt.Trial(16, 0.02, 1), "seed")]
     assert blockers[0].reason == "1 seed(s) at the best setting at target 0.5: the goal needs 2"
 
@@ -391,8 +392,8 @@ def test_with_end_pending_a_running_trial_past_an_lr_edge_does_not_meet_the_goal
     edge = [p for p in real[0]["points"] if fl.LR_AT_EDGE in p["flags"]]
     assert edge
     p = edge[0]
-    tried = nt._tried(runs, [])
-    beyond = nt._beyond_edge(SPACE, tried, p["batch_size"], p["lr"])
+    tried = ledger._tried(runs, [])
+    beyond = lr_moves._beyond_edge(SPACE, tried, p["batch_size"], p["lr"])
     assert beyond is not None
     fake = [{**real[0], "b_crit_ci": [real[0]["b_crit"] * 0.95, real[0]["b_crit"] * 1.05],
              "points": [{**q, "flags": [fl.LR_AT_EDGE] if q is p else []} for q in real[0]["points"]]}]  # fmt: skip
@@ -423,18 +424,18 @@ def test_p_best_of_a_tried_setting_against_the_fits_best_in_float64():
         steps[runs.trial_ids.index(ids[k])] = v
     fit = {"points": [{"batch_size": 64, "lr": 1.2, "trial_ids": [ids[(64, 1.2, 0)], ids[(64, 1.2, 1)]]}]}
     sigma2 = 0.01
-    assert nt._p_best(runs, steps, fit, 64, 1.2, sigma2) == 1.0
+    assert narrowing._p_best(runs, steps, fit, 64, 1.2, sigma2) == 1.0
     m_nbr, m_best = (math.log(104.0) + math.log(126.0)) / 2, (math.log(100.0) + math.log(110.0)) / 2
     z = (m_best - m_nbr) / math.sqrt(sigma2 * (1 / 2 + 1 / 2))
     want = 0.5 * math.erfc(-z / math.sqrt(2))
     assert 0.05 < want < 0.5  # a slower neighbour, not a hopeless one: the weight is neither 0 nor 1
-    assert nt._p_best(runs, steps, fit, 64, 0.8, sigma2) == pytest.approx(want, rel=1e-12)
-    assert nt._p_best(runs, steps, fit, 64, 0.8, 4 * sigma2) > want  # noisier seeds: a closer call
-    assert nt._p_best(runs, steps, fit, 64, 1.6, sigma2) == 0.0  # one seed never reached the target
-    assert nt._p_best(runs, steps, fit, 256, 1.2, sigma2) == 0.0  # the fit has no point at B=256
-    assert nt._p_best(runs, steps, fit, 64, 0.5, sigma2) == 0.0  # no trial at that lr
+    assert narrowing._p_best(runs, steps, fit, 64, 0.8, sigma2) == pytest.approx(want, rel=1e-12)
+    assert narrowing._p_best(runs, steps, fit, 64, 0.8, 4 * sigma2) > want  # noisier seeds: a closer call
+    assert narrowing._p_best(runs, steps, fit, 64, 1.6, sigma2) == 0.0  # one seed never reached the target
+    assert narrowing._p_best(runs, steps, fit, 256, 1.2, sigma2) == 0.0  # the fit has no point at B=256
+    assert narrowing._p_best(runs, steps, fit, 64, 0.5, sigma2) == 0.0  # no trial at that lr
     steps[runs.trial_ids.index(ids[(64, 1.2, 1)])] = np.inf  # the best's own seed unreached: nothing to compare
-    assert nt._p_best(runs, steps, fit, 64, 0.8, sigma2) == 0.0
+    assert narrowing._p_best(runs, steps, fit, 64, 0.8, sigma2) == 0.0
 
 
 def test_a_new_batch_size_starts_at_the_grid_lr_nearest_the_log_log_interpolation():
@@ -442,13 +443,13 @@ def test_a_new_batch_size_starts_at_the_grid_lr_nearest_the_log_log_interpolatio
     it at the new B (between them or beyond), or the nearest point's lr when only one is fitted."""
     space = nt.Space((16, 64, 256, 1024), LRS)
     fit = {"points": [{"batch_size": 16, "lr": 0.2}, {"batch_size": 256, "lr": 0.8}]}  # lr ~ sqrt(B)
-    assert nt._lr_for_new_b(space, fit, 64) == 0.5  # sqrt rule: 0.4; |log 0.5/0.4| < |log 0.3/0.4|
-    assert nt._lr_for_new_b(space, fit, 1024) == 1.6  # beyond: 0.8 x sqrt(4)
-    assert nt._lr_for_new_b(space, fit, 4) == 0.2  # below: 0.1, the grid's smallest
+    assert lr_moves._lr_for_new_b(space, fit, 64) == 0.5  # sqrt rule: 0.4; |log 0.5/0.4| < |log 0.3/0.4|
+    assert lr_moves._lr_for_new_b(space, fit, 1024) == 1.6  # beyond: 0.8 x sqrt(4)
+    assert lr_moves._lr_for_new_b(space, fit, 4) == 0.2  # below: 0.1, the grid's smallest
     three = {"points": [{"batch_size": 16, "lr": 0.2}, {"batch_size": 256, "lr": 0.8}, {"batch_size": 1024,
                                                                                        "lr": 0.8}]}  # fmt: skip
-    assert nt._lr_for_new_b(space, three, 512) == 0.8  # the nearest two (256, 1024) are flat there
-    assert nt._lr_for_new_b(space, {"points": [{"batch_size": 16, "lr": 1.2}]}, 64) == 1.2
+    assert lr_moves._lr_for_new_b(space, three, 512) == 0.8  # the nearest two (256, 1024) are flat there
+    assert lr_moves._lr_for_new_b(space, {"points": [{"batch_size": 16, "lr": 1.2}]}, 64) == 1.2
 
 
 def test_the_space_refuses_what_the_rule_cannot_search():
@@ -481,28 +482,28 @@ def test_sigma2_is_the_pooled_per_seed_variance_of_log_steps_in_float64():
     fit = {"points": [{"batch_size": b, "trial_ids": by_b[b], "steps": 1.0} for b in (16, 64, 256, 1024)]}
     a, c = np.log([100.0, 110.0, 121.0]), np.log([50.0, 60.0])
     want = (((a - a.mean()) ** 2).sum() + ((c - c.mean()) ** 2).sum()) / (2 + 1)
-    assert nt._sigma2(runs, fit, "eval/loss", steps) == pytest.approx(want, rel=1e-12)
+    assert narrowing._sigma2(runs, fit, "eval/loss", steps) == pytest.approx(want, rel=1e-12)
     assert want > 10 * nt.SIGMA2_FLOOR
     same = np.where(np.isfinite(steps), 100.0, steps)  # seeds that agree: the floor
-    assert nt._sigma2(runs, fit, "eval/loss", same) == nt.SIGMA2_FLOOR
+    assert narrowing._sigma2(runs, fit, "eval/loss", same) == nt.SIGMA2_FLOOR
     # no point with two finished seeds: the fit's residuals, n - 2 degrees of freedom
     four = ((16, 130.0), (64, 50.0), (256, 30.0), (1024, 24.0))
     pts = [{"batch_size": b, "trial_ids": by_b[b][:1], "steps": s} for b, s in four]
     one = {"points": pts, "s_min": 20.0, "e_min": 1600.0}
     r = np.log([s for _, s in four]) - np.log(20.0 + 1600.0 / np.array([b for b, _ in four], float))
-    assert nt._sigma2(runs, one, "eval/loss", steps) == pytest.approx(float((r**2).sum()) / (4 - 2), rel=1e-12)
+    assert narrowing._sigma2(runs, one, "eval/loss", steps) == pytest.approx(float((r**2).sum()) / (4 - 2), rel=1e-12)
 
 
 def test_neighbours_and_the_lr_past_an_edge_are_read_from_the_tried_lrs():
     tried = [nt.Trial(64, x, 0) for x in (0.3, 0.5, 0.8, 1.2, 1.6)] + [nt.Trial(16, x, 0) for x in (1.95, 2.1)]
-    assert nt._neighbours(tried, 64, 0.8) == [0.5, 1.2]
-    assert nt._neighbours(tried, 64, 0.3) == [0.5] and nt._neighbours(tried, 64, 1.6) == [1.2]
+    assert lr_moves._neighbours(tried, 64, 0.8) == [0.5, 1.2]
+    assert lr_moves._neighbours(tried, 64, 0.3) == [0.5] and lr_moves._neighbours(tried, 64, 1.6) == [1.2]
     mid = [nt.Trial(64, x, 0) for x in (0.5, 0.8, 1.2)]
-    assert nt._beyond_edge(SPACE, mid, 64, 0.5) == 0.3 and nt._beyond_edge(SPACE, mid, 64, 1.2) == 1.6
-    assert nt._beyond_edge(SPACE, mid, 64, 0.8) is None  # not at an edge
+    assert lr_moves._beyond_edge(SPACE, mid, 64, 0.5) == 0.3 and lr_moves._beyond_edge(SPACE, mid, 64, 1.2) == 1.6
+    assert lr_moves._beyond_edge(SPACE, mid, 64, 0.8) is None  # not at an edge
     low = [nt.Trial(64, x, 0) for x in (0.2, 0.3)]
-    assert nt._beyond_edge(SPACE, low, 64, 0.2) is None  # the grid's smallest: nothing below
-    assert nt._beyond_edge(SPACE, tried, 16, 2.1) is None  # the grid's largest: nothing above
+    assert lr_moves._beyond_edge(SPACE, low, 64, 0.2) is None  # the grid's smallest: nothing below
+    assert lr_moves._beyond_edge(SPACE, tried, 16, 2.1) is None  # the grid's largest: nothing above
 
 
 def test_a_bin_exactly_at_the_goal_width_is_met():
@@ -511,19 +512,19 @@ def test_a_bin_exactly_at_the_goal_width_is_met():
     goal = nt.Goal((0.5,), rel_ci=0.25, min_seeds=2, bins=True)
     fit = {"points": [{"seeds": 2}, {"seeds": 3}]}
     at = BinInterval(0, (0, 249), 0.5, 0.6, 0.25, (), fit)
-    assert not nt._open_bin(at, goal) and nt._bins_met([at], goal)
-    assert nt._open_bin(BinInterval(0, (0, 249), 0.5, 0.6, 0.2501, (), fit), goal)
+    assert not goal_checks._open_bin(at, goal) and goal_checks._bins_met([at], goal)
+    assert goal_checks._open_bin(BinInterval(0, (0, 249), 0.5, 0.6, 0.2501, (), fit), goal)
     short = BinInterval(0, (0, 249), 0.5, 0.6, 0.1, (), {"points": [{"seeds": 1}, {"seeds": 3}]})
-    assert nt._open_bin(short, goal) and not nt._bins_met([at, short], goal)
+    assert goal_checks._open_bin(short, goal) and not goal_checks._bins_met([at, short], goal)
 
 
 def test_refine_offers_the_untried_grid_lr_nearest_the_best_on_each_side():
     tried = [nt.Trial(64, x, 0) for x in (0.2, 0.8, 1.6)]
-    assert nt._refine(SPACE, tried, 64, 0.8) == [0.5, 1.2]  # below: 0.3 and 0.5 untried, the nearer to 0.8
-    assert nt._refine(SPACE, tried, 64, 0.2) == [0.3]  # at the low edge: above only, the nearer of 0.3 and 0.5
-    assert nt._refine(SPACE, tried, 64, 1.6) == [1.2]  # at the high edge: below only
+    assert lr_moves._refine(SPACE, tried, 64, 0.8) == [0.5, 1.2]  # below: 0.3 and 0.5 untried, the nearer to 0.8
+    assert lr_moves._refine(SPACE, tried, 64, 0.2) == [0.3]  # at the low edge: above only, the nearer of 0.3 and 0.5
+    assert lr_moves._refine(SPACE, tried, 64, 1.6) == [1.2]  # at the high edge: below only
     dense = [nt.Trial(64, x, 0) for x in (0.5, 0.8, 1.2)]
-    assert nt._refine(SPACE, dense, 64, 0.8) == []  # no grid lr between the tried ones
+    assert lr_moves._refine(SPACE, dense, 64, 0.8) == []  # no grid lr between the tried ones
 
 
 def test_the_linearized_fit_weighs_points_by_their_seeds_and_refuses_a_singular_one():
@@ -533,17 +534,18 @@ def test_the_linearized_fit_weighs_points_by_their_seeds_and_refuses_a_singular_
     g = lambda b: np.array([20.0, 2000.0 / b]) / (20.0 + 2000.0 / b)  # noqa: E731
     pts = [{"batch_size": b, "seeds": k} for b, k in ((16, 1), (64, 3), (256, 2))]
     fit = {"s_min": 20.0, "e_min": 2000.0, "b_crit_ci": [80.0, 120.0], "b_crit": 100.0, "points": pts}
-    mdl = nt._Model(fit, 0.01)
+    mdl = narrowing._Model(fit, 0.01)
     want = sum(k / 0.01 * np.outer(g(b), g(b)) for b, k in ((16, 1), (64, 3), (256, 2)))
     np.testing.assert_allclose(mdl.F, want, rtol=1e-12)
     a = np.array([-1.0, 1.0])
     assert mdl.var() == pytest.approx(float(a @ np.linalg.inv(want) @ a), rel=1e-9)
     for bs in ((64, 64), (64, 64 * (1 + 1e-7))):
-        one = nt._Model({**fit, "points": [{"batch_size": b, "seeds": 2} for b in bs]}, 0.01)
+        one = narrowing._Model({**fit, "points": [{"batch_size": b, "seeds": 2} for b in bs]}, 0.01)
         assert one.var() == np.inf
         assert one.narrowing(256) == pytest.approx(0.2)  # the interval's whole width
-        assert nt._Model({**fit, "b_crit_ci": [None, None], "points": _two_seed_points(bs)}, 0.01).narrowing(256) == 1.0
-    assert np.isfinite(nt._Model({**fit, "points": _two_seed_points((64, 80))}, 0.01).var())
+        no_ci = {**fit, "b_crit_ci": [None, None], "points": _two_seed_points(bs)}
+        assert narrowing._Model(no_ci, 0.01).narrowing(256) == 1.0
+    assert np.isfinite(narrowing._Model({**fit, "points": _two_seed_points((64, 80))}, 0.01).var())
 
 
 def _two_seed_points(bs):
@@ -556,8 +558,8 @@ def test_a_width_exactly_at_the_goal_meets_it():
     pts = [{"batch_size": b, "lr": 0.02, "seeds": 1, "flags": []} for b in (8, 16, 32)]
     tried = [nt.Trial(b, x, 0) for b in (8, 16, 32) for x in (0.01, 0.02, 0.04)]
     at = {"target": 0.5, "b_crit": 20.0, "b_crit_ci": [16.0, 24.0], "points": pts}  # (24 - 16) / 40 = 0.2
-    assert nt.rel_width(at) == 0.2 and nt._goal_met([at], goal, space, tried)
-    assert not nt._goal_met([{**at, "b_crit_ci": [16.0, 24.01]}], goal, space, tried)
+    assert nt.rel_width(at) == 0.2 and goal_checks._goal_met([at], goal, space, tried)
+    assert not goal_checks._goal_met([{**at, "b_crit_ci": [16.0, 24.01]}], goal, space, tried)
 
 
 def test_the_rule_holds_while_the_pending_seeds_are_expected_to_meet_the_goal(monkeypatch):
@@ -582,7 +584,7 @@ def test_the_rule_holds_while_the_pending_seeds_are_expected_to_meet_the_goal(mo
     assert decide(goal.rel_ci / ratio * 1.01, at_best).choices  # expected just short of the goal: go on
     assert decide(goal.rel_ci / ratio * 0.99, at_best, hold=False).choices
     other = [x for x in LRS if not math.isclose(x, p0["lr"]) and nt.Trial(p0["batch_size"], x, 0) not in
-             nt._tried(runs, [])][0]  # fmt: skip
+             ledger._tried(runs, [])][0]  # fmt: skip
     dec = decide(goal.rel_ci / ratio * 0.99, [nt.Trial(p0["batch_size"], other, 0)])
     assert not dec.holding and dec.choices  # a pending trial at another setting is expected to add nothing
     two = nt.Goal((0.5,), rel_ci=0.15, min_seeds=2)  # every 1-seed point waits for a seed: not all pending
@@ -621,13 +623,13 @@ def test_holding_needs_pending_trials_every_target_fitted_and_every_interval_exp
     runs = _runs([*nt.initial_design(SPACE), nt.Trial(16, 0.5, 0)])
     fit, ratio = _hold_fit(runs, goal)
     p0 = fit["points"][0]
-    done = nt._tried(runs, [])
+    done = ledger._tried(runs, [])
     pend = nt.Trial(p0["batch_size"], p0["lr"], 1)
-    cost = nt._Cost(runs, nt.spent_examples(runs), SPACE)
+    cost = ledger._Cost(runs, nt.spent_examples(runs), SPACE)
     near = _at_width(fit, goal.rel_ci / ratio * 0.99)
 
     def holds(fits, g=goal, bins=(), pending=(pend,)):
-        return nt._pending_meet_goal(g, fits, list(bins), SPACE, list(pending), [*pending, *done], cost)
+        return goal_checks._pending_meet_goal(g, fits, list(bins), SPACE, list(pending), [*pending, *done], cost)
 
     assert holds([near])
     assert not holds([near], pending=())  # nothing running: nothing to wait for
