@@ -60,12 +60,12 @@ def connect(verbose: bool = False) -> None:
     UserError line naming the fix, not Ray's traceback or its minutes of retries."""
     import ray
 
-    from orchestrator.cluster.ray_address import check_reachable
+    from orchestrator.cluster.ray_address import check_ray_address
 
     if ray.is_initialized():
         return
     address = os.environ["RAY_ADDRESS"]
-    check_reachable(address)
+    check_ray_address(address)
     try:
         start_quiet_ray(1, verbose)
     except (ConnectionError, RuntimeError, ValueError) as e:

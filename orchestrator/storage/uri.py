@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import os
 import re
+import threading
 import urllib.parse
 import uuid
 
@@ -59,58 +60,12 @@ def local_dir(uri: str, root: str | None = None) -> str:
     return os.path.join(os.path.abspath(root), u.scheme, *parts)
 
 
-def resolve(uri: str):
-    """``(pyarrow FileSystem, path in it)`` of a URI; one UserError line for one that pyarrow cannot use."""
-    import pyarrow.fs as pafs
-
-    try:
-        fs, path = pafs.FileSystem.from_uri(uri)
-    except (ValueError, OSError) as e:  # ArrowInvalid is a ValueError
-        raise UserError(f"storage {uri!r} is not a URI pyarrow.fs can open ({_first_line(e)}); {_uri_help()}") from None
-    return fs, path.rstrip("/")
-
-
 def _uri_help() -> str:
     return "use s3://BUCKET/PREFIX (gs://, abfs://, hdfs:// also work where pyarrow has them), or a directory path"
 
 
 def _first_line(e: BaseException) -> str:
     return (str(e).strip().splitlines() or [type(e).__name__])[0][:200]
-
-
-def explain(uri: str, e: BaseException) -> str:
-    """One line saying what an error of the storage means and how to fix it."""
-    text = str(e)
-    bucket = urllib.parse.urlsplit(uri).netloc
-    if "NO_SUCH_BUCKET" in text or "NoSuchBucket" in text or "bucket does not exist" in text:
-        return f"storage {uri!r}: bucket {bucket!r} does not exist; create it (aws s3 mb s3://{bucket}) or fix the URI"
-    if any(k in text for k in ("NETWORK_CONNECTION", "curlCode", "Could not connect", "Could not resolve host")):
-        return f"storage {uri!r}: the storage endpoint cannot be reached ({_first_line(e)}); {ENDPOINT_FIX}"
-    if any(
-        k in text
-        for k in ("ACCESS_DENIED", "AccessDenied", "INVALID_ACCESS_KEY_ID", "SIGNATURE_DOES_NOT_MATCH", "credential")
-    ):
-        return f"storage {uri!r}: access refused ({_first_line(e)}); {CRED_FIX}"
-    why = _first_line(e)
-    return f"storage {uri!r} cannot be written and read back ({why}); check the URI, endpoint and credentials"
-
-
-def probe(uri: str) -> None:
-    """Write a small object under the URI, read it back and delete it; one UserError line naming the fix if any
-    step fails (missing bucket, unreachable endpoint, refused credentials). Run before anything launches."""
-    fs, path = resolve(uri)
-    token = uuid.uuid4().hex
-    key = f"{path}/.bcrit-probe-{token}"
-    try:
-        with fs.open_output_stream(key) as f:
-            f.write(token.encode())
-        with fs.open_input_stream(key) as f:
-            seen = f.read().decode()
-        fs.delete_file(key)
-    except OSError as e:
-        raise UserError(explain(uri, e)) from None
-    if seen != token:
-        raise UserError(f"storage {uri!r} returned other bytes than were written; check the URI and endpoint")
 
 
 class Mirror:
@@ -228,25 +183,178 @@ def glob_names(uri: str, sub: str) -> list[str]:
     return [i.base_name for i in info if i.type == pafs.FileType.File]
 
 
+def remove_dirs(uri: str, *subs: str) -> None:
+    """Delete ``<uri>/<sub>`` for each sub (absent ones are fine)."""
+    fs, path = resolve(uri)
+    for sub in subs:
+        fs.delete_dir_contents(f"{path}/{sub}", missing_dir_ok=True)
+
+
+# --- proposed (hang 2) ---
+GCS_RETRY_S = 4.0  # gs://: how long google-cloud-cpp retries a call (it ends at its next backoff: 4.2-5.4 s measured)
+
+S3_REQUEST_TIMEOUT_S = 5.0
+
+S3_CONNECT_TIMEOUT_S = 3.0
+
+FIRST_CONTACT_S = 12.0  # hard deadline of the first round trip (probe, fetch), whatever the SDK does underneath
+
+GCS_CRED_FIX = (
+    "set GOOGLE_APPLICATION_CREDENTIALS=/path/to/key.json (or run `gcloud auth application-default login`; on GCE/GKE "
+    "give the nodes a service account), and check that Google Cloud can be reached from here"
+)
+
+GCS_NET_FIX = (
+    "check the network to storage.googleapis.com (or the server in ?endpoint_override=HOST:PORT&scheme=http) "
+    "and the credentials (GOOGLE_APPLICATION_CREDENTIALS)"
+)
+
+
+def _is_gcs(uri: str) -> bool:
+    return urllib.parse.urlsplit(uri).scheme.lower() in ("gs", "gcs")
+
+
+def filesystem(uri: str, gcs_retry_s: float = GCS_RETRY_S, s3_request_timeout_s: float = S3_REQUEST_TIMEOUT_S):
+    """``(pyarrow FileSystem, path in it)`` of a URI, its network waits bounded; one UserError line for a URI pyarrow
+    cannot use. The URI's query options keep working (``?endpoint_override=``, ``scheme=``, ``region=``, ...), and
+    so do the environment's (``AWS_ENDPOINT_URL_S3``/``AWS_ENDPOINT_URL``, ``AWS_REGION``, credentials): pyarrow
+    reads them as before.
+
+    - ``gs://``: ``retry_limit_seconds=gcs_retry_s`` is added to the query unless the URI sets it (pyarrow's GCS
+      option; the default is google-cloud-cpp's, minutes, and it retries even a missing credential).
+    - ``s3://``: the S3FileSystem from_uri built is rebuilt from its own options (its pickling state) with
+      ``connect_timeout``, ``request_timeout`` (a stall timeout: no byte for that long, not a cap on a transfer) and
+      2 attempts -- the query cannot carry these.
+    """
+    import pyarrow.fs as pafs
+
+    u = urllib.parse.urlsplit(uri)
+    target = uri
+    if _is_gcs(uri) and "retry_limit_seconds" not in urllib.parse.parse_qs(u.query):
+        query = f"{u.query}&" if u.query else ""
+        target = urllib.parse.urlunsplit(
+            (u.scheme, u.netloc, u.path, f"{query}retry_limit_seconds={gcs_retry_s:g}", u.fragment)
+        )
+    try:
+        fs, path = pafs.FileSystem.from_uri(target)
+    except ValueError as e:  # ArrowInvalid: a URI pyarrow cannot use (unknown scheme or query option)
+        raise UserError(f"storage {uri!r} is not a URI pyarrow.fs can open ({_first_line(e)}); {_uri_help()}") from None
+    except OSError as e:  # s3:// without region or endpoint: from_uri asks AWS for the bucket's region
+        raise UserError(explain(uri, e)) from None
+    if isinstance(fs, pafs.S3FileSystem):
+        options = dict(fs.__reduce__()[1][0])  # what from_uri derived: endpoint, scheme, region, ...
+        if options.get("connect_timeout", -1) < 0:
+            options["connect_timeout"] = S3_CONNECT_TIMEOUT_S
+        if options.get("request_timeout", -1) < 0:
+            options["request_timeout"] = s3_request_timeout_s
+        fs = pafs.S3FileSystem(**options, retry_strategy=pafs.AwsStandardS3RetryStrategy(max_attempts=2))
+    return fs, path.rstrip("/")
+
+
+def resolve(uri: str):
+    """``(pyarrow FileSystem, path in it)`` of a URI (:func:`filesystem`); one UserError line for one that pyarrow
+    cannot use."""
+    return filesystem(uri)
+
+
+def unreachable_fix(uri: str) -> str:
+    return GCS_NET_FIX if _is_gcs(uri) else f"{ENDPOINT_FIX}; or check the network and the credentials"
+
+
+def within(seconds: float, uri: str, fn, *args):
+    """``fn(*args)`` with a hard deadline: a storage that has not answered in ``seconds`` is one UserError line
+    (the call is left to finish in a daemon thread; the command ends). Whatever ``fn`` raises is raised here."""
+    box: dict = {}
+
+    def run():
+        try:
+            box["value"] = fn(*args)
+        except BaseException as e:  # handed to the caller
+            box["error"] = e
+
+    worker = threading.Thread(target=run, name="bcrit-storage-contact", daemon=True)
+    worker.start()
+    worker.join(seconds)  # Ctrl-C still interrupts this wait (it does not interrupt a pyarrow call)
+    if worker.is_alive():
+        raise UserError(f"storage {uri!r}: no answer within {seconds:g} s; {unreachable_fix(uri)}")
+    if "error" in box:
+        raise box["error"]
+    return box.get("value")
+
+
+def _gcs_why(text: str) -> str:
+    """The useful words of a google-cloud-cpp Status (its first line runs to hundreds of characters)."""
+    curl = re.search(r"CURL error \[\d+\]=([^\n]+?)(?: error_info=|$)", text)
+    if "OAuth2 access token" in text:
+        return "no access token" + (f": {curl.group(1).strip()}" if curl else "")
+    if curl:
+        return curl.group(1).strip()
+    m = re.search(r"Status\((\w+): ([^\n]{0,120})", text)
+    return f"{m.group(1)}: {m.group(2)}" if m else _first_line(Exception(text))
+
+
+def explain(uri: str, e: BaseException) -> str:
+    """One line saying what an error of the storage means and how to fix it."""
+    text = str(e)
+    bucket = urllib.parse.urlsplit(uri).netloc
+    if "NO_SUCH_BUCKET" in text or "NoSuchBucket" in text or "bucket does not exist" in text:
+        mb = f"gcloud storage buckets create gs://{bucket}" if _is_gcs(uri) else f"aws s3 mb s3://{bucket}"
+        return f"storage {uri!r}: bucket {bucket!r} does not exist; create it ({mb}) or fix the URI"
+    if _is_gcs(uri):
+        why = _gcs_why(text)
+        if "OAuth2 access token" in text or "UNAUTHENTICATED" in text:
+            return f"storage {uri!r}: no usable Google Cloud credentials ({why}); {GCS_CRED_FIX}"
+        if "PERMISSION_DENIED" in text:
+            return f"storage {uri!r}: access refused ({why}); give the credentials' account access to gs://{bucket}"
+        if "UNAVAILABLE" in text or "CURL error" in text or "DEADLINE_EXCEEDED" in text:
+            return f"storage {uri!r}: Google Cloud Storage cannot be reached ({why}); {GCS_NET_FIX}"
+        return f"storage {uri!r} cannot be written and read back ({why}); check the URI, network and credentials"
+    if any(k in text for k in ("NETWORK_CONNECTION", "curlCode", "Could not connect", "Could not resolve host")):
+        return f"storage {uri!r}: the storage endpoint cannot be reached ({_first_line(e)}); {ENDPOINT_FIX}"
+    if any(
+        k in text
+        for k in ("ACCESS_DENIED", "AccessDenied", "INVALID_ACCESS_KEY_ID", "SIGNATURE_DOES_NOT_MATCH", "credential")
+    ):
+        return f"storage {uri!r}: access refused ({_first_line(e)}); {CRED_FIX}"
+    why = _first_line(e)
+    return f"storage {uri!r} cannot be written and read back ({why}); check the URI, endpoint and credentials"
+
+
+def probe(uri: str) -> None:
+    """Write a small object under the URI, read it back and delete it; one UserError line naming the fix if any
+    step fails (missing bucket, unreachable endpoint, refused credentials) or no answer comes within
+    ``FIRST_CONTACT_S``. Run before anything launches."""
+    within(FIRST_CONTACT_S, uri, _probe, uri)
+
+
+def _probe(uri: str) -> None:
+    fs, path = resolve(uri)
+    token = uuid.uuid4().hex
+    key = f"{path}/.bcrit-probe-{token}"
+    try:
+        with fs.open_output_stream(key) as f:
+            f.write(token.encode())
+        with fs.open_input_stream(key) as f:
+            seen = f.read().decode()
+        fs.delete_file(key)
+    except OSError as e:
+        raise UserError(explain(uri, e)) from None
+    if seen != token:
+        raise UserError(f"storage {uri!r} returned other bytes than were written; check the URI and endpoint")
+
+
 def fetch(uri: str) -> str:
     """The local directory of a URI sweep, brought up to date from ``<uri>/bcrit/`` (`Mirror.pull`), for the
-    commands that read a sweep (``bcrit analyze URI``). One UserError line when the URI cannot be read or holds no
-    bcrit sweep."""
+    commands that read a sweep (``bcrit analyze URI``). One UserError line when the URI cannot be read (within
+    ``FIRST_CONTACT_S``) or holds no bcrit sweep."""
     import sys
 
     m = Mirror(uri)
     try:
-        if not m.manifest():
+        if not within(FIRST_CONTACT_S, uri, m.manifest):  # the first round trip: bounded whatever the SDK does
             raise UserError(f"{uri}: holds no bcrit sweep (nothing in {join(uri, MIRROR)}/); check the URI")
         n = m.pull()
     except OSError as e:
         raise UserError(explain(uri, e)) from None
     print(f"[bcrit] {join(uri, MIRROR)}/ -> {m.local} ({n} files fetched)", file=sys.stderr)
     return m.local
-
-
-def remove_dirs(uri: str, *subs: str) -> None:
-    """Delete ``<uri>/<sub>`` for each sub (absent ones are fine)."""
-    fs, path = resolve(uri)
-    for sub in subs:
-        fs.delete_dir_contents(f"{path}/{sub}", missing_dir_ok=True)

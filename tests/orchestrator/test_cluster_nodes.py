@@ -7,6 +7,7 @@ trials are placed one worker per node as GPU trials would be. Quadratic workload
 from __future__ import annotations
 
 import os
+import re
 import subprocess
 import sys
 import time
@@ -109,7 +110,7 @@ def test_cluster_ddp_trial_spans_two_nodes(tmp_path, cluster):
     seen: set[int] = set()
     out = bcrit(cluster, "sweep", write_spec(tmp_path, spec), watch=lambda: seen.update(train_worker_nodes(cluster)))
     assert out.returncode == 0, out.stdout[-2000:] + out.stderr[-3000:]
-    assert seen == {1, 2}, seen
+    assert len(seen) == 2 and 0 not in seen, seen  # two worker nodes (a replaced one has a new index), not the head
     check_consistent(str(tmp_path / "sweep"), 1)
 
 
@@ -244,5 +245,6 @@ def test_cluster_sweep_script_takes_the_cli_path(tmp_path, cluster):
         timeout=400,
     )
     assert out.returncode == 0, out.stdout[-2000:] + out.stderr[-3000:]
-    assert f"Ray at {cluster.address}" in out.stdout, out.stdout[-2000:]
+    joined = re.search(rf"^Ray at \S+:{cluster.port}$", out.stdout, re.M)  # the cluster, not a Ray of its own
+    assert joined, out.stdout[-2000:]
     assert "trials done" in out.stdout
