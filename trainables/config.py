@@ -54,8 +54,9 @@ class BaseConfig:
     keep_dir: str | None = None  # copy the checkpoints at keep_steps to <keep_dir>/step<N> (branch points)
     keep_steps: list = field(default_factory=list)  # steps whose checkpoints are kept (multiples of checkpoint_every)
     # --- resources ----------------------------------------------------------------------------------------
-    use_gpu: bool = False  # one GPU per worker
+    use_gpu: bool = False  # a GPU per worker (or per in-process trial)
     cpus_per_worker: int = 1
+    gpus_per_worker: float = 1.0  # the share of one GPU each worker holds: 0.25 packs four on one GPU (use_gpu)
     extra: dict = field(default_factory=dict, compare=False, repr=False)  # free-form tags (not used by training)
 
     BOUNDS: ClassVar[dict[str, Bound]]  # every field's row (a subclass: BASE_BOUNDS plus its own fields)
@@ -80,6 +81,7 @@ class BaseConfig:
                 f"{self.grad_accum} x workers {self.world_size}; fix one of them (or drop grad_accum to derive it)"
             )
         check_schedule(self)
+        check_gpu_share(self)
         if self.checkpoint_every and self.checkpoint_every % self.report_interval:
             raise ConfigError(
                 f"checkpoint_every {self.checkpoint_every} must be a multiple of report_every {self.report_interval}"
@@ -135,15 +137,19 @@ class TrialConfig(BaseConfig):
     eval_ema: bool = False  # evaluate the EMA weights instead of the training weights
     timestep_bins: int = 10  # K equal bins partitioning 0..999
     # --- gradient noise scale -----------------------------------------------------------------------------
-    gns: bool = True  # global GNS every step, from gradients the step computes anyway (see global_gns_mode)
+    gns: bool = True  # global GNS, from gradients the step computes anyway (global_gns_mode, gns_global_every)
     gns_halves: bool = True  # W = A = 1: backward the micro-batch as two halves so global GNS has two batch sizes
     # (same examples and draws: the update equals the one-backward update up to float rounding); false = one backward
+    gns_global_every: int = 0  # global GNS at every k-th optimizer step only (modes halves and micro-batches; the
+    # other steps: one backward, no norms, full speed); 0 = auto: halves every GLOBAL_EVERY_AUTO (40) steps (<= 2%
+    # of step time), micro-batches and ranks every step; 1 = every step (the reference, SE / sqrt(k)); docs/gns.md
     gns_window: int = 0  # live B_simple averages the last N steps (global and per bin); 0 = auto, see gns_steps
     gns_window_half: bool = True  # the GLOBAL window also never reaches back past half the steps so far (forgets
     # the early |G|^2 transient of short trials; analysis.core.gns.window_span); false = the last gns_window steps.
     # Per-bin
     # windows (sparse: one measurement per gns_every steps) keep the plain gns_window rule
-    gns_every: int = 300  # per-bin GNS cadence in steps (0 = off); one pass ~13 steps of B=32 (K=10): ~4.3%
+    gns_every: int = 1000  # per-bin GNS cadence in steps (0 = off); one pass (K=10 x 32 examples) costs ~12-13
+    # steps of B=32 on a CPU and ~17 of B=256 on a GPU: +1.2-1.7% at 1000 (was 300: +3.3-4.4%; benchmarks/RESULTS.md)
     gns_bin_examples: int = 32  # examples per bin per measurement (split in two halves); 0 = micro_batch_size
     # --- timestep sampling (trainables.timestep_sampler, docs/allocation.md) ---------------------------------
     timestep_sampling: str = "uniform"  # uniform (today's draws) | noise (p_k ∝ q_k sqrt(m_k) from per-bin GNS) |
@@ -160,16 +166,27 @@ class TrialConfig(BaseConfig):
     @property
     def gns_steps(self) -> int:
         """The B_simple window in optimizer steps: ``gns_window``, or (0 = auto) ``DEFAULT_WINDOW`` (100) steps,
-        raised to 4 per-bin measurements (``4 x gns_every``) when per-bin GNS measures within ``max_steps``."""
+        raised to 4 per-bin measurements (``4 x gns_every``) when per-bin GNS measures within ``max_steps``, and to
+        ``GLOBAL_MIN_MEASUREMENTS`` global ones (``8 x k``) when global GNS measures every k-th step."""
         if self.gns_window:
             return self.gns_window
         per_bin_on = 0 < self.gns_every <= self.max_steps
-        return max(DEFAULT_WINDOW, 4 * self.gns_every) if per_bin_on else DEFAULT_WINDOW
+        window = max(DEFAULT_WINDOW, 4 * self.gns_every) if per_bin_on else DEFAULT_WINDOW
+        return max(window, GLOBAL_MIN_MEASUREMENTS * max(k for _, k in self.global_gns_stages))
 
     @property
     def global_gns(self) -> str:
         """How this trial measures global GNS: `global_gns_mode` of its settings."""
         return global_gns_mode(self.gns, self.world_size, self.accum, self.micro_batch_size, self.gns_halves)
+
+    @property
+    def global_gns_stages(self) -> list[tuple[str, int]]:
+        """``(mode, k)`` of each batch-size stage (one without a ``batch_schedule``): where its small batches come
+        from (`global_gns_mode`) and its cadence (`global_gns_every`: measured at every k-th step, 0 = never)."""
+        unit = self.micro_batch_size * self.world_size
+        modes = [global_gns_mode(self.gns, self.world_size, b // unit, self.micro_batch_size, self.gns_halves)
+                 for b in self.stages.sizes]  # fmt: skip
+        return [(m, global_gns_every(m, self.gns_global_every)) for m in modes]
 
     @property
     def bin_examples(self) -> int:
@@ -213,6 +230,29 @@ def global_gns_mode(gns: bool, world: int, accum: int, micro: int, halves: bool)
     return GNS_HALVES if halves and micro >= 2 else GNS_NONE
 
 
+GLOBAL_EVERY_AUTO = 40  # halves: a measured step costs +27-69% of a step (CPU 1.27-1.44x, GPUs 1.52-1.69x), /40
+GLOBAL_MIN_MEASUREMENTS = 8  # global measurements an auto window holds (8 x k steps) and a trial should end with
+
+
+def global_gns_every(mode: str, every: int) -> int:
+    """Global GNS cadence ``k`` of a stage in ``mode`` (McCandlish et al. 2018, App. A.1): it measures at the
+    optimizer steps ``s`` with ``(s + 1) % k == 0`` (``s`` from 0: the k-th, 2k-th, ... step done). ``every``: the
+    config's ``gns_global_every`` (0 = auto: ``GLOBAL_EVERY_AUTO`` for ``halves``, every step for
+    ``micro-batches``); ``ranks`` always 1 (the local norm rides on the all-reduce, ~free); 0 = never (``off``,
+    ``unavailable``). Skipping steps drops measurements, not examples: every measurement stays unbiased, the window
+    holds ``k`` times fewer (SE ~ sqrt(k) wider at a fixed window)."""
+    if mode in (GNS_OFF, GNS_NONE):
+        return 0
+    if mode == GNS_RANKS:
+        return 1
+    return every or (GLOBAL_EVERY_AUTO if mode == GNS_HALVES else 1)
+
+
+def measures_global(step: int, k: int) -> bool:
+    """Whether 0-based optimizer ``step`` measures global GNS at cadence ``k`` (`global_gns_every`)."""
+    return k > 0 and (step + 1) % k == 0
+
+
 def config_from_dict(cls, data: dict[str, Any], what: str = "config"):
     """Build a frozen config dataclass from YAML / ``--set`` data: unknown keys rejected, values coerced to the
     fields' types, each mistake one `ConfigError` line."""
@@ -253,6 +293,26 @@ def _coerce(key: str, kind: str, value: Any) -> Any:
     except (TypeError, ValueError, OverflowError):
         raise ConfigError(f"config key {key!r} must be {base}, got {value!r}") from None
     return value
+
+
+WORKER_RESOURCES_ENV = "BCRIT_WORKER_RESOURCES"  # the test hook (trainables.trial.extra_worker_resources)
+
+
+def check_gpu_share(c: BaseConfig) -> None:
+    """``gpus_per_worker`` below 1 shares a GPU between trials, so it needs ``use_gpu`` (or the accelerator-like test
+    hook, trainables.trial.extra_worker_resources, which it scales the same way) and at most one worker per trial
+    on a GPU (NCCL refuses two ranks on one device)."""
+    if c.gpus_per_worker < 1 and not c.use_gpu and not os.environ.get(WORKER_RESOURCES_ENV):
+        raise ConfigError(
+            f"gpus_per_worker {c.gpus_per_worker:g} shares a GPU but use_gpu is false; set use_gpu: true, or drop "
+            "gpus_per_worker"
+        )
+    if c.gpus_per_worker < 1 and c.use_gpu and c.num_workers >= 2:
+        raise ConfigError(
+            f"gpus_per_worker {c.gpus_per_worker:g} with {c.num_workers} workers: two ranks of one DDP trial could "
+            "share a GPU, which NCCL refuses; share GPUs between trials of one worker (num_workers 0 or 1), or set "
+            "gpus_per_worker: 1"
+        )
 
 
 # --- bounds: one table, checked for every field of every config class --------------------------------------------
@@ -335,6 +395,7 @@ BASE_BOUNDS: dict[str, Bound] = {
     "keep_steps": Bound("list"),
     "use_gpu": Bound("bool"),
     "cpus_per_worker": Bound("int", 1, 1024),
+    "gpus_per_worker": Bound("float", 0, 1, lo_open=True),
     "extra": Bound("dict"),
 }
 BaseConfig.BOUNDS = BASE_BOUNDS
@@ -356,6 +417,7 @@ BOUNDS: dict[str, Bound] = {  # TrialConfig's
     "timestep_bins": Bound("int", 1, 1000),
     "gns": Bound("bool"),
     "gns_halves": Bound("bool"),
+    "gns_global_every": COUNT,
     "gns_window": COUNT,
     "gns_window_half": Bound("bool"),
     "gns_every": COUNT,
@@ -402,6 +464,25 @@ def check_sampling(c: TrialConfig) -> None:
         )
 
 
+def check_global_cadence(c: TrialConfig) -> None:
+    """A set ``gns_global_every`` must measure within ``max_steps`` and, with a set ``gns_window``, leave >= 2
+    measurements in it (the per-bin rule). The auto cadence is never an error: a trial too short for it says so."""
+    k = max(k for _, k in c.global_gns_stages)
+    if not c.gns_global_every or k <= 1:
+        return
+    if k > c.max_steps:
+        raise ConfigError(
+            f"gns_global_every {k} > max_steps {c.max_steps}: global GNS would never measure; set it <= "
+            f"{c.max_steps} (1 = every step, 0 = auto)"
+        )
+    if c.gns_window and c.gns_window < 2 * k:
+        raise ConfigError(
+            f"gns_window {c.gns_window} steps holds fewer than 2 global GNS measurements (gns_global_every {k}), "
+            f"too few for a standard error; set gns_window >= {2 * k} (or 0 = auto), or gns_global_every <= "
+            f"{max(1, c.gns_window // 2)}"
+        )
+
+
 def validate(c: TrialConfig) -> None:
     """The DiT's own checks, after the shared ones of `BaseConfig.validate` (each field against its row of `BOUNDS`,
     the split, the schedule, the checkpoint cadence): one ConfigError for the first impossible setting, before any
@@ -413,6 +494,7 @@ def validate(c: TrialConfig) -> None:
             f"gns_window {c.gns_window} steps holds fewer than 2 per-bin GNS measurements (gns_every "
             f"{c.gns_every}), too few for a standard error; set gns_window >= {2 * c.gns_every} (or 0 = auto)"
         )
+    check_global_cadence(c)
     if c.gns_every and c.bin_examples < 2:
         raise ConfigError("per-bin GNS needs gns_bin_examples >= 2 (two halves of at least one example)")
     if c.gns_every and c.bin_examples % 2:

@@ -19,7 +19,7 @@ from analysis.core import metrics as M
 from analysis.core.gns import GNSWindow, live_metrics
 from trainables import branch_points, checkpoint
 from trainables.compiling import compile_model
-from trainables.config import TrialConfig
+from trainables.config import GLOBAL_MIN_MEASUREMENTS, TrialConfig
 from trainables.data import load_dataset
 from trainables.diffusion import NUM_TIMESTEPS, make_scheduler
 from trainables.evaluation import HeldOutEval
@@ -35,6 +35,25 @@ GNS_UNAVAILABLE = (
     "unavailable: global GNS needs num_workers x grad_accum >= 2, or gns_halves with micro_batch_size >= 2 "
     "(this trial has 1 x 1)"
 )
+
+
+def global_gns_summary(cfg: TrialConfig, window: GNSWindow) -> str:
+    """The summary's ``gns_global``: ``off``, ``unavailable: ...``, or ``on: <mode>, <cadence>`` per batch-size stage
+    (`TrialConfig.global_gns_stages`), plus a warning when the last window holds fewer than
+    ``GLOBAL_MIN_MEASUREMENTS`` measurements (a trial too short for its cadence: its B_simple is noise)."""
+    if not global_gns_available(cfg):
+        return GNS_UNAVAILABLE if cfg.gns else "off"
+    parts = []
+    for mode, k in dict.fromkeys(cfg.global_gns_stages):  # distinct stages, in order
+        parts.append(mode if k == 0 else f"{mode}, every step" if k == 1 else f"{mode}, every {k} steps")
+    out = "on: " + "; then ".join(parts)
+    n = window.estimate.n
+    if n < GLOBAL_MIN_MEASUREMENTS:
+        out += (
+            f" (only {n} measurement{'s' * (n != 1)} in the last window, fewer than {GLOBAL_MIN_MEASUREMENTS}: its "
+            "B_simple ± SE is noise; train longer, or lower gns_global_every: 1 = every step)"
+        )
+    return out
 
 
 def _autocast(cfg: TrialConfig, device: torch.device):
@@ -199,7 +218,7 @@ def train_loop(cfg: TrialConfig, session: Session) -> dict:
         "startup_seconds": trial.startup_seconds,
         "gns_window": cfg.gns_steps,
         "gns_window_half": cfg.gns_window_half,
-        "gns_global": "on" if global_gns_available(cfg) else (GNS_UNAVAILABLE if cfg.gns else "off"),
+        "gns_global": global_gns_summary(cfg, learner.gns_window),
         "last": dict(trial.last),
         "pid": os.getpid(),
     }

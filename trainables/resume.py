@@ -18,7 +18,8 @@ from trainables.config import ConfigError
 
 # keys a resumed trial may change: bookkeeping and resources, not what the counters or results mean. `prefetch`
 # gives identical trials; `compile` the same math in other kernels (float rounding only), as `gns_halves` (the
-# same update from two half-size backward passes; a run saved before the option resumes with it); `gns_window` only
+# same update from two half-size backward passes; a run saved before the option resumes with it), and so
+# `gns_global_every` (which steps do so: float rounding, and how many measurements the window holds); `gns_window` only
 # re-smooths the logged B_simple (its auto value follows max_steps, so a larger budget changes it), as
 # `gns_window_half` does
 RESUMABLE_CHANGES = (
@@ -29,6 +30,7 @@ RESUMABLE_CHANGES = (
     "prefetch",
     "compile",
     "gns_halves",
+    "gns_global_every",
     "gns_window",
     "gns_window_half",
     "extra",

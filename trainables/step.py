@@ -12,6 +12,9 @@ both of mean losses, at the same parameters (`trainables.config.global_gns_mode`
   (same examples, same draws; the update equals the one-backward one up to float rounding); small = the halves'
   gradients (size-weighted, ``b = micro / 2``, exact for an odd micro), big = the whole gradient (``B = micro``).
 - otherwise (no ``gns_halves``, or one example a step): no second batch size, global GNS unavailable.
+``halves`` and ``micro-batches`` measure at every k-th step only (``gns_global_every``, auto 40 for ``halves``:
+`trainables.config.global_gns_every`); the other steps run exactly as with global GNS off (one backward per
+micro-batch, no norms) and report no small batch.
 Every estimate is unbiased (App. A.1 holds for any two batch sizes of iid examples). Norms are taken in float32
 gradients accumulated in float64, after unscaling (bf16 needs no scaler), before clipping.
 
@@ -29,7 +32,7 @@ from dataclasses import dataclass
 
 import torch
 
-from trainables.config import GNS_HALVES, GNS_MICRO, GNS_NONE, GNS_OFF, GNS_RANKS, global_gns_mode
+from trainables.config import GNS_HALVES, GNS_MICRO, GNS_NONE, GNS_OFF, GNS_RANKS, measures_global
 from trainables.data.pipeline import MicroBatches
 from trainables.diffusion import NUM_TIMESTEPS, per_example_loss
 from trainables.gns_stats import PieceNorms, sq_norm
@@ -61,10 +64,9 @@ class TrainStep:
         self.hook = hook  # LocalGradNormHook on the DDP model (W >= 2 with GNS on)
         self.params = [p for p in model.parameters() if p.requires_grad]
         # a batch-size schedule (analysis.core.stages) changes A per stage, and with it where small batches come from
+        # (and how often they are measured: global_gns_every)
         self.stages = cfg.stages
-        unit = cfg.micro_batch_size * world_size
-        self.modes = [global_gns_mode(cfg.gns, world_size, b // unit, cfg.micro_batch_size, cfg.gns_halves)
-                      for b in self.stages.sizes]  # fmt: skip
+        self.modes, self.every = (list(x) for x in zip(*cfg.global_gns_stages, strict=True))
         self.mode = self.modes[0]
         self.pieces = PieceNorms(self.params, cfg.batch_size) if {GNS_MICRO, GNS_HALVES} & set(self.modes) else None
         self.batches = MicroBatches(
@@ -120,9 +122,16 @@ class TrainStep:
             if pieces is not None:
                 pieces.after_piece(hi - lo, last=m == A - 1 and i == len(cuts) - 1)
 
+    def step_mode(self, step: int) -> str:
+        """The global GNS mode 0-based ``step`` runs: its stage's, or ``unavailable`` (one backward per micro-batch,
+        no norms: exactly the step of global GNS off) where the stage's cadence skips it (`measures_global`)."""
+        stage = self.stages.index(step)
+        mode = self.modes[stage]
+        return mode if mode in (GNS_OFF, GNS_RANKS) or measures_global(step, self.every[stage]) else GNS_NONE
+
     def __call__(self, step: int) -> StepStats:
         cfg, B = self.cfg, self.stages.batch(step)
-        A, mode = B // (cfg.micro_batch_size * self.world), self.modes[self.stages.index(step)]
+        A, mode = B // (cfg.micro_batch_size * self.world), self.step_mode(step)
         draws = self.draws(step)
         loss_sum = torch.zeros((), dtype=torch.float64, device=self.device)
         if self.pieces is not None:

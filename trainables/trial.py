@@ -18,7 +18,7 @@ import torch
 
 from trainables.checkpoint import UnsafeCheckpoint
 from trainables.compiling import check_compile, compile_failure_in
-from trainables.config import ConfigError, TrialConfig
+from trainables.config import WORKER_RESOURCES_ENV, ConfigError, TrialConfig
 from trainables.data import DatasetError, dataset_error_in, describe_dataset
 from trainables.exc_chain import exception_in_chain
 from trainables.loop import train_loop
@@ -41,10 +41,10 @@ def check_trial(cfg: TrialConfig, resources: dict | None = None) -> None:
         check_compile("cuda" if cfg.use_gpu else "cpu")
     if resources is None:
         resources = {"CPU": os.cpu_count() or 1, "GPU": torch.cuda.device_count()}
-    if cfg.use_gpu and resources.get("GPU", 0) < cfg.world_size:
+    if cfg.use_gpu and resources.get("GPU", 0) < cfg.world_size * cfg.gpus_per_worker:
         raise ConfigError(
-            f"{cfg.world_size} GPU worker(s) asked for but {int(resources.get('GPU', 0))} GPU(s) available; "
-            "lower num_workers or set use_gpu=false"
+            f"{cfg.world_size} GPU worker(s) x {cfg.gpus_per_worker:g} GPU asked for but "
+            f"{resources.get('GPU', 0):g} GPU(s) available; lower num_workers or gpus_per_worker, or set use_gpu=false"
         )
     need = cfg.world_size * cfg.cpus_per_worker
     if not cfg.use_gpu and need > resources.get("CPU", 0):
@@ -153,17 +153,15 @@ def train_func(config: dict, config_cls: type = TrialConfig, loop: Callable | No
     return (loop or train_loop)(config_cls.from_dict(config["trial"]), RaySession(config.get(SIGNAL_KEY)))
 
 
-WORKER_RESOURCES_ENV = "BCRIT_WORKER_RESOURCES"
-
-
-def extra_worker_resources() -> dict[str, float]:
+def extra_worker_resources(share: float = 1.0) -> dict[str, float]:
     """Test hook (docs/cluster.md): ``BCRIT_WORKER_RESOURCES='{"fake_gpu": 1}'`` adds these custom resources to
     every Train worker's request, so CPU trials are placed one worker per accelerator-like slot as GPU trials
-    would be. Unset (always, outside tests and rehearsals): nothing; ``use_gpu`` is unaffected either way."""
+    would be; ``share`` (the config's ``gpus_per_worker``) scales them as it scales a GPU. Unset (always, outside
+    tests and rehearsals): nothing; ``use_gpu`` is unaffected either way."""
     import json
 
     raw = os.environ.get(WORKER_RESOURCES_ENV)
-    return {str(k): float(v) for k, v in json.loads(raw).items()} if raw else {}
+    return {str(k): share * float(v) for k, v in json.loads(raw).items()} if raw else {}
 
 
 def build_trainer(
@@ -191,8 +189,8 @@ def build_trainer(
         use_gpu=cfg.use_gpu,
         resources_per_worker={
             "CPU": cfg.cpus_per_worker,
-            **({"GPU": 1} if cfg.use_gpu else {}),
-            **extra_worker_resources(),
+            **({"GPU": cfg.gpus_per_worker} if cfg.use_gpu else {}),
+            **extra_worker_resources(cfg.gpus_per_worker),
         },
     )
     run = RunConfig(

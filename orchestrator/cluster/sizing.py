@@ -18,7 +18,7 @@ if TYPE_CHECKING:
 def trial_bundle(cfg: dict) -> dict[str, float]:
     """What the Tune trial itself holds: its driver (1 CPU), or the whole in-process worker."""
     if int(cfg.get("num_workers", 0)) == 0:
-        return {"CPU": float(cfg.get("cpus_per_worker", 1)), **({"GPU": 1.0} if cfg.get("use_gpu") else {})}
+        return {"CPU": float(cfg.get("cpus_per_worker", 1)), **({"GPU": gpu_share(cfg)} if cfg.get("use_gpu") else {})}
     return {"CPU": 1.0}
 
 
@@ -29,8 +29,8 @@ def trial_need(cfg: dict) -> dict[str, float]:
         return trial_bundle(cfg)
     need = {"CPU": 1.0 + w * float(cfg.get("cpus_per_worker", 1))}
     if cfg.get("use_gpu"):
-        need["GPU"] = float(w)
-    for kind, n in worker_bundle_extra().items():  # the accelerator-like test hook (trainables.trial)
+        need["GPU"] = w * gpu_share(cfg)
+    for kind, n in worker_bundle_extra(gpu_share(cfg)).items():  # the accelerator-like test hook (trainables.trial)
         need[kind] = need.get(kind, 0.0) + w * n
     return need
 
@@ -39,16 +39,21 @@ def worker_bundle(cfg: dict) -> dict[str, float]:
     """One Train worker's request (what must fit on one node); empty for an in-process trial."""
     if int(cfg.get("num_workers", 0)) == 0:
         return {}
-    out = {"CPU": float(cfg.get("cpus_per_worker", 1)), **({"GPU": 1.0} if cfg.get("use_gpu") else {})}
-    for kind, n in worker_bundle_extra().items():
+    out = {"CPU": float(cfg.get("cpus_per_worker", 1)), **({"GPU": gpu_share(cfg)} if cfg.get("use_gpu") else {})}
+    for kind, n in worker_bundle_extra(gpu_share(cfg)).items():
         out[kind] = out.get(kind, 0.0) + n
     return out
 
 
-def worker_bundle_extra() -> dict[str, float]:
+def worker_bundle_extra(share: float = 1.0) -> dict[str, float]:
     from trainables.trial import extra_worker_resources
 
-    return extra_worker_resources()
+    return extra_worker_resources(share)
+
+
+def gpu_share(cfg: dict) -> float:
+    """The share of one GPU a worker (or an in-process trial) holds: ``gpus_per_worker``, 1 unless packed."""
+    return float(cfg.get("gpus_per_worker", 1.0))
 
 
 def max_concurrent(configs: list[dict], resources: dict) -> int:

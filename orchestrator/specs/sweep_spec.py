@@ -14,6 +14,7 @@ scientific:                       # the variable under study: effective batch si
                                   # bcrit analyze pools the splits of one seed into one repeat)
   use_gpu: false
   cpus_per_worker: 1
+  gpus_per_worker: 1              # with use_gpu: the share of a GPU each worker holds; 0.25 runs 4 on one GPU
 nuisance:                         # re-tuned per batch size
   search: grid                    # grid: lists of values | optuna: TPE, ranges {low, high} |
                                   # adaptive: trials chosen by the B_crit interval (orchestrator.specs.adaptive_spec)
@@ -42,7 +43,15 @@ from orchestrator.storage.layout import MLFLOW_DB, SweepLayout
 from trainables import workloads
 
 TOP_KEYS = ("name", "workload", "scientific", "nuisance", "fixed", "stopping", "tracking", "storage")
-SCIENTIFIC_KEYS = ("batch_sizes", "splits", "per_batch_size", "use_gpu", "cpus_per_worker", "timestep_sampling")
+SCIENTIFIC_KEYS = (
+    "batch_sizes",
+    "splits",
+    "per_batch_size",
+    "use_gpu",
+    "cpus_per_worker",
+    "gpus_per_worker",
+    "timestep_sampling",
+)
 SPLIT_KEYS = ("micro_batch_size", "grad_accum", "num_workers")
 NUISANCE_PARAMS = ("lr", "warmup_steps", "beta2", "weight_decay")
 NUISANCE_KEYS = ("search", "trials_per_batch_size", "seed", "goal", "budget", *NUISANCE_PARAMS)
@@ -54,6 +63,7 @@ OWNED = {
     **{k: "scientific.splits" for k in SPLIT_KEYS},
     "use_gpu": "scientific.use_gpu",
     "cpus_per_worker": "scientific.cpus_per_worker",
+    "gpus_per_worker": "scientific.gpus_per_worker",
     **{k: f"nuisance.{k}" for k in NUISANCE_PARAMS},
     **{k: f"stopping.{k}" for k in STOPPING_KEYS},
     "seed": "fixed.seeds",
@@ -121,6 +131,7 @@ class SweepSpec:
     samplers: tuple[
         str, ...
     ] = ()  # scientific.timestep_sampling: every trial runs once per sampler (docs/allocation.md)
+    gpus_per_worker: float = 1.0  # scientific.gpus_per_worker: the share of one GPU a worker holds (use_gpu)
     storage_uri: str | None = None  # storage as a URI (s3://...): Ray's files there, bcrit's in sweep_dir, mirrored
 
     @property
@@ -152,6 +163,7 @@ class SweepSpec:
             **split.config(),
             "use_gpu": self.use_gpu,
             "cpus_per_worker": self.cpus_per_worker,
+            **({"gpus_per_worker": self.gpus_per_worker} if self.gpus_per_worker != 1 else {}),
             "seed": seed,
         }
 
@@ -262,7 +274,6 @@ def parse_spec(data: dict, *, sweep_dir: str | None = None, source: str = "spec"
     search, nuisance, trials_per_b = _nuisance(nui)
     _check_split_lrs(splits, search, nuisance)
     _check_split_seeds(splits, len(seeds))
-    name = name.strip()
     storage_uri, sweep_dir = _storage(data.get("storage"), name, sweep_dir)
     uri = track.get("mlflow_uri")
     uri = (os.environ.get("MLFLOW_TRACKING_URI") or local_mlflow_uri(sweep_dir)) if uri is None else uri
@@ -279,6 +290,7 @@ def parse_spec(data: dict, *, sweep_dir: str | None = None, source: str = "spec"
         splits=splits,
         use_gpu=_bool(sci.get("use_gpu", False), "scientific.use_gpu"),
         cpus_per_worker=_pos_int(sci.get("cpus_per_worker", 1), "scientific.cpus_per_worker"),
+        gpus_per_worker=_gpu_share(sci.get("gpus_per_worker", 1)),
         search=search,
         nuisance=nuisance,
         trials_per_batch_size=trials_per_b,
@@ -372,6 +384,16 @@ def _pos_int(v: Any, where: str, minimum: int = 1) -> int:
     if isinstance(v, bool) or not isinstance(v, int) or v < minimum:
         raise UserError(f"{where} must be an integer >= {minimum}, got {v!r}")
     return v
+
+
+def _gpu_share(v: Any) -> float:
+    """``scientific.gpus_per_worker``: a number in (0, 1] (Ray places fractional GPUs; above 1 a DDP worker would
+    hold GPUs it cannot use)."""
+    if isinstance(v, bool) or not isinstance(v, int | float) or not 0 < v <= 1:
+        raise UserError(
+            f"scientific.gpus_per_worker must be a number in (0, 1], got {v!r}; e.g. 0.25 runs four workers on one GPU"
+        )
+    return float(v)
 
 
 def _bool(v: Any, where: str) -> bool:

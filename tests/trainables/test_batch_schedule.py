@@ -84,7 +84,7 @@ def test_nqm_bad_schedule_is_one_line(changes, words):
 
 # --- the DiT ------------------------------------------------------------------------------------------------------
 DIT = dict(preset="tiny", batch_size=8, micro_batch_size=8, eval_every=2, eval_repeats=1, timestep_bins=4,
-           max_steps=6, gns_every=0, gns_window=4, batch_schedule=[[3, 16]])  # fmt: skip
+           max_steps=6, gns_every=0, gns_window=4, batch_schedule=[[3, 16]], gns_global_every=1)  # fmt: skip
 
 
 def test_dit_schedule_counters_lr_and_gns_sizes():

@@ -64,10 +64,12 @@ def test_image_size_not_divisible_by_patch(tmp_path):
 
 
 def test_gns_window_is_in_steps_and_holds_two_per_bin_measurements():
-    assert TrialConfig(gns_every=0).gns_steps == 100  # auto, per-bin GNS off
-    assert TrialConfig(gns_every=300, max_steps=200).gns_steps == 100  # per-bin never measures in 200 steps
+    every = dict(gns_global_every=1)  # global GNS at every step (the sparse cadence's 8 x k: test_gns_cadence.py)
+    assert TrialConfig(gns_every=0, **every).gns_steps == 100  # auto, per-bin GNS off
+    assert TrialConfig(gns_every=300, max_steps=200, **every).gns_steps == 100  # per-bin never measures in 200 steps
     assert TrialConfig(gns_every=300, max_steps=5000).gns_steps == 1200  # auto: 4 per-bin measurements
-    assert TrialConfig(gns_every=5, max_steps=60).gns_steps == 100
+    assert TrialConfig(gns_every=5, max_steps=60, **every).gns_steps == 100
+    assert TrialConfig(gns_every=5, max_steps=60).gns_steps == 320  # 8 measurements of the auto halves cadence 40
     cfg = TrialConfig(gns_every=5, gns_window=20, max_steps=60)
     assert cfg.gns_steps == 20 and TrialConfig.from_dict(cfg.to_dict()).to_dict() == cfg.to_dict()
     assert TrialConfig(gns_every=300, max_steps=5000).to_dict()["gns_window"] == 1200  # the resolved value is logged

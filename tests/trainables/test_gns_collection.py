@@ -43,6 +43,7 @@ def _cfg(world: int, accum: int, **kw) -> TrialConfig:
         micro_batch_size=MICRO,
         num_workers=world if world > 1 else 0,
         timestep_bins=4,
+        gns_global_every=1,  # A = 1: the halves at every step (the reference cadence)
         **kw,
     )
 

@@ -204,7 +204,7 @@ def test_one_host_read_per_step(monkeypatch, micro):
     from trainables.diffusion import make_scheduler
     from trainables.step import TrainStep
 
-    cfg = TrialConfig(batch_size=16, micro_batch_size=micro, gns=True)
+    cfg = TrialConfig(batch_size=16, micro_batch_size=micro, gns_global_every=1)  # A = 1: halves at every step
     data, sched = load_dataset("digits", 297), make_scheduler()
     torch.manual_seed(0)
     model = build_dit("tiny", sample_size=8, in_channels=1, num_classes=10).train()

@@ -82,7 +82,7 @@ def _run(cfg: TrialConfig, model, data, sched, step: int):
 def test_any_micro_split_gives_the_whole_batch_loss_and_gradient(parts, split, seed, step, dropout) -> None:
     model, ref, data, sched = parts
     B, micro = split
-    cfg = TrialConfig(batch_size=B, micro_batch_size=micro, seed=seed, class_dropout=dropout, gns=True)
+    cfg = TrialConfig(batch_size=B, micro_batch_size=micro, seed=seed, class_dropout=dropout, gns_global_every=1)
     s, grad = _run(cfg, model, data, sched, step)
     loss, ref_grad = _reference(cfg, ref, data, sched, step)
     assert s.loss == pytest.approx(loss, rel=1e-5)
@@ -162,7 +162,7 @@ def test_loss_is_summed_in_float64(parts, monkeypatch) -> None:
     any CPU: fifteen 1.0 and one 3 * 2^-24 sum to 15 + 3 * 2^-24, which float64 holds exactly (so any summation
     order gives it, ``==`` is exact) and float32 cannot (its spacing at 8..16 is 2^-20)."""
     model, _, data, sched = parts
-    cfg = TrialConfig(batch_size=16, micro_batch_size=16, seed=3)
+    cfg = TrialConfig(batch_size=16, micro_batch_size=16, seed=3, gns_global_every=1)  # halves at every step
     values = torch.ones(16, dtype=torch.float32)
     values[-1] = 3 * 2.0**-24
     seen = _capture_losses(monkeypatch, values)
@@ -201,7 +201,7 @@ def test_halves_give_the_whole_gradient_and_the_size_weighted_halves(parts, micr
     """A = 1 with gns_halves: two backward passes (2 + 3 examples for micro 5) whose sum is the whole micro-batch's
     mean gradient (the same update as one backward, up to float rounding); b = micro / 2 even for an odd micro."""
     model, ref, data, sched = parts
-    cfg = TrialConfig(batch_size=micro, micro_batch_size=micro, seed=13, gns=True)
+    cfg = TrialConfig(batch_size=micro, micro_batch_size=micro, seed=13, gns_global_every=1)  # the reference cadence
     s, grad = _run(cfg, model, data, sched, 6)
     loss, ref_grad = _reference(cfg, ref, data, sched, 6)
     assert s.loss == pytest.approx(loss, rel=1e-5)

@@ -66,7 +66,8 @@ def _reference(cfg, ref, data, sched, step, p):
 @pytest.mark.parametrize("micro", [8, 2])
 def test_weighted_step_equals_float64_reference_for_any_split(parts, micro):
     model, ref, data, sched = parts
-    cfg = TrialConfig(batch_size=8, micro_batch_size=micro, seed=3, timestep_bins=5, timestep_sampling="loss")
+    kw = dict(seed=3, timestep_bins=5, timestep_sampling="loss", gns_global_every=1)  # A = 1: halves at every step
+    cfg = TrialConfig(batch_size=8, micro_batch_size=micro, **kw)
     sampler = TimestepSampler(cfg, NUM_TIMESTEPS, CPU)
     sampler.p = SKEWED.copy()
     model.zero_grad(set_to_none=True)

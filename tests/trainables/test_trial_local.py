@@ -41,7 +41,8 @@ def test_same_seed_same_trajectory_other_seed_differs():
 
 
 def test_resume_is_exact(tmp_path):
-    cfg = TrialConfig(**{**TINY, "ema_decay": 0.9, "warmup_steps": 3, "grad_clip": 1.0})
+    # global GNS (halves) at every 3rd step: the resume at step 10 falls between two measured steps (9 and 12)
+    cfg = TrialConfig(**{**TINY, "ema_decay": 0.9, "warmup_steps": 3, "grad_clip": 1.0, "gns_global_every": 3})
     straight = run_local(cfg)
     first = run_local(cfg.replace(max_steps=10), checkpoint_root=str(tmp_path))
     assert first.checkpoints, "the final report must carry a checkpoint"
@@ -57,6 +58,8 @@ def test_resume_is_exact(tmp_path):
     assert [s for s, _ in joined] == list(range(1, 21))
     assert joined == losses(straight)  # bit-identical on CPU
     assert losses(first, M.EVAL_LOSS) + new(M.EVAL_LOSS) == losses(straight, M.EVAL_LOSS)
+    assert [s for s, _ in losses(straight, M.GNS_G2_SMALL)] == [3, 6, 9, 12, 15, 18]
+    assert losses(first, M.GNS_B_SIMPLE) + new(M.GNS_B_SIMPLE) == losses(straight, M.GNS_B_SIMPLE)
 
 
 def test_target_reached_stops_inside_the_loop():
@@ -120,7 +123,7 @@ def test_halves_train_the_same_losses_as_one_backward(micro):
     draws: the trained losses equal the one-backward trial's within float tolerance (odd micro: 4 + 5 examples), and
     only the halves trial logs global GNS, with b = micro / 2."""
     base = dict(TINY, max_steps=12, eval_every=4, batch_size=micro, micro_batch_size=micro, gns_every=0)
-    halves = run_local(TrialConfig(**base))
+    halves = run_local(TrialConfig(**base, gns_global_every=1))  # the reference cadence: every step
     one = run_local(TrialConfig(**base, gns_halves=False))
     a, b = losses(halves), losses(one)
     assert [s for s, _ in a] == [s for s, _ in b] == list(range(1, 13))
@@ -144,7 +147,8 @@ def test_global_gns_unavailable_is_said_plainly(capsys):
     assert "gns    global: unavailable: global GNS needs" in format_summary(s.summary, cfg.timestep_bins)
     assert "unavailable" not in capsys.readouterr().out
     assert not any(r[2].startswith("gns/") for rep in s.reports for r in rep["rows"])
-    assert run_local(TrialConfig(**{**TINY, "max_steps": 2})).summary["gns_global"] == "on"  # halves: the default
+    on = run_local(TrialConfig(**{**TINY, "max_steps": 2})).summary["gns_global"]  # halves: the default, sparse
+    assert on.startswith("on: halves, every 40 steps (only 0 measurements in the last window")
 
 
 def test_global_gns_with_accumulation_reports_statistics():
