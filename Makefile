@@ -60,6 +60,17 @@ GPU_PARTS ?= tests bench compile study
 bench-gpu: $(STAMP)
 	PY=$(PY) OUT=$(GPU_OUT) PARTS="$(GPU_PARTS)" bash benchmarks/gpu_all.sh
 
+# One command on one H100/H200, at most 8 minutes (benchmarks/gpu_proof.py): the GPU tests, the trial vs a bare loop
+# and the GNS cost, a DiT-S/2 study of 16 trials run 4 at once on the GPU, and `bcrit analyze` of it, into GPU_OUT
+# (proof.log ends with the GPU B_crit, its 90% interval and flags). Needs no venv and no install: the venv's python if
+# there is one, else python3 (the lent device's image). GPU_PROOF_FLAGS: e.g. --smoke (the CPU rehearsal), --workers 2,
+# --compile, --study-args '--lr-mults 0.5 1 2'.
+GPU_PY          ?= $(if $(wildcard $(PY)),$(PY),python3)
+GPU_PROOF_FLAGS ?=
+.PHONY: gpu-proof
+gpu-proof:
+	$(GPU_PY) benchmarks/gpu_proof.py --out $(GPU_OUT) $(GPU_PROOF_FLAGS)
+
 # Start the AWS cluster (docs/cluster.md): bcrit's offline check of the config first (Ray's validation, SSH only from
 # your CIDR through your security group, MLflow and dashboard on loopback), then `ray up`. Needs AWS credentials and
 # boto3. CLUSTER_FLAGS=--allow-world-ssh accepts SSH from the whole internet; RAY_UP_FLAGS=-y skips Ray's prompt.
