@@ -28,10 +28,10 @@ class RayPlace:
     cluster: bool
     verbose: bool = False
 
-    def resources(self, local: dict[str, float] | None = None) -> dict[str, float] | None:
+    def resources(self) -> dict[str, float] | None:
         """What trials are validated against: the cluster at its largest (its autoscaler's node types included),
-        else ``local`` (what the local Ray will hold; None: the command's own default)."""
-        return capacity().total if self.cluster else local
+        else None (the command's own default for this machine)."""
+        return capacity().total if self.cluster else None
 
     def start(self, num_cpus: int) -> None:
         """Start the local Ray of ``num_cpus`` logical CPUs (nothing on a cluster: it was joined already)."""

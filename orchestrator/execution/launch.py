@@ -6,7 +6,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from orchestrator.cluster.ray_start import acquire_ray, local_resources, start_ray
+from orchestrator.cluster.ray_start import acquire_ray, local_resources, sweep_cpus
 from orchestrator.execution.preflight import check_spec
 from orchestrator.specs.sweep_spec import SweepSpec
 
@@ -25,8 +25,7 @@ def prepare(spec: SweepSpec, resume: bool = False, verbose: bool = False) -> Lau
     place = acquire_ray(verbose)
     configs = check_spec(spec) if place.cluster else check_spec(spec, local_resources(spec))
     restore = plan_start(spec, resume)
-    if not place.cluster:
-        start_ray(spec, verbose)
+    place.start(sweep_cpus(spec))  # a local Ray only now, after the checks (nothing on a cluster: joined already)
     return Launch(configs, restore)
 
 
