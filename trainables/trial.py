@@ -2,7 +2,9 @@
 GPU; ``num_workers=0`` in-process), or with no Ray at all (`run_local`, for fast tests and benchmarks).
 
 `check_trial` validates everything that can be known before a worker starts (config, dataset, preset vs image
-size, resources) and raises one `ConfigError`.
+size, resources) and raises one `ConfigError`. A trial packed on a GPU (``gpus_per_worker < 1``) caps its own CUDA
+memory at its share right after its session picks the device (`gpu_share`), so it fails itself, with one line
+(`GpuShareError`), rather than the trials beside it.
 """
 
 from __future__ import annotations
@@ -52,6 +54,60 @@ def check_trial(cfg: TrialConfig, resources: dict | None = None) -> None:
             f"{cfg.world_size} worker(s) x {cfg.cpus_per_worker} CPU need {need} CPUs but "
             f"{int(resources.get('CPU', 0))} are available; lower num_workers or cpus_per_worker"
         )
+
+
+# --- a share of a GPU ---------------------------------------------------------------------------------------------
+class GpuShareError(ConfigError):
+    """A trial packed at ``gpus_per_worker < 1`` ran out of its share of the GPU's memory (one line: the share, the
+    fix)."""
+
+
+def cap_gpu_memory(device: torch.device | str, share: float) -> bool:
+    """Cap this process's CUDA memory (PyTorch's caching allocator) at ``share`` of ``device`` when the trial holds
+    part of a GPU (``gpus_per_worker < 1``), so a packed trial that outgrows its share fails itself, not its
+    neighbours. Nothing for a whole GPU or on a CPU; True when capped."""
+    if share >= 1 or torch.device(device).type != "cuda" or not torch.cuda.is_available():
+        return False
+    torch.cuda.set_per_process_memory_fraction(share, _cuda_index(device))
+    return True
+
+
+def _cuda_index(device: torch.device | str) -> int:
+    device = torch.device(device)
+    return device.index if device.index is not None else torch.cuda.current_device()
+
+
+def gpu_share_oom(exc: BaseException, share: float, device: torch.device | str) -> GpuShareError | None:
+    """The CUDA out-of-memory error behind ``exc`` (chained, or inside Ray Train's wrappers) of a trial capped at
+    ``share``, as one line naming the share and the fix; else None."""
+    if exception_in_chain(exc, torch.cuda.OutOfMemoryError) is None:
+        return None
+    try:
+        total = torch.cuda.get_device_properties(_cuda_index(device)).total_memory / 2**30
+        of = f" ({share * total:.3g} of {total:.3g} GiB)"
+    except Exception:  # no device to ask (a CPU test): the share alone
+        of = ""
+    return GpuShareError(
+        f"CUDA out of memory within this trial's share of the GPU, gpus_per_worker {share:g}{of}: lower "
+        "micro_batch_size (more accumulation, the same batch_size) or batch_size, or raise gpus_per_worker"
+    )
+
+
+@contextlib.contextmanager
+def gpu_share(share: float, device: torch.device | str):
+    """Run a trial's loop within its share of a GPU: `cap_gpu_memory` on entry (undone on exit: an in-process
+    trial's process lives on), a CUDA out-of-memory error of a capped trial as its `GpuShareError`."""
+    capped = cap_gpu_memory(device, share)
+    try:
+        yield capped
+    except Exception as e:
+        bad = gpu_share_oom(e, share, device) if capped else None
+        if bad is None:
+            raise
+        raise bad from e
+    finally:
+        if capped:
+            torch.cuda.set_per_process_memory_fraction(1.0, _cuda_index(device))
 
 
 # --- sessions ------------------------------------------------------------------------------------------------
@@ -142,7 +198,8 @@ def run_local(cfg: TrialConfig, checkpoint_root: str | None = None, resume_from:
     if cfg.world_size != 1:
         raise ConfigError("run_local runs one worker; use run_trial for num_workers >= 2")
     session = LocalSession(checkpoint_root, resume_from, "cuda" if cfg.use_gpu else "cpu")
-    session.summary = train_loop(cfg, session)
+    with gpu_share(cfg.gpus_per_worker, session.device):
+        session.summary = train_loop(cfg, session)
     return session
 
 
@@ -150,7 +207,10 @@ def train_func(config: dict, config_cls: type = TrialConfig, loop: Callable | No
     """What each Ray Train worker runs, for every workload: ``loop(config_cls.from_dict(config["trial"]),
     RaySession())``; default: the DiT trial. Bind another workload with ``functools.partial`` (e.g.
     `orchestrator.execution.tune_trainable.Workload.train_func`): Ray Train counts one required argument either way."""
-    return (loop or train_loop)(config_cls.from_dict(config["trial"]), RaySession(config.get(SIGNAL_KEY)))
+    cfg = config_cls.from_dict(config["trial"])
+    session = RaySession(config.get(SIGNAL_KEY))
+    with gpu_share(cfg.gpus_per_worker, session.device):
+        return (loop or train_loop)(cfg, session)
 
 
 def extra_worker_resources(share: float = 1.0) -> dict[str, float]:
@@ -269,7 +329,8 @@ def run_trial(
         os.makedirs(run_dir, exist_ok=True)
         session = LocalSession(run_dir, resume_from, "cuda" if cfg.use_gpu else "cpu", keep=2)
         try:
-            summary = dict(train_loop(cfg, session))
+            with gpu_share(cfg.gpus_per_worker, session.device):
+                summary = dict(train_loop(cfg, session))
         except DatasetError as e:  # a bad latent file met mid-training: its one line
             raise ConfigError(str(e)) from None
         except Exception as e:  # a torch.compile toolchain that fails at the first step: its one line
@@ -292,7 +353,10 @@ def run_trial(
         try:
             result = trainer.fit()
         except Exception as e:  # a bad latent file, failing compiler, unsafe checkpoint met by a worker: one line
-            bad = dataset_error_in(e) or compile_failure_in(e) or exception_in_chain(e, UnsafeCheckpoint)
+            # (GpuShareError: a packed trial's worker out of its share of the GPU's memory)
+            bad = (
+                dataset_error_in(e) or compile_failure_in(e) or exception_in_chain(e, (UnsafeCheckpoint, GpuShareError))
+            )
             if bad is None:
                 raise
             raise ConfigError(str(bad)) from None

@@ -12,7 +12,9 @@ For every candidate split, with ``B = micro·A·W``:
 Intervals are percentiles of the product of paired replicates: the steps fit's bootstrap (R replicates of
 ``(S_min, E_min)``) times the step time's bootstrap (over trials of the split, or the refitted model with its
 residual scatter). The fastest, the cheapest and the Pareto front between them are taken among candidates that
-are not excluded (predicted memory above ``device_mem_gb``). A candidate is *extrapolated* when its batch size
+are not excluded (predicted peak memory per worker above ``gpus_per_worker · device_mem_gb``, the share of the
+device a packed worker may hold; with ``gpus_per_worker < 1``, more than one worker, which a packed trial cannot
+have: trainables.config.check_gpu_share). A candidate is *extrapolated* when its batch size
 lies outside the fitted batch sizes or, not measured itself, its micro-batch, accumulation or workers lie outside
 the measured ones.
 
@@ -148,6 +150,8 @@ class Plan:
     excluded: list[str]  # per candidate: why it is excluded ("" if eligible)
     fastest: int = -1
     cheapest: int = -1
+    device_mem_gb: float | None = None  # the device memory checked against (None: memory not checked)
+    gpus_per_worker: float = 1.0  # the share of that device one worker may hold
     front: np.ndarray = field(default_factory=lambda: np.zeros(0, np.int64))
     notes: list[str] = field(default_factory=list)
 
@@ -176,6 +180,38 @@ def _extrapolation(split: np.ndarray, measured: np.ndarray, fit: StepsFit, is_me
     return "; ".join(why)
 
 
+def check_gpus_per_worker(gpus_per_worker: float) -> None:
+    """``gpus_per_worker`` is a share of one device: a number in (0, 1]."""
+    if not (np.isfinite(gpus_per_worker) and 0 < gpus_per_worker <= 1):
+        raise RecommendError(
+            f"gpus_per_worker must be a share of one device in (0, 1], got {gpus_per_worker}; e.g. 0.25 packs four "
+            "one-worker trials on a GPU"
+        )
+
+
+def memory_reason(mem_gb: float, device_mem_gb: float, gpus_per_worker: float = 1.0) -> str:
+    """Why a split whose predicted peak memory per worker is ``mem_gb`` does not fit (its worker's share of the
+    device), or "" when it fits or its memory is unknown."""
+    cap = gpus_per_worker * device_mem_gb
+    if not (np.isfinite(mem_gb) and mem_gb > cap):
+        return ""
+    if gpus_per_worker == 1:
+        return f"predicted peak memory {mem_gb:.3g} GiB > device {device_mem_gb:g} GiB"
+    share = f"{gpus_per_worker:g} of a {device_mem_gb:g} GiB device ({cap:.3g} GiB)"
+    return f"predicted peak memory {mem_gb:.3g} GiB > {share}"
+
+
+def _memory_note(device_mem_gb: float | None, gpus_per_worker: float) -> str:
+    """What the memory check was (made only when a share below 1 is worth naming), or why none was made."""
+    if device_mem_gb is None:
+        share = f" (in gpus_per_worker {gpus_per_worker:g} of it)" if gpus_per_worker < 1 else ""
+        return f"memory not checked: pass --device-mem-gb to exclude splits that would not fit{share}"
+    return (
+        f"memory checked: predicted peak memory per worker against gpus_per_worker {gpus_per_worker:g} of a "
+        f"{device_mem_gb:g} GiB device ({gpus_per_worker * device_mem_gb:.3g} GiB)"
+    )
+
+
 def _ci(reps: np.ndarray, level: float) -> np.ndarray:
     """(n, 2) percentile interval of each column of ``reps`` (R, n) over its finite rows."""
     return np.array([pareto.percentile_ci(reps[:, j], level) for j in range(reps.shape[1])]).reshape(-1, 2)
@@ -190,8 +226,13 @@ def plan(
     device_mem_gb: float | None = None,
     level: float = 0.9,
     seed: int = 0,
+    *,
+    gpus_per_worker: float = 1.0,
 ) -> Plan:
-    """Predict time-to-target and cost of every split in ``splits`` and pick the fastest, cheapest and front."""
+    """Predict time-to-target and cost of every split in ``splits`` and pick the fastest, cheapest and front.
+    ``gpus_per_worker``: the share of one device a worker holds (``scientific.gpus_per_worker``); with
+    ``device_mem_gb``, a split is excluded when its predicted peak memory per worker exceeds that share of it."""
+    check_gpus_per_worker(gpus_per_worker)
     splits = np.asarray(splits, dtype=np.int64).reshape(-1, 3)
     model = throughput.fit_step_time(times.splits, times.step_s)
     index = {tuple(s): i for i, s in enumerate(times.splits.tolist())}
@@ -220,8 +261,13 @@ def plan(
             )
         elif not (np.isfinite(step_s[i]) and step_s[i] > 0):
             why = f"predicted step time {step_s[i]:.3g} s is not positive: the throughput model does not hold here"
-        elif device_mem_gb is not None and np.isfinite(mem[i]) and mem[i] > device_mem_gb:
-            why = f"predicted peak memory {mem[i]:.3g} GiB > device {device_mem_gb:g} GiB"
+        elif gpus_per_worker < 1 and splits[i, 2] > 1:
+            why = (
+                f"{int(splits[i, 2])} workers at gpus_per_worker {gpus_per_worker:g}: a packed trial runs one worker "
+                "(two ranks of one DDP trial on a GPU is what NCCL refuses)"
+            )
+        elif device_mem_gb is not None:
+            why = memory_reason(mem[i], device_mem_gb, gpus_per_worker)
         excluded.append(why)
     with np.errstate(invalid="ignore"):
         time_reps = s_reps * t_reps
@@ -231,10 +277,10 @@ def plan(
         time_ci=_ci(time_reps, level), cost_ci=_ci(time_reps * splits[None, :, 2] / HOUR, level), mem_gb=mem,
         measured=is_meas, extrapolated=[_extrapolation(s, times.splits, fit, bool(k)) for s, k in zip(splits, is_meas,
                                                                                                       strict=True)],
-        excluded=excluded,
+        excluded=excluded, device_mem_gb=device_mem_gb, gpus_per_worker=float(gpus_per_worker),
     )  # fmt: skip
-    if device_mem_gb is None:
-        out.notes.append("memory not checked: pass --device-mem-gb to exclude splits that would not fit")
+    if device_mem_gb is None or gpus_per_worker < 1:
+        out.notes.append(_memory_note(device_mem_gb, gpus_per_worker))
     if not estimable.all():
         out.notes.append(f"{int((~estimable).sum())} candidate split(s) not predictable from the measured splits")
     choose(out)
@@ -275,6 +321,7 @@ def recommend(
     *,
     unit: str = "device-hours",
     device_mem_gb: float | None = None,
+    gpus_per_worker: float = 1.0,
     max_workers: int | None = None,
     max_accum: int | None = None,
     max_batch: int | None = None,
@@ -284,11 +331,13 @@ def recommend(
 ) -> tuple[Plan, StepsFit, throughput.SplitTimes]:
     """The whole recommendation in one call (what ``bcrit recommend`` and a batch-size schedule build on): the steps
     fit at ``target``, the measured splits, and the plan over the candidate splits with ``B`` from the smallest
-    fitted batch size to ``max_batch`` (default the largest fitted)."""
+    fitted batch size to ``max_batch`` (default the largest fitted). ``gpus_per_worker``: as in :func:`plan`."""
+    check_gpus_per_worker(gpus_per_worker)
     times = throughput.measured_splits(runs)
     fit = fit_steps(runs, metric, target, n_boot, seed)
     hi = max_batch or int(fit.batch_sizes.max())
     splits = candidate_splits(times.splits, (int(fit.batch_sizes.min()), hi), max_workers, max_accum)
     if len(splits) == 0:
         raise RecommendError(f"no candidate split has a batch size in [{int(fit.batch_sizes.min())}, {hi}]")
-    return plan(fit, times, splits, metric, unit, device_mem_gb, level, seed), fit, times
+    p = plan(fit, times, splits, metric, unit, device_mem_gb, level, seed, gpus_per_worker=gpus_per_worker)
+    return p, fit, times

@@ -41,6 +41,7 @@ def to_json(p: Plan, extra: dict | None = None) -> dict:
     out = {
         "metric": p.metric, "target": p.target, "cost_unit": p.unit, "level": p.level,
         "fastest": p.fastest, "cheapest": p.cheapest, "front": [int(i) for i in p.front],
+        "device_mem_gb": p.device_mem_gb, "gpus_per_worker": p.gpus_per_worker,
         "candidates": rows, "notes": list(p.notes),
     }  # fmt: skip
     out.update(extra or {})

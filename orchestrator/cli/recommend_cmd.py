@@ -1,7 +1,7 @@
 """``bcrit recommend``: the fastest and the cheapest split ``micro x A x W`` to reach a target loss.
 
-``bcrit recommend SWEEP_DIR [--target LOSS] [--metric eval/loss] [--device-mem-gb G] [--max-workers W]
-[--max-accum A] [--max-batch B] [--bootstrap N] [--seed S] [--no-mlflow] [--out DIR]`` (default
+``bcrit recommend SWEEP_DIR [--target LOSS] [--metric eval/loss] [--device-mem-gb D] [--gpus-per-worker G]
+[--max-workers W] [--max-accum A] [--max-batch B] [--bootstrap N] [--seed S] [--no-mlflow] [--out DIR]`` (default
 ``SWEEP_DIR/analysis``); ``--mlflow-experiment NAME [--tracking-uri URI] [--parent-run-id ID] --out DIR`` instead of
 SWEEP_DIR reads the sweep from MLflow, as ``bcrit analyze`` does. Without ``--target``: the target ``bcrit analyze``
 quotes (``bcrit.json``'s answer), else
@@ -29,6 +29,13 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument(
         "--device-mem-gb", type=float, help="memory of one device (GiB): splits predicted above it are excluded"
     )
+    p.add_argument(
+        "--gpus-per-worker",
+        type=float,
+        default=1.0,
+        help="share of one device a worker holds (scientific.gpus_per_worker, (0, 1]): with --device-mem-gb, splits "
+        "predicted above that share of it are excluded, and packed trials run one worker (default: 1)",
+    )
     p.add_argument("--max-workers", type=int, help="largest number of workers to consider (default: largest measured)")
     p.add_argument("--max-accum", type=int, help="largest accumulation to consider (default: largest measured)")
     p.add_argument("--max-batch", type=int, help="largest batch size (default: largest fitted; above is extrapolated)")
@@ -55,6 +62,12 @@ def check_args(args: argparse.Namespace) -> None:
         raise UserError(f"--target must be a finite loss, got {args.target}")
     if args.device_mem_gb is not None and not (math.isfinite(args.device_mem_gb) and args.device_mem_gb > 0):
         raise UserError(f"--device-mem-gb must be a positive number of GiB, got {args.device_mem_gb}")
+    g = args.gpus_per_worker
+    if not (math.isfinite(g) and 0 < g <= 1):
+        raise UserError(
+            f"--gpus-per-worker must be a share of one device in (0, 1], got {g}; e.g. 0.25 for four trials per GPU "
+            "(the sweep's scientific.gpus_per_worker)"
+        )
     for flag in ("max_workers", "max_accum", "max_batch"):
         v = getattr(args, flag)
         if v is not None and v < 1:
@@ -117,8 +130,8 @@ def _run(args: argparse.Namespace) -> int:
         )
     p, fit, times = recommend.recommend(
         runs, target, args.metric, unit=cost_unit(args.sweep_dir or out), device_mem_gb=args.device_mem_gb,
-        max_workers=args.max_workers, max_accum=args.max_accum, max_batch=args.max_batch, n_boot=args.bootstrap,
-        seed=args.seed,
+        gpus_per_worker=args.gpus_per_worker, max_workers=args.max_workers, max_accum=args.max_accum,
+        max_batch=args.max_batch, n_boot=args.bootstrap, seed=args.seed,
     )  # fmt: skip
     pollux = pollux_lines(runs, args.metric, fit, p)
     model = throughput.fit_step_time(times.splits, times.step_s)

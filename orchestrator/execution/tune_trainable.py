@@ -109,7 +109,11 @@ def make_trainable(
         cfg = w.config_cls.from_dict(config["trial"])
         target, budget = cfg.target_loss, cfg.max_steps
         if cfg.num_workers == 0:
-            w.loop(cfg, TuneSession(cfg.use_gpu, target, budget, signal))
+            from trainables.trial import gpu_share
+
+            session = TuneSession(cfg.use_gpu, target, budget, signal)
+            with gpu_share(cfg.gpus_per_worker, session.device):  # packed on a GPU: capped at its share of memory
+                w.loop(cfg, session)
             return
         trial_id = tune.get_context().get_trial_id()
         cb = objective_report_callback(target, budget)

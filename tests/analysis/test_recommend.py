@@ -82,6 +82,34 @@ def test_memory_exclusion_names_the_reason():
     assert p.splits[p.fastest, 0] <= 50 and p.splits[p.cheapest, 0] <= 50 and (p.splits[p.front, 0] <= 50).all()
 
 
+def test_packed_workers_are_checked_against_their_share_of_the_device():
+    runs = synth_split_runs(np.random.default_rng(0))  # peak 1 + 0.01 micro GiB: 1.5 GiB at micro 50
+    whole, _ = _plan(runs, device_mem_gb=6)
+    assert not any(whole.excluded) and whole.gpus_per_worker == 1  # the whole device: everything fits
+    p, _ = _plan(runs, device_mem_gb=6, gpus_per_worker=0.25)
+    excluded = np.array(p.excluded, object)
+    one, small = p.splits[:, 2] == 1, p.splits[:, 0] <= 50
+    for i in np.flatnonzero(one & ~small):
+        assert excluded[i] == f"predicted peak memory {p.mem_gb[i]:.3g} GiB > 0.25 of a 6 GiB device (1.5 GiB)"
+    assert all("workers at gpus_per_worker 0.25: a packed trial runs one worker" in e for e in excluded[~one])
+    assert not any(excluded[one & small]) and (one & small).any()
+    assert p.eligible[p.fastest] and p.eligible[p.cheapest] and p.eligible[p.front].all()
+    assert (
+        "memory checked: predicted peak memory per worker against gpus_per_worker 0.25 of a 6 GiB device (1.5 GiB)"
+        in p.notes
+    )
+    assert (p.device_mem_gb, p.gpus_per_worker) == (6, 0.25)
+    unchecked, _ = _plan(runs, gpus_per_worker=0.5)  # no device memory: only the one-worker rule
+    assert any("pass --device-mem-gb" in n and "gpus_per_worker 0.5" in n for n in unchecked.notes)
+    assert not any(np.array(unchecked.excluded, object)[unchecked.splits[:, 2] == 1])
+
+
+@pytest.mark.parametrize("share", [0.0, -0.25, 1.5, float("nan")])
+def test_a_share_outside_0_1_is_refused(share):
+    with pytest.raises(rc.RecommendError, match=r"gpus_per_worker must be a share of one device in \(0, 1\]"):
+        _plan(synth_split_runs(np.random.default_rng(0)), device_mem_gb=6, gpus_per_worker=share)
+
+
 def test_unpredictable_splits_are_excluded_not_guessed():
     runs = synth_split_runs(np.random.default_rng(0), splits=((16, 1, 1), (32, 1, 1), (64, 1, 1), (128, 1, 1)))
     times = th.measured_splits(runs)

@@ -58,11 +58,29 @@ def test_recommend_writes_json_figure_and_report_section(sweep, tmp_path, capsys
         (["--target", "0.3", "--metric", "eval/lost"], "--metric eval/lost: no trial reported it"),
         (["--target", "0.3", "--max-batch", "8"], "--max-batch 8: no candidate split"),
         (["--target", "0.3", "--device-mem-gb", "0.5"], "every candidate split is excluded: predicted peak memory"),
+        (["--target", "0.3", "--gpus-per-worker", "0"], "--gpus-per-worker must be a share of one device in (0, 1]"),
+        (["--target", "0.3", "--gpus-per-worker", "1.5"], "--gpus-per-worker must be a share of one device in (0, 1]"),
+        (["--target", "0.3", "--device-mem-gb", "4", "--gpus-per-worker", "0.25"], "> 0.25 of a 4 GiB device (1 GiB)"),
     ],
 )
 def test_user_mistakes_are_one_line_exit_2(sweep, tmp_path, capsys, extra, message):
     rc, _, err = _run(capsys, sweep, "--no-mlflow", "--bootstrap", "20", "--out", tmp_path / "o", *extra)
     assert rc == 2 and message in err and len(err.strip().splitlines()) == 1, err
+
+
+def test_packed_trials_are_checked_against_their_share(sweep, tmp_path, capsys):
+    out = tmp_path / "packed"
+    argv = [sweep, "--target", "0.3", "--bootstrap", "20", "--no-mlflow", "--out", out, "--max-workers", "4"]
+    rc, text, err = _run(capsys, *argv, "--device-mem-gb", "6", "--gpus-per-worker", "0.25")
+    assert rc == 0, err
+    share = "gpus_per_worker 0.25 of a 6 GiB device (1.5 GiB)"  # peak 1 + 0.01 micro GiB: micro <= 50 fits
+    assert share in text and "> 0.25 of a 6 GiB device (1.5 GiB)" in text
+    rec = json.loads((out / "recommend.json").read_text())
+    assert (rec["device_mem_gb"], rec["gpus_per_worker"]) == (6, 0.25)
+    for role in ("fastest", "cheapest"):
+        row = rec["candidates"][rec[role]]
+        assert row["num_workers"] == 1 and row["micro_batch_size"] <= 50 and not row["excluded"]
+    assert share in (out / "recommend.md").read_text()
 
 
 def test_sweep_without_sys_metrics_or_directory(tmp_path, capsys):

@@ -1,6 +1,6 @@
 """On a GPU (skipped without CUDA; `make bench-gpu` runs these and the GPU benchmark): bf16 autocast, the input
 pipeline's pinned non-blocking copies, on-device draws, exact resume, both GNS paths on CUDA tensors, the `sys/`
-metrics and `compile: true`.
+metrics, `compile: true` and the memory cap of a trial packed at `gpus_per_worker < 1`.
 First run on an H200 on 2026-11-26 (benchmarks/RESULTS.md, "GPU"): 5 of 7 passed; the two failures were fixed and
 pass on the CPU with `use_gpu` off, but have not been rerun on a GPU."""
 
@@ -15,7 +15,7 @@ from trainables.data.pipeline import MicroBatches
 from trainables.diffusion import NUM_TIMESTEPS
 from trainables.presets import build_dit
 from trainables.randomness import global_batch_indices, local_slice, step_draws
-from trainables.trial import run_local
+from trainables.trial import GpuShareError, gpu_share, run_local
 
 pytestmark = pytest.mark.gpu
 
@@ -104,3 +104,16 @@ def test_compiled_trial_on_gpu(tmp_path):
     resumed = run_local(cfg, resume_from=compiled.checkpoints[-1])
     joined = dict(_rows(compiled, M.TRAIN_LOSS) + _rows(resumed, M.TRAIN_LOSS))
     assert [joined[k] for k in sorted(joined)] == pytest.approx([v for _, v in _rows(eager, M.TRAIN_LOSS)], rel=1e-3)
+
+
+def test_a_packed_trial_is_capped_at_its_share():
+    """gpus_per_worker 0.01: an allocation past 1% of the device is this trial's one-line error, not the device's;
+    the cap is undone after, and a tiny trial at a half share trains. (Not yet run on a GPU.)"""
+    total = torch.cuda.get_device_properties(0).total_memory
+    big = int(0.05 * total)  # five times the share
+    with pytest.raises(GpuShareError, match="gpus_per_worker 0.01"), gpu_share(0.01, torch.device("cuda:0")):
+        torch.empty(big, dtype=torch.uint8, device="cuda:0")
+    torch.cuda.empty_cache()
+    assert torch.empty(big, dtype=torch.uint8, device="cuda:0").numel() == big  # uncapped again
+    s = run_local(TrialConfig(**TINY, max_steps=5, gpus_per_worker=0.5))
+    assert s.reports[-1]["status"] == M.STATUS_BUDGET_SPENT
