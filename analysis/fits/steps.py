@@ -26,6 +26,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from analysis.core import metrics as m
+from analysis.fits import crossing
 from analysis.sources.loaders import Runs, Series
 from analysis.sources.schema import NUISANCE_COLUMNS, SPLIT_COLUMNS
 
@@ -49,13 +50,15 @@ def _first_rows(trial: np.ndarray) -> np.ndarray:
     return first
 
 
-def steps_to_target(series: Series, n_trials: int, targets: np.ndarray | list[float]) -> np.ndarray:
-    """Interpolated first crossing step for every (target, trial): shape ``(len(targets), n_trials)``.
+def steps_to_target(series: Series, n_trials: int, targets: np.ndarray | list[float], local: bool = True) -> np.ndarray:
+    """Crossing step for every (target, trial): shape ``(len(targets), n_trials)``.
 
-    ``inf`` where a trial with data never reaches the target (censored) or has no rows. The crossing between
-    evaluations ``(s0, v0)`` (above target) and ``(s1, v1)`` (at or below) is ``s0 + (v0 - y)/(v0 -
-    v1)·(s1 - s0)``; a trial already at or below the target at its first evaluation gets that evaluation's
-    step.
+    ``inf`` where a trial with data never reaches the target (censored) or has no rows. The *first passage*: the
+    first evaluation at or below the target, the crossing between it ``(s1, v1)`` and the evaluation before
+    ``(s0, v0)`` interpolated as ``s0 + (v0 - y)/(v0 - v1)·(s1 - s0)``; a trial already at or below the target at
+    its first evaluation gets that evaluation's step. ``local`` (the default): that crossing refined by a local
+    quadratic fit of the evaluations around it (:mod:`analysis.fits.crossing`: the first passage is early by noise
+    and late by curvature, differently at each batch size); False: the first passage itself.
     """
     targets = np.atleast_1d(np.asarray(targets, dtype=np.float64))
     if len(series.trial) == 0:
@@ -63,11 +66,13 @@ def steps_to_target(series: Series, n_trials: int, targets: np.ndarray | list[fl
     starts = np.flatnonzero(_first_rows(series.trial))
     longest = int(np.diff(np.append(starts, len(series.trial))).max())
     if len(starts) * longest <= 2 * len(series.trial) + 4096:  # trials of similar length: a dense grid
-        return _dense(series, n_trials, targets, starts, longest)
-    return _sparse(series, n_trials, targets)
+        return _dense(series, n_trials, targets, starts, longest, local)
+    return _sparse(series, n_trials, targets, local)
 
 
-def _dense(series: Series, n_trials: int, targets: np.ndarray, starts: np.ndarray, width: int) -> np.ndarray:
+def _dense(
+    series: Series, n_trials: int, targets: np.ndarray, starts: np.ndarray, width: int, local: bool = True
+) -> np.ndarray:
     """One running minimum per trial on a padded (trials, evaluations) grid, then one pass per target."""
     t, s, v = series.trial, series.step.astype(np.float64), series.value
     lengths = np.diff(np.append(starts, len(t)))
@@ -97,11 +102,13 @@ def _dense(series: Series, n_trials: int, targets: np.ndarray, starts: np.ndarra
         ok = np.isfinite(frac)
         step_in[ok] = s0[ok] + frac[ok] * (step_in[ok] - s0[ok])
         step[inner] = step_in
+        if local:
+            step = _refine_rows(series, starts[rr] + kk, step, y)
         out[j, t[starts[rr]]] = step
     return out
 
 
-def _sparse(series: Series, n_trials: int, targets: np.ndarray) -> np.ndarray:
+def _sparse(series: Series, n_trials: int, targets: np.ndarray, local: bool = True) -> np.ndarray:
     """Per target, the first row at or below it in each trial (for trials of very unequal lengths)."""
     out = np.full((len(targets), n_trials), np.inf)
     t, s, v = series.trial, series.step.astype(np.float64), series.value
@@ -123,8 +130,32 @@ def _sparse(series: Series, n_trials: int, targets: np.ndarray) -> np.ndarray:
         step_i = step[interp]
         step_i[ok] = s[prev][ok] + frac[ok] * (step_i[ok] - s[prev][ok])
         step[interp] = step_i
+        if local:
+            step = _refine_rows(series, first, step, y)
         out[j, t[first]] = step
     return out
+
+
+def _refine_rows(series: Series, first: np.ndarray, step: np.ndarray, y: float) -> np.ndarray:
+    """:func:`analysis.fits.crossing.refine` of the crossings ``step`` whose first passage is at the series' rows
+    ``first`` (one per trial), each on a slab of its trial's rows: those within the fit's window in log step plus
+    ``MIN_POINTS`` on either side of the first passage (the nearest points the fit may need), padded to one grid."""
+    if len(first) == 0:
+        return step
+    t, s, v = series.trial, series.step.astype(np.float64), series.value
+    key = t.astype(np.float64) * (float(s.max()) + 1.0) + s  # (trial, step) order as one sorted number
+    base = t[first].astype(np.float64) * (float(s.max()) + 1.0)
+    lo = np.searchsorted(key, base + step * np.exp(-crossing.WINDOW), side="left")
+    hi = np.searchsorted(key, base + step * np.exp(crossing.WINDOW), side="right")
+    a = np.searchsorted(t, t[first], side="left")  # the trial's rows are [a, b)
+    b = np.searchsorted(t, t[first], side="right")
+    lo = np.clip(np.minimum(lo, first - crossing.MIN_POINTS), a, None)
+    hi = np.clip(np.maximum(hi, first + crossing.MIN_POINTS + 1), None, b)
+    width = int((hi - lo).max())
+    idx = lo[:, None] + np.arange(width)[None, :]
+    pad = idx >= hi[:, None]
+    idx = np.where(pad, lo[:, None], idx)
+    return crossing.refine(s[idx], np.where(pad, np.nan, v[idx]), step, y)
 
 
 def trial_extent(series: Series, n_trials: int) -> tuple[np.ndarray, np.ndarray]:

@@ -139,7 +139,7 @@ def _crossings(
             continue
         t = np.arange(grid[j[i] - 1], grid[j[i]] + 1)
         fine = _loss_at(h, c, m0, lrs[i : i + 1], B, t, mult=mult)[0]
-        out[i] = steps_to_target(Series(np.zeros(len(t), np.int64), t, fine), 1, [y])[0, 0]
+        out[i] = steps_to_target(Series(np.zeros(len(t), np.int64), t, fine), 1, [y], local=False)[0, 0]
     return out
 
 

@@ -40,3 +40,10 @@ SHAPES: dict[str, Sweep] = {
 # quiet3's sweep on a grid 4x finer over the same two octaves (9 lrs a quarter octave apart): the remedy
 # lr_at_divergence names, for the adaptive sweep to draw from (benchmarks/bench_adaptive_shapes.py)
 SHAPES["quiet9"] = replace(SHAPES["quiet3"], n_lr=9, lr_step=0.25)
+# issue 45's unseen simulator as described: an evaluation every 10 steps at every batch size (the large ones reach
+# the later targets in few evaluations, the small ones cross among many noisy evaluations), 0.4% noise on the whole
+# loss, the best lr in the middle at every batch size, 8 batch sizes 16..2048, ~3% per-seed jitter of the rate
+SHAPES["evals10"] = Sweep(
+    batch_sizes=(16, 32, 64, 128, 256, 512, 1024, 2048), seeds=3, sigma=0.0, rate_jitter=0.03, eval_noise=0.004,
+    noise_of="loss", eval_every=10, lr_opt_spread=0.0, lr_slope=0.0, lr_jitter=0.0, n_lr=5,
+)  # fmt: skip

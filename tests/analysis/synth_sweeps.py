@@ -87,6 +87,8 @@ class Sweep:
     bin_share: float = 0.5  # share of a bin's noise variance common with the global curve
     eval_noise: float = 0.004  # evaluation noise, relative to the loss above the floor
     n_evals: int = 60  # evaluations per trial up to the stop (at the optimal lr)
+    eval_every: int = 0  # > 0: every trial evaluates every this many steps, whatever its batch size (not n_evals)
+    noise_of: str = "above_floor"  # eval_noise relative to the loss above the floor, or to the whole "loss"
     stop_progress: float = 6.0  # the global target: eval/loss at this progress (censors lower targets)
     budget: float = 2.0  # step budget, in units of the optimal-lr steps to the stop
     diverge_from: int = 512  # the largest lr diverges at batch sizes from here on
@@ -150,7 +152,13 @@ def simulate(rng: np.random.Generator, sw: Sweep = Sweep()) -> Runs:
     s_stop = sw.curve.s0 * sw.stop_progress + sw.curve.e0 * sw.stop_progress**sw.curve.q / b
     every = np.maximum(1, np.round(s_stop / sw.n_evals)).astype(np.int64)
     n_steps = int(np.ceil(sw.budget * sw.n_evals)) + 1
+    if sw.eval_every > 0:
+        every = np.full(n, sw.eval_every, dtype=np.int64)
+        n_steps = int(np.ceil(sw.budget * s_stop.max() / sw.eval_every)) + 1
     step = every[:, None] * np.arange(n_steps)[None, :]  # (n, E)
+    own_end = np.full(n, n_steps - 1)  # the last evaluation of each trial's step budget
+    if sw.eval_every > 0:
+        own_end = np.minimum(n_steps - 1, np.ceil(sw.budget * s_stop / every)).astype(np.int64)
     eps0 = _noise_paths(rng, n, logu, sw.sigma, sw.corr_len)
     curves = [sw.curve, *sw.bins]
     losses = []
@@ -164,14 +172,15 @@ def simulate(rng: np.random.Generator, sw: Sweep = Sweep()) -> Runs:
             own = _noise_paths(rng, n, logu, sw.sigma * np.sqrt(1 - sw.bin_share), sw.corr_len)
             eps = np.sqrt(sw.bin_share) * eps0 + own
         y = _losses(c, b, pen, eps, logu, step)
-        y = y + rng.normal(0.0, 1.0, y.shape) * sw.eval_noise * (y - c.floor)
+        scale = y if sw.noise_of == "loss" else y - c.floor
+        y = y + rng.normal(0.0, 1.0, y.shape) * sw.eval_noise * scale
         losses.append(y)
     diverged = (kk == k[-1]) & (b >= sw.diverge_from)
     for y in losses:
-        y[diverged, n_steps // 3 :] = np.nan
-    hit = (losses[0] <= sw.stop_loss) & sw.stop_at_target
+        y[diverged[:, None] & (np.arange(n_steps)[None, :] >= (own_end[:, None] + 1) // 3)] = np.nan
+    hit = (losses[0] <= sw.stop_loss) & sw.stop_at_target & (np.arange(n_steps)[None, :] <= own_end[:, None])
     reached = hit.any(axis=1) & ~diverged
-    last = np.where(reached, hit.argmax(axis=1), n_steps - 1)
+    last = np.where(reached, hit.argmax(axis=1), own_end)
     keep = np.arange(n_steps)[None, :] <= last[:, None]
     status = np.full(n, m.STATUS_BUDGET_SPENT, dtype=object)
     status[reached] = m.STATUS_REACHED_TARGET

@@ -23,8 +23,10 @@ K, WINDOW, TARGET = 2, 15, 0.5
 
 
 def gns_runs(seed: int = 0):
-    """Two uniform trials (B 8, 16) and one `noise` trial: eval/loss 1/(1 + step/10) (crossing 0.5 at step 10 for
-    B 8 and at step 20 for B 16), global GNS rows every step, per-bin rows every 5 steps, window 15 steps."""
+    """Two uniform trials (B 8, 16) and one `noise` trial: eval/loss 1/(1 + step/10.3) (crossing 0.5 at step 10.3
+    for B 8 and at step 20.6 for B 16, between evaluations: the windows (5.15, 10.3] and (10.3, 20.6] hold the same
+    integer steps as (5, 10] and (10, 20] whichever estimate of the crossing is a little off), global GNS rows every
+    step, per-bin rows every 5 steps, window 15 steps."""
     rng = np.random.default_rng(seed)
     rows: dict[str, list] = {"trial_id": [], "step": [], "examples": [], "metric": [], "value": []}
 
@@ -35,7 +37,7 @@ def gns_runs(seed: int = 0):
     trials = [("u8", 8, "uniform", 1.0), ("u16", 16, "uniform", 0.5), ("n8", 8, "noise", 1.0)]
     for tid, b, _, speed in trials:
         for step in range(0, 41):
-            add(tid, step, b, M.EVAL_LOSS, 1.0 / (1.0 + speed * step / 10.0))
+            add(tid, step, b, M.EVAL_LOSS, 1.0 / (1.0 + speed * step / 10.3))
             if step:
                 add(tid, step, b, M.GNS_G2_SMALL, 2.0 + rng.normal(0, 0.3))
                 add(tid, step, b, M.GNS_G2_BIG, 1.0 + rng.normal(0, 0.1))

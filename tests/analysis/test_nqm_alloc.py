@@ -86,7 +86,7 @@ def test_best_steps_under_an_allocation_equal_every_step_evaluated():
     for lr in lrs:
         curve = na.expected_loss(H, H, np.ones(DIM), lr, B, max_steps, S, Q, p)
         t = np.arange(max_steps + 1)
-        brute.append(steps_to_target(Series(np.zeros(len(t), np.int64), t, curve), 1, [target])[0, 0])
+        brute.append(steps_to_target(Series(np.zeros(len(t), np.int64), t, curve), 1, [target], local=False)[0, 0])
     k = int(np.argmin(brute))
     steps, lr = na.best_steps(H, H, np.ones(DIM), B, target, S, Q, p, lrs=lrs, max_steps=max_steps)
     assert np.isfinite(brute[k]) and lr == lrs[k]

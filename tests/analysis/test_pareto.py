@@ -569,7 +569,8 @@ def test_one_seed_neighbours_that_never_win_leave_the_interval_unchanged():
     b = analyze_metric(shaped, m.EVAL_LOSS, [0.3], bootstrap=400)[0]
     assert all(p["lr"] == q["lr"] and p["seeds"] == 3 for p, q in zip(a["points"], b["points"], strict=True))
     assert a["ci_resamples"] == b["ci_resamples"] == flags.CI_SEEDS
-    assert b["b_crit_ci"] == a["b_crit_ci"] and b["ci_level"] == a["ci_level"]
+    # equal up to float rounding: the crossing fit (analysis.fits.crossing) sums over slabs as wide as the widest trial
+    assert b["b_crit_ci"] == pytest.approx(a["b_crit_ci"], rel=1e-9) and b["ci_level"] == a["ci_level"]
     assert b["b_crit_ci"][0] < b["b_crit"] < b["b_crit_ci"][1]
 
 

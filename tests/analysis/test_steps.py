@@ -82,7 +82,7 @@ def _line(stop: int, cross: float, every: int = 10):
 def _best(runs, y=0.5):
     series = runs.series(m.EVAL_LOSS)
     n = len(runs.trial_ids)
-    steps = steps_to_target(series, n, [y])[0]
+    steps = steps_to_target(series, n, [y], local=False)[0]  # the lines' crossings exactly
     last, _ = trial_extent(series, n)
     ok = usable(runs)
     steps[~ok] = np.nan
@@ -287,7 +287,7 @@ def test_seed_bootstrap_redraws_seeds_and_respects_censoring():
         ]
     )
     series = runs.series(m.EVAL_LOSS)
-    steps = steps_to_target(series, 4, [0.5])
+    steps = steps_to_target(series, 4, [0.5], local=False)
     last, _ = trial_extent(series, 4)
     st = settings_of(runs, usable(runs))
     _, reps = bootstrap_best(steps, last, st, 4000, np.random.default_rng(0))
@@ -551,7 +551,7 @@ def test_very_unequal_trials_take_the_sparse_path_with_the_same_answers():
     # trial 2: 0.9@0, 0.1@10. 3 trials x 6000 > 2 x 6003 + 4096 rows: steps_to_target takes the sparse path.
     steps = np.arange(6000)
     rows = [(0, s, 1.0 - s / 10_000) for s in steps] + [(1, 0, 0.3), (2, 0, 0.9), (2, 10, 0.1)]
-    got = steps_to_target(_series(rows), 4, [0.5, 0.45])
+    got = steps_to_target(_series(rows), 4, [0.5, 0.45], local=False)
     # 0.5: 5000 (an evaluation equal to it), 0 (first row already below), 10·0.4/0.8 = 5; 0.45: 5500 (v = 0.45 there
     # up to rounding: interpolated between 5499 and 5500), 0, 10·0.45/0.8 = 5.625; trial 3 has no rows
     np.testing.assert_allclose(got, [[5000.0, 0.0, 5.0, np.inf], [5500.0, 0.0, 5.625, np.inf]], rtol=1e-12)
