@@ -7,6 +7,11 @@ trial's process, which leaves out inductor's compile workers), and the process's
 including its children. The break-even step count is the extra process wall time / the per-step saving.
 
     PYTHONPATH=. .venv/bin/python benchmarks/bench_compile_cost.py --preset tiny --batch 64 --steps 21
+    PYTHONPATH=. python3 benchmarks/bench_compile_cost.py --gpu --preset DiT-S/2 --batch 256 --steps 201   # a GPU
+
+``--gpu``: the trials run on the CUDA device (``use_gpu``; the step clock is then CUDA events), for the cold
+compile's cost against the compiled step's saving there, which decides ``compile``'s default (docs/trial.md). Without
+CUDA it stops with one line (exit 2) before anything runs.
 """
 
 from __future__ import annotations
@@ -34,7 +39,7 @@ def one_trial(args) -> None:
     cfg = TrialConfig(
         preset=args.preset, dataset=args.store, eval_size=16, batch_size=args.batch, micro_batch_size=args.batch,
         max_steps=args.steps, report_every=1, eval_every=args.steps, eval_repeats=1, gns=False, gns_every=0,
-        threads_per_worker=1, lr=1e-4, compile=args.child == "compiled",
+        threads_per_worker=1, lr=1e-4, compile=args.child == "compiled", use_gpu=args.gpu,
     )  # fmt: skip
     s = run_local(cfg)
     walls = [r[4] for rep in s.reports for r in rep["rows"] if r[2] == M.SYS_EXAMPLES_PER_S]
@@ -48,12 +53,20 @@ def main() -> None:
     ap.add_argument("--steps", type=int, default=21)
     ap.add_argument("--n", type=int, default=1024)
     ap.add_argument("--clock", default="wall", choices=["wall", "cpu"], help="the trials' step clock")
+    ap.add_argument("--gpu", action="store_true", help="run the trials on the CUDA device")
     ap.add_argument("--child", default=None, help=argparse.SUPPRESS)
     ap.add_argument("--store", default=None, help=argparse.SUPPRESS)
     args = ap.parse_args()
     if args.child:
         one_trial(args)
         return
+    if args.gpu:
+        import torch
+
+        if not torch.cuda.is_available():
+            print("bench_compile_cost: --gpu needs a CUDA device and none is visible; drop --gpu to measure on CPU",
+                  file=sys.stderr)  # fmt: skip
+            sys.exit(2)
     from benchmarks.bench_trial_input import make_folder
     from trainables.data.latent_store import pack
 
@@ -67,6 +80,7 @@ def main() -> None:
         for name, kind in variants:
             cmd = [sys.executable, __file__, "--child", kind, "--store", store, "--preset", args.preset,
                    "--batch", str(args.batch), "--steps", str(args.steps), "--clock", args.clock]  # fmt: skip
+            cmd += ["--gpu"] if args.gpu else []
             before = resource.getrusage(resource.RUSAGE_CHILDREN)
             t0 = time.perf_counter()
             out = subprocess.run(cmd, env=env, check=True, capture_output=True, text=True).stdout
@@ -77,7 +91,8 @@ def main() -> None:
             print(name, rows[name], flush=True)
     eager = rows["eager"]
     per_step_eager = eager["rest_s"] / (args.steps - 1)
-    print(f"\n{args.preset}, batch {args.batch}, 32x32x4, {args.steps} steps, one thread, {args.clock} step clock:")
+    where = "CUDA" if args.gpu else f"one thread, {args.clock} step clock"
+    print(f"\n{args.preset}, batch {args.batch}, 32x32x4, {args.steps} steps, {where}:")
     for name, r in rows.items():
         per_step = r["rest_s"] / (args.steps - 1)
         line = (
