@@ -86,6 +86,7 @@ def _dense(
         steps = np.zeros((len(starts), width))
         steps[row, col] = s
     runmin = np.fmin.accumulate(np.where(np.isnan(vals), np.inf, vals), axis=1)  # NaN never reaches
+    key = _row_keys(t, s) if local else None
     out = np.full((len(targets), n_trials), np.inf)
     r = np.arange(len(starts))
     for j, y in enumerate(targets):
@@ -103,7 +104,7 @@ def _dense(
         step_in[ok] = s0[ok] + frac[ok] * (step_in[ok] - s0[ok])
         step[inner] = step_in
         if local:
-            step = _refine_rows(series, starts[rr] + kk, step, y)
+            step = _refine_rows(t, s, v, key, starts[rr] + kk, step, y)
         out[j, t[starts[rr]]] = step
     return out
 
@@ -113,6 +114,7 @@ def _sparse(series: Series, n_trials: int, targets: np.ndarray, local: bool = Tr
     out = np.full((len(targets), n_trials), np.inf)
     t, s, v = series.trial, series.step.astype(np.float64), series.value
     starts = _first_rows(t)
+    key = _row_keys(t, s) if local else None
     for j, y in enumerate(targets):
         idx = np.flatnonzero(v <= y)  # NaN compares False: a NaN evaluation never counts as reaching
         if len(idx) == 0:
@@ -131,20 +133,26 @@ def _sparse(series: Series, n_trials: int, targets: np.ndarray, local: bool = Tr
         step_i[ok] = s[prev][ok] + frac[ok] * (step_i[ok] - s[prev][ok])
         step[interp] = step_i
         if local:
-            step = _refine_rows(series, first, step, y)
+            step = _refine_rows(t, s, v, key, first, step, y)
         out[j, t[first]] = step
     return out
 
 
-def _refine_rows(series: Series, first: np.ndarray, step: np.ndarray, y: float) -> np.ndarray:
+def _row_keys(t: np.ndarray, s: np.ndarray) -> np.ndarray:
+    """The (trial, step) order of a sorted series as one sorted float64 per row (exact: integers below 2**53)."""
+    return t.astype(np.float64) * (float(s.max()) + 1.0) + s
+
+
+def _refine_rows(
+    t: np.ndarray, s: np.ndarray, v: np.ndarray, key: np.ndarray, first: np.ndarray, step: np.ndarray, y: float
+) -> np.ndarray:
     """:func:`analysis.fits.crossing.refine` of the crossings ``step`` whose first passage is at the series' rows
     ``first`` (one per trial), each on a slab of its trial's rows: those within the fit's window in log step plus
-    ``MIN_POINTS`` on either side of the first passage (the nearest points the fit may need), padded to one grid."""
+    ``MIN_POINTS`` on either side of the first passage (the nearest points the fit may need), padded to one grid.
+    ``t``, ``s`` (float64), ``v``: the series' columns; ``key``: their :func:`_row_keys`, computed once per series."""
     if len(first) == 0:
         return step
-    t, s, v = series.trial, series.step.astype(np.float64), series.value
-    key = t.astype(np.float64) * (float(s.max()) + 1.0) + s  # (trial, step) order as one sorted number
-    base = t[first].astype(np.float64) * (float(s.max()) + 1.0)
+    base = key[first] - s[first]  # the trial's offset in key
     lo = np.searchsorted(key, base + step * np.exp(-crossing.WINDOW), side="left")
     hi = np.searchsorted(key, base + step * np.exp(crossing.WINDOW), side="right")
     a = np.searchsorted(t, t[first], side="left")  # the trial's rows are [a, b)
