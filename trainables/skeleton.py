@@ -18,9 +18,9 @@ Every report carries the counters, ``status``, ``train_seconds``, ``startup_seco
 worker shows a new pid), the latest value of every metric, and ``rows``: every value recorded since the previous
 report as ``[step, examples, metric, value, wall_time, unix_time]`` (the long format of ``metrics.parquet``;
 ``wall_time``: training seconds, ``unix_time``: when it was measured, for MLflow). A trial stops itself -- budget
-spent, target reached, diverged, or ended by its adaptive sweep's goal (asked at each evaluation,
-`trainables.sweep_signal`) -- so its trainer returns normally (REFERENCE.md: the placement-group leak when Tune
-stops trials).
+spent, target reached, diverged, ended by its adaptive sweep's goal, or stopped behind its batch size's best
+(both asked at each evaluation, `trainables.sweep_signal`) -- so its trainer returns normally (REFERENCE.md: the
+placement-group leak when Tune stops trials).
 """
 
 from __future__ import annotations
@@ -43,6 +43,7 @@ if TYPE_CHECKING:
     import torch
 
 CLOCK = time.perf_counter  # start-up seconds (a test swaps in a fake clock)
+VERDICTS = (None, M.STATUS_ENDED, M.STATUS_BEHIND)  # what a sweep may ask a running trial, coded for Learner.agree
 
 
 class Session(Protocol):
@@ -56,7 +57,8 @@ class Session(Protocol):
     def report(self, metrics: dict, checkpoint_dir: str | None) -> None: ...
     def restore(self) -> contextlib.AbstractContextManager[str | None]: ...
 
-    # optional: ``sweep_ended() -> bool``, whether the sweep asked its running trials to end (TrialSkeleton.sweep_ended)
+    # optional: ``sweep_ended() -> str | bool | None``, the status its sweep asks it to end with
+    # (TrialSkeleton.sweep_verdict)
 
 
 class ScheduleConfig(Protocol):
@@ -155,10 +157,11 @@ class Learner:
     def close(self) -> None:
         """Called once the trial has stopped."""
 
-    def agree(self, flag: bool) -> bool:
-        """Every rank's answer to a question only rank 0 asked (e.g. whether the sweep ended the trial): ``flag``
-        from rank 0, the same on every rank, through the workers' process group, on the learner's ``device`` when it
-        has one (the DiT's: its GPU under NCCL), else the CPU (gloo). One process: ``flag``."""
+    def agree(self, flag: bool | int) -> bool | int:
+        """Every rank's answer to a question only rank 0 asked (e.g. how the sweep ended the trial): ``flag`` (a
+        bool or a small non-negative int) from rank 0, the same on every rank, through the workers' process group,
+        on the learner's ``device`` when it has one (the DiT's: its GPU under NCCL), else the CPU (gloo). One
+        process: ``flag``."""
         import sys
 
         dist = sys.modules.get("torch.distributed")  # a Train worker has it; an in-process trial may lack torch
@@ -167,9 +170,9 @@ class Learner:
         import torch
 
         device = getattr(self, "device", None) or "cpu"
-        t = torch.tensor([1.0 if flag and dist.get_rank() == 0 else 0.0], device=device)
+        t = torch.tensor([float(flag) if dist.get_rank() == 0 else 0.0], device=device)
         dist.all_reduce(t)  # the other ranks add 0
-        return bool(t.item() > 0)
+        return bool(t.item() > 0) if isinstance(flag, bool) else int(round(t.item()))
 
 
 class TrialSkeleton:
@@ -290,14 +293,18 @@ class TrialSkeleton:
         self.learner.close()
         return self.status
 
-    def sweep_ended(self) -> bool:
-        """Whether the sweep has asked its running trials to end (trainables.sweep_signal): rank 0 asks the
-        session, every rank gets its answer (``Learner.agree``). Sessions without ``sweep_ended``, or whose reader
-        has no signal's name (every trial but those of ``goal.running: end``): never, and no collective."""
+    def sweep_verdict(self) -> str | None:
+        """The status the sweep asks this trial to end with (trainables.sweep_signal): ``ended_at_goal``,
+        ``stopped_behind``, or None. Rank 0 asks the session's ``sweep_ended`` (a status, or True for
+        ``ended_at_goal``), every rank gets its answer (``Learner.agree``). Sessions without ``sweep_ended``, or
+        whose reader has no signal's name (a sweep with neither ``goal.running: end`` nor ``stopping.behind``):
+        never, and no collective."""
         ask = getattr(self.session, "sweep_ended", None)
         if ask is None or getattr(ask, "name", True) is None:  # no signal to ask (same on every rank): no collective
-            return False
-        return self.learner.agree(bool(ask()) if self.session.rank == 0 else False)
+            return None
+        said = ask() if self.session.rank == 0 else None
+        code = VERDICTS.index(M.STATUS_ENDED if said is True else said if said in VERDICTS else None)
+        return VERDICTS[self.learner.agree(code)]
 
     def advance(self) -> None:
         """One optimizer step: record its values, evaluate on the schedule, report on the report interval."""
@@ -311,8 +318,8 @@ class TrialSkeleton:
             self.status = status_after_step(self.step, cfg.eval_every, cfg.max_steps, self.evaluate)
         else:
             self.status = M.STATUS_DIVERGED
-        if self.status == M.STATUS_RUNNING and self.step % cfg.eval_every == 0 and self.sweep_ended():
-            self.status = M.STATUS_ENDED
+        if self.status == M.STATUS_RUNNING and self.step % cfg.eval_every == 0:
+            self.status = self.sweep_verdict() or self.status
         final = self.status != M.STATUS_RUNNING
         if final or self.step % cfg.report_interval == 0:
             self.train_seconds += self.learner.flush()

@@ -1,4 +1,4 @@
-"""A sweep's word to its running trials: the adaptive sweep's goal is met, end now.
+"""A sweep's word to its running trials: the adaptive sweep's goal is met, end now; or this trial is behind, stop.
 
 A trial ends itself (trainables.stopping; REFERENCE.md: the placement-group leak when Tune stops trials), so an
 adaptive sweep that stops on its goal with trials still running (analysis.decisions.next_trials, ``end_pending``)
@@ -7,6 +7,10 @@ starts with a new one). A trial's rank 0 asks it at every evaluation (`SignalRea
 one, or outside Ray, never asks), every rank agrees on the answer (``Learner.agree``), and the trial ends with the
 status ``ended_at_goal`` after a final report and checkpoint. The actor's name (`signal_name`) follows from the
 sweep's directory, so the driver's searcher and the trials find it without passing a handle through the configs.
+
+The same actor carries ``stopping.behind``'s word to single trials (`mark_behind`, from the driver's
+`orchestrator.execution.behind_callback.StopBehind` callback): a trial it names, asking with its Tune trial id, ends
+with the status ``stopped_behind`` (analysis.decisions.stop_behind).
 """
 
 from __future__ import annotations
@@ -16,6 +20,7 @@ import hashlib
 import os
 
 SIGNAL_KEY = "sweep_signal"  # key of the actor's name in a Train run's train_loop_config
+TRIAL_KEY = "tune_trial_id"  # key of the Tune trial's id there: what a trial is named by when it is stopped alone
 ASK_TIMEOUT_S = 30.0
 _HELD: dict = {}  # name -> the handle of a GoalSignal this process created
 
@@ -32,10 +37,20 @@ def _actor_class():
 
     @ray.remote(num_cpus=0)
     class GoalSignal:
-        """Holds whether the sweep has asked its running trials to end."""
+        """Holds whether the sweep has asked its running trials to end, and which trials it stopped alone."""
 
         def __init__(self):
             self._ended = False
+            self._behind: set[str] = set()
+
+        def behind(self, trial_ids: list[str]) -> None:
+            self._behind.update(trial_ids)
+
+        def verdict(self, trial_id: str | None) -> str | None:
+            """``ended_at_goal``, ``stopped_behind`` (this trial), or None: train on."""
+            if self._ended:
+                return "ended_at_goal"
+            return "stopped_behind" if trial_id in self._behind else None
 
         def end(self) -> None:
             self._ended = True
@@ -49,8 +64,8 @@ def _actor_class():
     return GoalSignal
 
 
-def set_signal(name: str, ended: bool) -> None:
-    """Create (or find) the sweep's signal actor, owned by this process, and set it. Call from the driver."""
+def _tell(name: str, call) -> None:
+    """Create (or find) the sweep's signal actor, owned by this process, and ``call(actor)`` on it."""
     import ray
 
     for fresh in (False, True):  # a handle held from an earlier Ray of this process is stale: create anew
@@ -58,30 +73,41 @@ def set_signal(name: str, ended: bool) -> None:
         actor = actor or _actor_class().options(name=name, get_if_exists=True).remote()
         _HELD[name] = actor  # a named actor lives while a handle does (not detached): this driver holds it
         try:
-            ray.get(actor.end.remote() if ended else actor.reset.remote(), timeout=ASK_TIMEOUT_S)
+            ray.get(call(actor), timeout=ASK_TIMEOUT_S)
             return
         except ray.exceptions.RayError:
             if fresh:
                 raise
 
 
-class SignalReader:
-    """``reader()``: whether the sweep named ``name`` has asked its trials to end (False without a name, before
-    the driver creates the actor, or when it cannot be reached: a trial is never ended by a failed lookup)."""
+def set_signal(name: str, ended: bool) -> None:
+    """Create (or find) the sweep's signal actor, owned by this process, and set it. Call from the driver."""
+    _tell(name, lambda a: a.end.remote() if ended else a.reset.remote())
 
-    def __init__(self, name: str | None):
-        self.name = name
+
+def mark_behind(name: str, trial_ids: list[str]) -> None:
+    """Tell the trials ``trial_ids`` (Tune trial ids) to stop with the status ``stopped_behind``. From the driver."""
+    _tell(name, lambda a: a.behind.remote(list(trial_ids)))
+
+
+class SignalReader:
+    """``reader()``: the status the sweep named ``name`` asks this trial (Tune id ``trial_id``) to end with:
+    ``ended_at_goal`` (every trial), ``stopped_behind`` (this one), or None -- also without a name, before the
+    driver creates the actor, or when it cannot be reached: a trial is never ended by a failed lookup."""
+
+    def __init__(self, name: str | None, trial_id: str | None = None):
+        self.name, self.trial_id = name, trial_id
         self._actor = None
 
-    def __call__(self) -> bool:
+    def __call__(self) -> str | None:
         if not self.name:
-            return False
+            return None
         import ray
 
         try:
             if self._actor is None:
                 self._actor = ray.get_actor(self.name)
-            return bool(ray.get(self._actor.ended.remote(), timeout=ASK_TIMEOUT_S))
+            return ray.get(self._actor.verdict.remote(self.trial_id), timeout=ASK_TIMEOUT_S)
         except Exception:  # not created yet (ValueError), or gone with its driver: keep training
             self._actor = None
-            return False
+            return None

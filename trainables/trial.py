@@ -25,7 +25,7 @@ from trainables.data import DatasetError, dataset_error_in, describe_dataset
 from trainables.exc_chain import exception_in_chain
 from trainables.loop import train_loop
 from trainables.presets import PRESETS
-from trainables.sweep_signal import SIGNAL_KEY, SignalReader
+from trainables.sweep_signal import SIGNAL_KEY, TRIAL_KEY, SignalReader
 
 
 def check_trial(cfg: TrialConfig, resources: dict | None = None) -> None:
@@ -161,11 +161,11 @@ def quiet_report_log() -> None:
 class RaySession:
     """Session of a Ray Train worker (V2 API)."""
 
-    def __init__(self, signal: str | None = None):
+    def __init__(self, signal: str | None = None, trial_id: str | None = None):
         import ray.train
         import ray.train.torch
 
-        self.sweep_ended = SignalReader(signal)  # the sweep's goal met: end now (trainables.sweep_signal)
+        self.sweep_ended = SignalReader(signal, trial_id)  # end at the goal / stopped behind (trainables.sweep_signal)
         quiet_report_log()
         ctx = ray.train.get_context()
         self.rank, self.world_size = ctx.get_world_rank(), ctx.get_world_size()
@@ -208,7 +208,7 @@ def train_func(config: dict, config_cls: type = TrialConfig, loop: Callable | No
     RaySession())``; default: the DiT trial. Bind another workload with ``functools.partial`` (e.g.
     `orchestrator.execution.tune_trainable.Workload.train_func`): Ray Train counts one required argument either way."""
     cfg = config_cls.from_dict(config["trial"])
-    session = RaySession(config.get(SIGNAL_KEY))
+    session = RaySession(config.get(SIGNAL_KEY), config.get(TRIAL_KEY))
     with gpu_share(cfg.gpus_per_worker, session.device):
         return (loop or train_loop)(cfg, session)
 
@@ -234,13 +234,15 @@ def build_trainer(
     train_loop=None,
     log_level: str = "WARNING",
     signal: str | None = None,
+    trial_id: str | None = None,
 ):
     """A ``TorchTrainer`` for the trial. A run of the same ``name`` in ``storage_path`` resumes from its
     latest checkpoint (Ray Train V2), which is how a retried or restored Tune trial continues. ``train_loop``:
     the per-worker function taking ``{"trial": cfg.to_dict()}`` (default: the DiT trial's `train_func`; another
     workload's, `train_func` bound to its config class and loop, with a config of the same resource fields).
     ``log_level``: Ray Train's console logging (INFO shows worker-group set-up and checkpoint lines). ``signal``: the
-    name of the sweep's `trainables.sweep_signal.GoalSignal` its workers ask at each evaluation (None: none)."""
+    name of the sweep's `trainables.sweep_signal.GoalSignal` its workers ask at each evaluation (None: none), as the
+    Tune trial ``trial_id`` (what the sweep names a trial it stops alone by)."""
     from ray.train import CheckpointConfig, FailureConfig, LoggingConfig, RunConfig, ScalingConfig
     from ray.train.torch import TorchConfig, TorchTrainer
 
@@ -263,7 +265,7 @@ def build_trainer(
     )
     return TorchTrainer(
         train_loop or train_func,
-        train_loop_config={"trial": cfg.to_dict(), **({SIGNAL_KEY: signal} if signal else {})},
+        train_loop_config={"trial": cfg.to_dict(), **({SIGNAL_KEY: signal, TRIAL_KEY: trial_id} if signal else {})},
         scaling_config=scaling,
         run_config=run,
         torch_config=TorchConfig(backend="nccl" if cfg.use_gpu else "gloo"),

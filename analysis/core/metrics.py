@@ -64,7 +64,13 @@ STATUS_FAILED = "failed"
 # ended by its sweep: an adaptive sweep met its goal while the trial ran (trainables.sweep_signal); its rows are kept
 # and its examples counted as spent, but it is not fitted (the answer is the finished trials' it stopped on)
 STATUS_ENDED = "ended_at_goal"
-FINAL_STATUSES = (STATUS_REACHED_TARGET, STATUS_BUDGET_SPENT, STATUS_DIVERGED, STATUS_FAILED, STATUS_ENDED)
+# stopped by its sweep once the fit could only use it as evidence of being slower (stopping.behind: the rule of
+# analysis.decisions.stop_behind); fitted as every trial that has not reached a target is: right-censored
+STATUS_BEHIND = "stopped_behind"
+STOP_REASON = "stop_reason"  # why, in its last result, its trials.parquet row and its MLflow tags
+FINAL_STATUSES = (
+    STATUS_REACHED_TARGET, STATUS_BUDGET_SPENT, STATUS_DIVERGED, STATUS_FAILED, STATUS_ENDED, STATUS_BEHIND,
+)  # fmt: skip
 
 
 def gns_names(k: int | None = None) -> dict[str, str]:

@@ -43,14 +43,21 @@ class TuneSession:
 
     rank, world_size = 0, 1
 
-    def __init__(self, use_gpu: bool, target_loss: float | None, max_steps: int, signal: str | None = None):
+    def __init__(
+        self,
+        use_gpu: bool,
+        target_loss: float | None,
+        max_steps: int,
+        signal: str | None = None,
+        trial_id: str | None = None,
+    ):
         import torch
 
         from trainables.sweep_signal import SignalReader
 
         self.device = torch.device("cuda" if use_gpu else "cpu")
         self._target, self._max_steps = target_loss, max_steps
-        self.sweep_ended = SignalReader(signal)  # the sweep's goal met: end now (trainables.sweep_signal)
+        self.sweep_ended = SignalReader(signal, trial_id)  # end at the goal / stopped behind (trainables.sweep_signal)
 
     def report(self, metrics: dict, checkpoint_dir: str | None) -> None:
         from ray import tune
@@ -91,7 +98,7 @@ def make_trainable(
     (`trainables.workloads.get_workload`, resolved in the worker: an unknown name fails, never runs the DiT). Not
     ``verbose``: the trial's INFO logs (a line per checkpoint, Train's worker-group set-up) stay out of the driver's
     output. ``signal``: the name of the sweep's `trainables.sweep_signal.GoalSignal`, which its trials ask at each
-    evaluation whether to end (an adaptive sweep's; None: the trials never ask)."""
+    evaluation whether to end (``goal.running: end``) or stop alone (``stopping.behind``); None: they never ask."""
     from orchestrator.storage.uri import is_uri, join
 
     uri = is_uri(sweep_dir)
@@ -108,14 +115,14 @@ def make_trainable(
         w = get_workload(workload)
         cfg = w.config_cls.from_dict(config["trial"])
         target, budget = cfg.target_loss, cfg.max_steps
+        trial_id = tune.get_context().get_trial_id()
         if cfg.num_workers == 0:
             from trainables.trial import gpu_share
 
-            session = TuneSession(cfg.use_gpu, target, budget, signal)
+            session = TuneSession(cfg.use_gpu, target, budget, signal, trial_id)
             with gpu_share(cfg.gpus_per_worker, session.device):  # packed on a GPU: capped at its share of memory
                 w.loop(cfg, session)
             return
-        trial_id = tune.get_context().get_trial_id()
         cb = objective_report_callback(target, budget)
         from trainables.trial import build_trainer
 
@@ -128,6 +135,7 @@ def make_trainable(
             train_loop=w.train_func,
             log_level="INFO" if verbose else "WARNING",
             signal=signal,
+            trial_id=trial_id,
         )
         trainer.fit()
         from orchestrator.execution.tune_handoff import hand_off_pending_results

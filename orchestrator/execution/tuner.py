@@ -23,15 +23,22 @@ def sweep_trainable(spec: SweepSpec, worker_failures: int, verbose: bool = False
 
     adaptive = getattr(spec, "search", None) == "adaptive"  # a BranchSpec has no search
     ends = adaptive and spec.adaptive.end_running  # goal.running: end: its trials ask whether to end
-    signal = signal_name(spec.sweep_dir) if ends else None
+    signal = signal_name(spec.sweep_dir) if ends or stops_behind(spec) else None
     fn = make_trainable(spec.workload, spec.storage_root, worker_failures, verbose=verbose, signal=signal)
     return tune.with_resources(fn, lambda config: PlacementGroupFactory([trial_bundle(config["trial"])]))
+
+
+def stops_behind(spec) -> bool:
+    """Whether the sweep stops trials behind their batch size's best (``stopping.behind``, on by default): only
+    where its trials have a target to reach (a BranchSpec: never)."""
+    return bool(getattr(spec, "stop_behind", False)) and getattr(spec, "stopping", {}).get("target_loss") is not None
 
 
 def callbacks(spec: SweepSpec, verbose: bool = False, total: int | None = None) -> list:
     """The driver-side callbacks every bcrit sweep needs: MLflow tracking, the Parquet tables, the terminal
     (event lines; the live bar unless ``verbose``); on resume, trials Tune lost removed from the first two
-    (orchestrator.records.lost_trials); fault injection for tests (orchestrator.faults)."""
+    (orchestrator.records.lost_trials); fault injection for tests (orchestrator.faults); ``stopping.behind``'s
+    (orchestrator.execution.behind_callback), first, so that the others see why a trial stopped."""
     from orchestrator.faults import fault_callbacks
     from orchestrator.records.lost_trials import ForgetLost
     from orchestrator.records.mlflow_tracking import MLflowTracking
@@ -46,7 +53,13 @@ def callbacks(spec: SweepSpec, verbose: bool = False, total: int | None = None) 
 
         watch = [AdaptiveWatch(spec.sweep_dir, tracking, progress)]
     tables = TablesCallback(spec.sweep_dir, storage_uri=spec.storage_uri)
-    return [*fault_callbacks(), ForgetLost(tracking, tables), *watch, tracking, tables, progress]
+    behind = []
+    if stops_behind(spec):
+        from orchestrator.execution.behind_callback import StopBehind
+        from trainables.sweep_signal import signal_name
+
+        behind = [StopBehind(spec.sweep_dir, signal_name(spec.sweep_dir))]
+    return [*fault_callbacks(), ForgetLost(tracking, tables), *behind, *watch, tracking, tables, progress]
 
 
 def build_tuner(

@@ -318,6 +318,8 @@ class MLflowTracking(Callback):
         status = result.get("status", M.STATUS_RUNNING)
         ckpt = F.checkpoint_path(trial.path, result)
         tags = {F.TAG_CHECKPOINT: ckpt} if ckpt else {}
+        if result.get(M.STOP_REASON):  # stopping.behind's why (orchestrator.execution.behind_callback)
+            tags[M.STOP_REASON] = str(result[M.STOP_REASON])
         self.log_rows(trial.trial_id, result.get("rows") or [], status, result=result, extra_tags=tags)
         if status != M.STATUS_RUNNING:
             self.end_child(trial.trial_id, status, "FINISHED")

@@ -79,6 +79,9 @@ def outcome_text(cfg: dict, result: dict) -> str:
         return f"diverged at step {step}" + (f" (eval/loss {loss_s})" if loss_s else "")
     if status == M.STATUS_ENDED:
         return f"ended at step {step}: the sweep's goal was met (kept, not fitted)"
+    if status == M.STATUS_BEHIND:
+        why = result.get("stop_reason") or "behind its batch size's best setting"
+        return f"stopped at step {step}, {why} (fitted as censored)"
     return f"{status} at step {step}"
 
 

@@ -60,6 +60,8 @@ def trial_row(trial_id: str, cfg: dict, status: str, result: dict | None = None)
         row[k] = None if v is None else float(v)
     if cfg.get("batch_schedule"):  # a scheduled trial (analysis.core.stages): its stages as JSON text; absent otherwise
         row["batch_schedule"] = json.dumps(cfg["batch_schedule"])
+    if (result or {}).get(M.STOP_REASON):  # stopping.behind's why (orchestrator.execution.behind_callback)
+        row[M.STOP_REASON] = str(result[M.STOP_REASON])
     if "timestep_sampling" in cfg:  # a scientific variable when a sweep compares samplers (docs/allocation.md)
         row["timestep_sampling"] = str(cfg["timestep_sampling"])
     tags = cfg.get("extra") or {}

@@ -55,7 +55,8 @@ SCIENTIFIC_KEYS = (
 SPLIT_KEYS = ("micro_batch_size", "grad_accum", "num_workers")
 NUISANCE_PARAMS = ("lr", "warmup_steps", "beta2", "weight_decay")
 NUISANCE_KEYS = ("search", "trials_per_batch_size", "seed", "goal", "budget", *NUISANCE_PARAMS)
-STOPPING_KEYS = ("target_loss", "max_steps", "divergence_factor")
+STOPPING_KEYS = ("target_loss", "max_steps", "divergence_factor", "behind")
+SWEEP_STOPPING_KEYS = ("behind",)  # stopping keys of the sweep, not of its trials' configs
 TRACKING_KEYS = ("mlflow_uri", "experiment")
 # trial-config keys owned by other sections (a clear error instead of a silent conflict)
 OWNED = {
@@ -65,7 +66,7 @@ OWNED = {
     "cpus_per_worker": "scientific.cpus_per_worker",
     "gpus_per_worker": "scientific.gpus_per_worker",
     **{k: f"nuisance.{k}" for k in NUISANCE_PARAMS},
-    **{k: f"stopping.{k}" for k in STOPPING_KEYS},
+    **{k: f"stopping.{k}" for k in STOPPING_KEYS if k not in SWEEP_STOPPING_KEYS},
     "seed": "fixed.seeds",
 }
 # fixed keys that may be given per batch size ({batch size: value}): the evaluation cadence, so that every batch size
@@ -133,6 +134,9 @@ class SweepSpec:
     ] = ()  # scientific.timestep_sampling: every trial runs once per sampler (docs/allocation.md)
     gpus_per_worker: float = 1.0  # scientific.gpus_per_worker: the share of one GPU a worker holds (use_gpu)
     storage_uri: str | None = None  # storage as a URI (s3://...): Ray's files there, bcrit's in sweep_dir, mirrored
+    # stopping.behind: stop the trials the fit only needs to know are slower (analysis.decisions.stop_behind); it
+    # acts only where trials have a target_loss to reach
+    stop_behind: bool = True
 
     @property
     def layout(self) -> SweepLayout:
@@ -297,7 +301,7 @@ def parse_spec(data: dict, *, sweep_dir: str | None = None, source: str = "spec"
         search_seed=_pos_int(nui.get("seed", 0), "nuisance.seed", minimum=0),
         fixed=fixed,
         seeds=tuple(seeds),
-        stopping={k: stop.get(k) for k in STOPPING_KEYS if k in stop},
+        **_stopping(stop),
         mlflow_uri=uri,
         experiment=experiment,
         sweep_dir=sweep_dir,
@@ -394,6 +398,12 @@ def _gpu_share(v: Any) -> float:
             f"scientific.gpus_per_worker must be a number in (0, 1], got {v!r}; e.g. 0.25 runs four workers on one GPU"
         )
     return float(v)
+
+
+def _stopping(stop: dict) -> dict[str, Any]:
+    """The spec's ``stopping`` section as SweepSpec fields: the trials' keys, and the sweep's ``behind``."""
+    trials = {k: stop.get(k) for k in STOPPING_KEYS if k in stop and k not in SWEEP_STOPPING_KEYS}
+    return {"stopping": trials, "stop_behind": _bool(stop.get("behind", True), "stopping.behind")}
 
 
 def _bool(v: Any, where: str) -> bool:

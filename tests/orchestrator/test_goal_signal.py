@@ -9,12 +9,12 @@ import pytest
 from analysis.core import metrics as M
 from orchestrator.execution.tune_trainable import make_trainable
 from trainables.nqm_trial import QuadraticConfig
-from trainables.sweep_signal import SignalReader, set_signal, signal_name
+from trainables.sweep_signal import SignalReader, mark_behind, set_signal, signal_name
 
 pytestmark = pytest.mark.ray
 
 
-def _trial(tmp_path, name: str | None, num_workers: int, tag: str) -> dict:
+def _trial(tmp_path, name: str | None, num_workers: int, tag: str, callbacks=()) -> dict:
     from ray import tune
 
     cfg = QuadraticConfig(dim=20, batch_size=16, micro_batch_size=16, num_workers=num_workers, lr=0.5, max_steps=30,
@@ -23,7 +23,7 @@ def _trial(tmp_path, name: str | None, num_workers: int, tag: str) -> dict:
     tuner = tune.Tuner(
         tune.with_resources(fn, {"CPU": 1}),
         param_space={"trial": cfg.to_dict()},
-        run_config=tune.RunConfig(name=tag, storage_path=str(tmp_path / "tune"), verbose=0),
+        run_config=tune.RunConfig(name=tag, storage_path=str(tmp_path / "tune"), verbose=0, callbacks=list(callbacks)),
     )
     (result,) = tuner.fit()
     assert result.error is None
@@ -42,3 +42,21 @@ def test_a_trial_ends_itself_when_its_sweep_says_so(tmp_path, ray_local, no_ray_
     assert _trial(tmp_path, name, num_workers, "reset")["status"] == M.STATUS_BUDGET_SPENT
     set_signal(name, True)
     assert _trial(tmp_path, None, num_workers, "none")["status"] == M.STATUS_BUDGET_SPENT  # no signal: never asks
+
+
+@pytest.mark.parametrize("num_workers", [0, pytest.param(1, marks=pytest.mark.slow)])
+def test_a_trial_the_sweep_names_stops_alone_as_behind(tmp_path, ray_local, no_ray_address, num_workers):
+    """stopping.behind's word (orchestrator.execution.stop_behind): the driver names one trial by its Tune id; that
+    trial ends with ``stopped_behind`` at its next evaluation, and the sweep's other trials are not asked to end."""
+    from ray.tune import Callback
+
+    name = signal_name(str(tmp_path / "sweep"))
+
+    class NameIt(Callback):  # as StopBehind does, once the trial has started
+        def on_trial_start(self, iteration, trials, trial, **info):
+            mark_behind(name, [trial.trial_id])
+
+    stopped = _trial(tmp_path, name, num_workers, "behind", callbacks=[NameIt()])
+    assert stopped["status"] == M.STATUS_BEHIND and stopped[M.STEP] <= 10
+    assert SignalReader(name, "another-trial")() is None
+    assert SignalReader(name, stopped["trial_id"])() == M.STATUS_BEHIND

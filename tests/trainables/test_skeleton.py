@@ -343,6 +343,23 @@ def test_a_trial_the_sweep_ends_stops_at_an_evaluation_with_a_final_report():
     assert M.STATUS_ENDED in M.FINAL_STATUSES
 
 
+class Named(Told):
+    """A session whose sweep names this trial as behind its batch size's best from the ``at``-th question on."""
+
+    def sweep_ended(self):
+        return M.STATUS_BEHIND if super().sweep_ended() else None
+
+
+def test_a_trial_the_sweep_names_as_behind_stops_with_that_status_and_a_final_report():
+    session = Named(at=3)
+    trial = TrialSkeleton(Cfg(max_steps=20, eval_every=2), session, Halving())
+    trial.restore()
+    assert trial.run() == M.STATUS_BEHIND
+    assert trial.step == 6 and session.reports[-1]["status"] == M.STATUS_BEHIND
+    assert steps_of(session, M.EVAL_LOSS) == [0, 2, 4, 6]
+    assert M.STATUS_BEHIND in M.FINAL_STATUSES
+
+
 def test_only_rank_0_asks_and_a_trial_without_a_sweep_never_ends():
     other = Told(at=1, rank=1)  # rank 1 does not ask; one process: its own answer is rank 0's (none)
     trial = TrialSkeleton(Cfg(max_steps=6), other, Halving())

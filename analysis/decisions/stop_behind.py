@@ -1,0 +1,223 @@
+"""Which running trials the fit only needs to know are slower, and may stop now (``stopping.behind``; issue 44).
+
+The fit uses each batch size's *best* setting (:func:`analysis.fits.steps.best_per_batch`); a trial at another
+setting matters only as evidence that it is slower. Once it is behind by more than the seed noise can undo, the rest
+of its run buys nothing: it stops, with the status ``stopped_behind``, and enters the analysis as every trial that
+has not reached a target does, *right-censored* at its last evaluated step (a lower bound on its steps).
+
+**The rule, per batch size** (seeds of one setting resampled, the bootstrap's ``"seeds"`` mode,
+:func:`analysis.fits.pareto.bootstrap_best`):
+
+1. The *comparator* ``C``: among the settings whose every seed reached the trials' target (``reached_target``), the
+   one with the least bound ``U`` below. With ``X_i`` the log of seed ``i``'s last evaluated step (a crossing of any
+   target the trial reached lies at or before it: :mod:`analysis.fits.crossing` takes its root among the
+   evaluations) and ``k`` seeds, ``U = max X + (r - 1)(max X - min X)``, ``r = sqrt(k/(k-1))``: the largest value
+   a bootstrap replicate of ``C`` can take (the replicate is a mean of draws of the adjusted residuals
+   ``mean + r (X_i - mean)``, so it is at most ``mean + r (max X - mean)``, which is at most ``U``).
+2. A running seed ``j`` of another setting ``A`` at step ``s`` is *behind* when, for every metric the analysis fits
+   (``eval/loss`` and each ``eval/loss/bin{k}``), it has not yet reached the level every seed of ``C`` reached (the
+   highest of their lowest values: a target it has not reached lies below it), ``log s - MARGIN >= U``, and every
+   other seed of ``A`` has not reached that level either and reached ``j``'s lowest value only at a log step
+   ``>= U`` (or has not yet, at such a step). ``MARGIN`` allows the local crossing fit to place ``j``'s crossing a
+   little before its first evaluation below a target.
+3. Then no replicate of ``A`` -- whichever of its seeds it draws -- takes fewer steps than ``U`` at a target ``j``
+   has not reached, and every replicate picks ``C`` (or better) over ``A`` whether ``j`` ran on or not: the best
+   setting per replicate, the answer and its interval are those of the full run. The one difference is second
+   order: a setting whose every seed reached is resampled with adjusted residuals and a censored one is not, so a
+   replicate of ``A``'s other seeds is a little lower unstopped (by ``(r - 1)`` times their spread) and could then
+   edge past ``C`` where stopped it cannot. The censored lower bound lies above ``C``'s value, so it never censors
+   the batch size. Tested in ``tests/analysis/test_stop_behind.py`` against the full curves.
+
+With one seed per setting (Optuna's one-seed studies: the bootstrap resamples *settings*, ``"trials"`` mode) a
+replicate may miss ``C``; ``U`` is then the slowest of the known settings' steps, and at least 3 settings must be
+known at the batch size (a replicate that draws only stopped settings, probability ``(1/n)^n``, is left censored).
+
+**What is never stopped**: the comparator's seeds; a setting with a running or finished seed ahead of the rule; a
+setting whose seeds pool several splits (:func:`analysis.fits.steps.pool_splits`); and the learning-rate
+neighbours of every setting that can still be the best (its lower bound below ``U``): the checks of the learning-rate
+grid (:mod:`analysis.fits.lr_grid`: ``lr_at_edge``, ``lr_at_divergence``, the curvature; ``b_crit_refined``) read
+their steps, or their divergence, at every target. So a sweep saves on the learning rates two or more grid points
+from the best, where a fixed budget costs most.
+
+What it cannot promise: below the comparator's level in a timestep bin, a stopped trial might have gone on to be the
+only one of its batch size to get there; the per-bin automatic targets' low end is set by the lowest level each
+batch size reaches, so they can move a little. Measured, with the savings, in benchmarks/RESULTS.md.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, field
+
+import numpy as np
+
+from analysis.core import metrics as m
+from analysis.sources.schema import NUISANCE_COLUMNS
+
+MARGIN = 0.05  # in log steps: how far before a stopped trial's step its fitted crossing may lie
+MIN_TRIALS_SETTINGS = 3  # known settings a one-seed batch size needs before any of its trials stops
+STOPPED_BEHIND = m.STATUS_BEHIND
+
+
+@dataclass
+class Curve:
+    """One trial as the rule sees it: its setting, seed, status, and evaluations of the fitted metrics."""
+
+    trial_id: str
+    batch_size: int
+    setting: tuple  # the nuisance values (lr first) that, with the batch size, make a setting (splits pooled)
+    seed: int
+    status: str
+    steps: list[int] = field(default_factory=list)  # evaluation steps, ascending
+    values: dict[str, list[float]] = field(default_factory=dict)  # metric -> values at ``steps`` (nan: none)
+
+    @property
+    def lr(self) -> float:
+        return float(self.setting[0])
+
+    @property
+    def last_step(self) -> int:
+        return self.steps[-1] if self.steps else 0
+
+    def add(self, step: int, metric: str, value: float) -> None:
+        """Record an evaluation (rows arrive in step order; a metric's value at a step seen before is kept)."""
+        if not self.steps or step > self.steps[-1]:
+            self.steps.append(step)
+            for vals in self.values.values():
+                vals.append(math.nan)
+        if metric not in self.values:
+            self.values[metric] = [math.nan] * len(self.steps)
+        if step == self.steps[-1]:
+            self.values[metric][-1] = float(value)
+
+    def lowest(self, metric: str) -> float:
+        v = np.asarray(self.values.get(metric, []), dtype=np.float64)
+        return float(np.nanmin(v)) if np.isfinite(v).any() else math.inf
+
+    def first_at_or_below(self, metric: str, level: float) -> int | None:
+        """The first evaluation step at which ``metric`` is at or below ``level`` (None if never)."""
+        for s, v in zip(self.steps, self.values.get(metric, []), strict=False):
+            if v <= level:
+                return s
+        return None
+
+
+def setting_of(values: dict) -> tuple:
+    """A setting's key within its batch size: the nuisance values, lr first, as floats (None where absent); the
+    splits of a seed share it (pooled, as the analysis pools them: analysis.fits.steps.pool_splits)."""
+    return tuple(None if values.get(c) is None else float(values[c]) for c in NUISANCE_COLUMNS)
+
+
+def fitted_metric(name: str) -> bool:
+    """The metrics whose curves the analysis fits: the global held-out loss and its per-bin restrictions."""
+    return name == m.EVAL_LOSS or name.startswith(m.EVAL_LOSS + "/bin")
+
+
+def _bound(x: np.ndarray) -> float:
+    """``U``: the largest log steps a seeds-bootstrap replicate of a setting with these seeds' log steps can take."""
+    k = len(x)
+    r = math.sqrt(k / (k - 1)) if k > 1 else 1.0
+    return float(x.max() + (r - 1.0) * (x.max() - x.min()))
+
+
+def _per_seed_log_last(trials: list[Curve]) -> np.ndarray:
+    """Per seed, the log of its largest last step (a seed with several splits: the slowest, an upper bound)."""
+    by_seed: dict[int, int] = {}
+    for t in trials:
+        by_seed[t.seed] = max(by_seed.get(t.seed, 0), t.last_step)
+    return np.log(np.maximum(np.array(list(by_seed.values()), dtype=np.float64), 1.0))
+
+
+def _pooled(trials: list[Curve]) -> bool:
+    seeds = [t.seed for t in trials]
+    return len(set(seeds)) < len(seeds)
+
+
+def _neighbours(settings: dict[tuple, list[Curve]], key: tuple) -> tuple[tuple | None, tuple | None]:
+    """The settings just below and above ``key`` in lr among those with the same other nuisance values."""
+    same = sorted((k for k in settings if k[1:] == key[1:]), key=lambda k: k[0])
+    i = same.index(key)
+    return (same[i - 1] if i > 0 else None, same[i + 1] if i + 1 < len(same) else None)
+
+
+def behind(curves: list[Curve], margin: float = MARGIN, batch_sizes=None) -> dict[str, str]:
+    """``{trial_id: reason}`` of the running trials the fit only needs to know are slower (module docstring);
+    ``batch_sizes``: only at these (those whose trials changed), default every one."""
+    out: dict[str, str] = {}
+    by_b: dict[int, dict[tuple, list[Curve]]] = {}
+    for c in curves:
+        if batch_sizes is None or c.batch_size in batch_sizes:
+            by_b.setdefault(c.batch_size, {}).setdefault(c.setting, []).append(c)
+    for b, settings in sorted(by_b.items()):
+        out.update(_behind_at(b, settings, margin))
+    return out
+
+
+def _known(trials: list[Curve]) -> bool:
+    return bool(trials) and all(t.status == m.STATUS_REACHED_TARGET for t in trials)
+
+
+def _comparator(settings: dict[tuple, list[Curve]]) -> tuple[tuple, float] | None:
+    """``(C, U)``: the known setting whose replicates' largest value is least, and that value (module docstring)."""
+    known = {k: _per_seed_log_last(v) for k, v in settings.items() if _known(v)}
+    if not known:
+        return None
+    if max(len(x) for x in known.values()) >= 2:  # seeds are resampled
+        key = min(known, key=lambda k: _bound(known[k]))
+        return key, _bound(known[key])
+    if len(known) < MIN_TRIALS_SETTINGS:  # one seed each: settings are resampled, a replicate may miss C
+        return None
+    key = min(known, key=lambda k: known[k].max())
+    return key, max(float(x.max()) for x in known.values())
+
+
+def _lower_bound(trials: list[Curve]) -> float:
+    """The setting's mean log (last) step over its seeds: below ``U`` it can still be the best."""
+    return float(np.mean(_per_seed_log_last(trials)))
+
+
+def _trial_behind(j: Curve, mates: list[Curve], levels: dict[str, float], u: float, margin: float) -> bool:
+    """Whether running trial ``j`` (its setting's other seeds ``mates``) is behind ``U`` at every fitted metric."""
+    if j.last_step <= 0 or math.log(j.last_step) - margin < u:
+        return False
+    for metric, level in levels.items():
+        own = j.lowest(metric)
+        if not own > level:  # it reached the comparator's level (or has no value): it may lead below it
+            return False
+        for t in mates:  # a replicate of only this seed must not beat U either: past U at j's level
+            if not t.lowest(metric) > level:  # a seed of the setting leads there: the setting runs on
+                return False
+            s = t.first_at_or_below(metric, own)
+            if math.log(max(s if s is not None else t.last_step, 1)) < u:
+                return False
+    return True
+
+
+def _behind_at(b: int, settings: dict[tuple, list[Curve]], margin: float) -> dict[str, str]:
+    comp = _comparator(settings)
+    if comp is None:
+        return {}
+    c_key, u = comp
+    c_trials = settings[c_key]
+    metrics = sorted({name for t in c_trials for name in t.values if fitted_metric(name)})
+    if not metrics:
+        return {}
+    levels = {name: max(t.lowest(name) for t in c_trials) for name in metrics}
+    protected: set[tuple] = set()
+    for key, trials in settings.items():
+        if key == c_key or _lower_bound(trials) < u:  # can still be the best: the lr checks read its neighbours
+            protected.update(k for k in _neighbours(settings, key) if k is not None)
+    out = {}
+    for key, trials in settings.items():
+        if key == c_key or key in protected or _pooled(trials):
+            continue
+        for j in trials:
+            if j.status != m.STATUS_RUNNING:
+                continue
+            mates = [t for t in trials if t is not j]
+            if _trial_behind(j, mates, levels, u, margin):
+                out[j.trial_id] = (
+                    f"behind B={b}'s lr {c_key[0]:g} (steps {math.exp(u):.0f} at most, its {len(c_trials)} "
+                    f"seed(s) resampled) at step {j.last_step}"
+                )
+    return out

@@ -1,0 +1,74 @@
+"""stopping.behind's driver side (orchestrator.execution.behind_callback): the callback builds each trial's curve from
+its results' rows, names the trials the rule finds behind to the sweep's signal actor once each, and gives a stopped
+trial's last result its reason, which the tables and MLflow then record."""
+
+from __future__ import annotations
+
+from types import SimpleNamespace
+
+import numpy as np
+import pytest
+
+from analysis.core import metrics as M
+from orchestrator.execution.behind_callback import REASON, StopBehind
+from orchestrator.records.runs_tables import trial_row
+
+
+def _trial(tid: str, lr: float, seed: int, b: int = 64) -> SimpleNamespace:
+    cfg = {"batch_size": b, "micro_batch_size": b, "lr": lr, "seed": seed, "warmup_steps": 5, "target_loss": 0.2}
+    return SimpleNamespace(trial_id=tid, config={"trial": cfg})
+
+
+def _rows(steps, losses):
+    return [[s, s * 64, M.EVAL_LOSS, v, 0.0, 0.0] for s, v in zip(steps, losses, strict=True)]
+
+
+@pytest.fixture
+def marked(monkeypatch):
+    told: list[list[str]] = []
+    monkeypatch.setattr("trainables.sweep_signal.mark_behind", lambda name, ids: told.append(list(ids)))
+    return told
+
+
+def test_the_callback_names_trials_behind_once_and_records_why(tmp_path, marked):
+    cb = StopBehind(str(tmp_path), "sig", every_s=0.0)
+    steps = list(range(0, 101, 10))
+    for s in range(3):  # the best lr's 3 seeds reach the target at step 100
+        t = _trial(f"best{s}", 3e-3, s)
+        cb.on_trial_result(0, [], t, {"status": M.STATUS_RUNNING, "rows": _rows(steps[:6], np.linspace(1, 0.6, 6))})
+        res = {"status": M.STATUS_REACHED_TARGET, "rows": _rows(steps[6:], np.linspace(0.5, 0.2, 5))}
+        cb.on_trial_result(0, [], t, res)
+    far = [_trial(f"far{lr:g}-{s}", lr, s) for lr in (1e-3, 2e-3, 4e-3, 8e-3) for s in range(3)]
+    run = list(range(0, 201, 10))
+    for t in far:
+        cb.on_trial_result(0, [], t, {"status": M.STATUS_RUNNING, "rows": _rows(run, np.linspace(1, 0.5, len(run)))})
+    named = {t for batch in marked for t in batch}
+    far_ids = {t.trial_id for t in far}
+    stopped = {t.trial_id for t in far if t.config["trial"]["lr"] in (1e-3, 8e-3)}
+    assert named == stopped and named <= far_ids  # the best's lr neighbours (2e-3, 4e-3) run on
+    assert sum(len(b) for b in marked) == len(named)  # each named once
+    t = next(t for t in far if t.trial_id in named)
+    last = {"status": M.STATUS_BEHIND, "rows": [], M.STEP: 200}
+    cb.on_trial_result(0, [], t, last)
+    assert "behind B=64's lr 0.003" in last[REASON]
+    assert trial_row(t.trial_id, t.config["trial"], M.STATUS_BEHIND, last)[REASON] == last[REASON]
+    cb.decide(force=True)
+    assert sum(len(b) for b in marked) == len(named)  # nothing named twice
+
+
+def test_a_resumed_sweep_reads_its_finished_trials_back(tmp_path, marked):
+    import os
+    import sys
+
+    sys.path.insert(0, os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "analysis"))
+    from synth_shapes import SHAPES
+    from synth_sweeps import simulate
+
+    from analysis.sources.loaders import write_sweep_dir
+
+    runs = simulate(np.random.default_rng(0), SHAPES["issue"])
+    write_sweep_dir(runs, tmp_path)
+    cb = StopBehind(str(tmp_path), "sig")
+    cb.setup()
+    assert len(cb.curves) == len(runs.trial_ids)
+    assert all(c.status in M.FINAL_STATUSES for c in cb.curves.values())
