@@ -72,11 +72,13 @@ def _choose(full, space, goal, budget, index, concurrency: int, dec_boot: int, s
     (``goal.running: end``). At any other stop the ones running finish and are counted."""
     chosen: list[str] = []
     flight: list = []
+    met = False
     while True:
         runs = subset(full, chosen) if chosen else None
         n = concurrency - len(flight) if rolling else concurrency
         dec = nt.next_trials(runs, space, goal, budget, pending=flight, n=n, bootstrap=dec_boot, seed=seed,
-                             end_pending=rolling and end, hold=hold)  # fmt: skip
+                             end_pending=rolling and end, hold=hold, met_before=met)  # fmt: skip
+        met = dec.met
         if not rolling:
             if dec.stop is not None or not dec.choices:
                 return chosen, [], dec

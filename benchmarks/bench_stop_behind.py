@@ -3,7 +3,8 @@
 Each sweep -- a simulated one (``--shapes``, tests/analysis/synth_shapes.py) or a recorded one (``--dirs``, e.g. runs
 of examples/tiny.yaml) -- is replayed on a clock (analysis.decisions.stop_behind_replay: ``--concurrency`` trials at
 once, each its recorded seconds, or its examples; the rule deciding after every evaluation), in the table's order or
-centre-out in learning rate per batch size (``--order centre``: the grid's middle lr first, then outwards). Printed
+centre-out in learning rate per batch size (``--order centre``: the grid's middle lr first, then outwards, as a grid
+sweep with the rule on launches them: analysis.decisions.stop_behind.centre_first). Printed
 per sweep: trials stopped, examples and clock kept (rule on / off), and at every target (automatic ones; the demo's
 0.2097 and 0.1802 for a recorded tiny-DiT sweep) of the global loss and each bin, how far B_crit and its 90%
 interval moved and whether a flag changed.
@@ -22,6 +23,7 @@ import numpy as np
 
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "tests", "analysis"))
 
+from analysis.decisions.stop_behind import centre_first  # noqa: E402
 from analysis.decisions.stop_behind_replay import replay  # noqa: E402
 from analysis.fits.sweep_fit import analyze_metric  # noqa: E402
 from analysis.sources.loaders import load_sweep_dir  # noqa: E402
@@ -30,15 +32,9 @@ DEMO_TARGETS = [0.2097, 0.1802]
 
 
 def centre_out(runs) -> list[int]:
-    """Trial rows by batch size, then by distance from the middle of that batch size's lr grid, then lr, seed."""
-    b, lr = runs.batch_size, runs.trials.column("lr").to_numpy()
-    seed = runs.trials.column("seed").to_numpy()
-    key = {}
-    for i in range(len(b)):
-        lrs = np.unique(lr[b == b[i]])
-        k = int(np.searchsorted(lrs, lr[i]))
-        key[i] = (int(b[i]), abs(k - (len(lrs) - 1) / 2), k, int(seed[i]))
-    return sorted(key, key=key.get)
+    """The trials in the order a grid sweep with the rule on launches them (analysis.decisions.stop_behind)."""
+    cols = {c: runs.trials.column(c).to_pylist() for c in ("batch_size", "lr")}
+    return centre_first([{k: v[i] for k, v in cols.items()} for i in range(len(runs.trial_ids))])
 
 
 def compare(full, cut, metric: str, targets) -> tuple[float, float, int, int]:
@@ -70,13 +66,14 @@ def one(name: str, runs, concurrency: int, order: str, tiny: bool) -> dict:
     for m in metrics:
         d = compare(runs, on.runs, m, DEMO_TARGETS if tiny and m == "eval/loss" else None)
         worst = [max(worst[0], d[0]), max(worst[1], d[1]), worst[2] + d[2], worst[3] + d[3]]
+    ratio = on.seconds / off.seconds if off.seconds else float("nan")
     print(
         f"{name}: stopped {len(on.stops)}/{len(runs.trial_ids)} trials; examples kept {on.examples_ratio:.3f}, "
-        f"clock {on.seconds / off.seconds:.3f} of the rule off; B_crit moved at most {worst[0]:.1e}, interval "
+        f"clock {ratio:.3f} of the rule off; B_crit moved at most {worst[0]:.1e}, interval "
         f"{worst[1]:.1e}; flags changed at {worst[2]} of {worst[3]} targets",
         flush=True,
     )
-    return {"examples": on.examples_ratio, "clock": on.seconds / off.seconds, "moved": worst[0], "flags": worst[2]}
+    return {"examples": on.examples_ratio, "clock": ratio, "moved": worst[0], "flags": worst[2]}
 
 
 def main() -> None:

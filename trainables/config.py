@@ -141,8 +141,9 @@ class TrialConfig(BaseConfig):
     gns_halves: bool = True  # W = A = 1: backward the micro-batch as two halves so global GNS has two batch sizes
     # (same examples and draws: the update equals the one-backward update up to float rounding); false = one backward
     gns_global_every: int = 0  # global GNS at every k-th optimizer step only (modes halves and micro-batches; the
-    # other steps: one backward, no norms, full speed); 0 = auto: halves every GLOBAL_EVERY_AUTO (40) steps (<= 2%
-    # of step time), micro-batches and ranks every step; 1 = every step (the reference, SE / sqrt(k)); docs/gns.md
+    # other steps: one backward, no norms, full speed); 0 = auto: halves every GLOBAL_EVERY_AUTO (40) steps,
+    # micro-batches every MICRO_EVERY_AUTO (4) (<= 2% of step time each), ranks every step; 1 = every step (the
+    # reference, SE / sqrt(k)); docs/gns.md
     gns_window: int = 0  # live B_simple averages the last N steps (global and per bin); 0 = auto, see gns_steps
     gns_window_half: bool = True  # the GLOBAL window also never reaches back past half the steps so far (forgets
     # the early |G|^2 transient of short trials; analysis.core.gns.window_span); false = the last gns_window steps.
@@ -231,13 +232,14 @@ def global_gns_mode(gns: bool, world: int, accum: int, micro: int, halves: bool)
 
 
 GLOBAL_EVERY_AUTO = 40  # halves: a measured step costs +27-69% of a step (CPU 1.27-1.44x, GPUs 1.52-1.69x), /40
+MICRO_EVERY_AUTO = 4  # micro-batches: a measured step costs +4-6% of a CPU step (its norms and buffer copies), /4
 GLOBAL_MIN_MEASUREMENTS = 8  # global measurements an auto window holds (8 x k steps) and a trial should end with
 
 
 def global_gns_every(mode: str, every: int) -> int:
     """Global GNS cadence ``k`` of a stage in ``mode`` (McCandlish et al. 2018, App. A.1): it measures at the
     optimizer steps ``s`` with ``(s + 1) % k == 0`` (``s`` from 0: the k-th, 2k-th, ... step done). ``every``: the
-    config's ``gns_global_every`` (0 = auto: ``GLOBAL_EVERY_AUTO`` for ``halves``, every step for
+    config's ``gns_global_every`` (0 = auto: ``GLOBAL_EVERY_AUTO`` for ``halves``, ``MICRO_EVERY_AUTO`` for
     ``micro-batches``); ``ranks`` always 1 (the local norm rides on the all-reduce, ~free); 0 = never (``off``,
     ``unavailable``). Skipping steps drops measurements, not examples: every measurement stays unbiased, the window
     holds ``k`` times fewer (SE ~ sqrt(k) wider at a fixed window)."""
@@ -245,7 +247,7 @@ def global_gns_every(mode: str, every: int) -> int:
         return 0
     if mode == GNS_RANKS:
         return 1
-    return every or (GLOBAL_EVERY_AUTO if mode == GNS_HALVES else 1)
+    return every or (GLOBAL_EVERY_AUTO if mode == GNS_HALVES else MICRO_EVERY_AUTO)
 
 
 def measures_global(step: int, k: int) -> bool:

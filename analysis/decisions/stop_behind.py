@@ -108,6 +108,28 @@ def setting_of(values: dict) -> tuple:
     return tuple(None if values.get(c) is None else float(values[c]) for c in NUISANCE_COLUMNS)
 
 
+def centre_first(configs: list[dict]) -> list[int]:
+    """The order a grid sweep launches its trial configs in when it stops trials behind: batch sizes as given, and
+    within each, its learning rates from the middle of its grid outwards, every seed of one before the next (the
+    likely best first, so that its seeds finish while the far learning rates still run and can be stopped: the
+    spec's own order, every lr of one seed before the next seed, leaves the rule nothing to compare with until the
+    batch size's last seed). Stable: splits, samplers and other nuisance values keep their order."""
+    lrs: dict[int, list[float]] = {}
+    for c in configs:
+        lrs.setdefault(int(c["batch_size"]), [])
+        if float(c["lr"]) not in lrs[int(c["batch_size"])]:
+            lrs[int(c["batch_size"])].append(float(c["lr"]))
+    rank = {b: i for i, b in enumerate(lrs)}
+
+    def key(i: int) -> tuple:
+        b, lr = int(configs[i]["batch_size"]), float(configs[i]["lr"])
+        grid = sorted(lrs[b])
+        k = grid.index(lr)
+        return (rank[b], abs(k - (len(grid) - 1) / 2), k)
+
+    return sorted(range(len(configs)), key=key)
+
+
 def fitted_metric(name: str) -> bool:
     """The metrics whose curves the analysis fits: the global held-out loss and its per-bin restrictions."""
     return name == m.EVAL_LOSS or name.startswith(m.EVAL_LOSS + "/bin")

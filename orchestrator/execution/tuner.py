@@ -82,7 +82,11 @@ def build_tuner(
 
     configs = configs if configs is not None else check_spec(spec)
     save_spec(spec)
-    if spec.search == "grid":
+    if spec.search == "grid":  # with stopping.behind, each batch size's middle lrs first (its likely best)
+        if stops_behind(spec):
+            from analysis.decisions.stop_behind import centre_first
+
+            configs = [configs[i] for i in centre_first(configs)]
         param_space, search_alg, num_samples = {"trial": tune.grid_search(configs)}, None, 1
     elif (
         spec.search == "adaptive"

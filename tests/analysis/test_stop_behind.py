@@ -142,3 +142,12 @@ def test_a_replayed_sweep_with_the_rule_on_gives_the_full_sweep_s_answer(metric)
     for a, b in zip(full, cut, strict=True):
         assert a["b_crit"] == b["b_crit"] and a["flags"] == b["flags"]
         assert a["b_crit_ci"] == pytest.approx(b["b_crit_ci"], rel=1e-9)
+
+
+def test_a_grid_launches_each_batch_size_s_middle_learning_rates_first():
+    from analysis.decisions.stop_behind import centre_first
+
+    cfgs = [{"batch_size": b, "lr": lr, "seed": s} for b in (64, 8) for s in range(2) for lr in (1, 2, 3, 4, 5)]
+    got = [(cfgs[i]["batch_size"], cfgs[i]["lr"], cfgs[i]["seed"]) for i in centre_first(cfgs)]
+    assert got[:6] == [(64, 3, 0), (64, 3, 1), (64, 2, 0), (64, 2, 1), (64, 4, 0), (64, 4, 1)]
+    assert got[9] == (64, 5, 1) and got[10] == (8, 3, 0) and len(got) == len(cfgs)

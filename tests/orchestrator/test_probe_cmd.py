@@ -133,6 +133,7 @@ def test_live_b_simple_agrees_with_the_probe_at_the_last_checkpoint(tmp_path, ca
     cfg = TrialConfig(
         preset="tiny", batch_size=64, micro_batch_size=16, lr=5e-4, warmup_steps=10, max_steps=80, eval_every=80,
         eval_repeats=1, timestep_bins=2, gns_every=5, gns_window=20, gns_bin_examples=32,
+        gns_global_every=1,  # the reference cadence: this short trial's window holds 20 measurements, not 5
     )  # fmt: skip
     s = run_local(cfg, checkpoint_root=str(tmp_path / "trial"))
     last = s.reports[-1]

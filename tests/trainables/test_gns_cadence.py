@@ -29,6 +29,7 @@ from analysis.core.gns import GNSWindow, g2_unbiased, trace_unbiased, window_b_s
 from trainables.config import (
     GLOBAL_EVERY_AUTO,
     GLOBAL_MIN_MEASUREMENTS,
+    MICRO_EVERY_AUTO,
     ConfigError,
     TrialConfig,
     global_gns_every,
@@ -75,7 +76,7 @@ def _step(param: torch.Tensor, grads: torch.Tensor, idx: np.ndarray, measured: b
 
 def test_cadence_per_mode_and_schedule() -> None:
     assert global_gns_every("halves", 0) == GLOBAL_EVERY_AUTO == 40
-    assert global_gns_every("micro-batches", 0) == 1  # auto: every step (its norms cost a few percent of a step)
+    assert global_gns_every("micro-batches", 0) == MICRO_EVERY_AUTO == 4  # auto: its norms cost 4-6% of a step, /4
     assert global_gns_every("halves", 5) == global_gns_every("micro-batches", 5) == 5
     assert global_gns_every("ranks", 5) == 1  # the local norm rides on the all-reduce: every step
     assert global_gns_every("off", 5) == global_gns_every("unavailable", 1) == 0
@@ -226,9 +227,9 @@ def test_config_cadence_checks_and_auto_window() -> None:
     assert TrialConfig(**halves).global_gns_stages == [("halves", GLOBAL_EVERY_AUTO)]
     assert TrialConfig(**halves).gns_steps == GLOBAL_MIN_MEASUREMENTS * GLOBAL_EVERY_AUTO  # 8 measurements
     assert TrialConfig(**halves, gns_global_every=1).gns_steps == 100  # the reference: the old auto window
-    assert TrialConfig(batch_size=32, micro_batch_size=16).global_gns_stages == [("micro-batches", 1)]
+    assert TrialConfig(batch_size=32, micro_batch_size=16).global_gns_stages == [("micro-batches", MICRO_EVERY_AUTO)]
     sched = TrialConfig(batch_size=8, micro_batch_size=8, batch_schedule=[[3, 16]])
-    assert sched.global_gns_stages == [("halves", GLOBAL_EVERY_AUTO), ("micro-batches", 1)]
+    assert sched.global_gns_stages == [("halves", GLOBAL_EVERY_AUTO), ("micro-batches", MICRO_EVERY_AUTO)]
     assert TrialConfig(**halves, gns_every=1000, max_steps=5000).gns_steps == 4000  # 4 per-bin measurements
     assert TrialConfig(**halves, max_steps=6, gns_window=4).gns_steps == 4  # auto cadence: never an error
     for kw, match in [

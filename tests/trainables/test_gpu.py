@@ -29,7 +29,7 @@ def _rows(session, name):
 def test_tiny_trial_on_gpu_bf16():
     s = run_local(TrialConfig(**TINY, max_steps=10))
     assert s.reports[-1]["status"] == M.STATUS_BUDGET_SPENT
-    assert s.summary["gns_global"].startswith("on: micro-batches, every step")
+    assert s.summary["gns_global"].startswith("on: micro-batches, every 4 steps")
     assert s.summary["last"][M.EVAL_LOSS] < s.reports[0][M.EVAL_LOSS]
 
 

@@ -68,7 +68,8 @@ def assert_same_rows(straight: dict, joined: dict, rel: float = 0.0) -> None:
 
 
 def test_resume_w1_accumulation_keeps_gns_state(tmp_path) -> None:
-    cfg = TrialConfig(**BASE, batch_size=16, micro_batch_size=8)  # W = 1, A = 2: global GNS from micro-batches
+    # W = 1, A = 2: global GNS from micro-batches, every step (the auto cadence, 4, leaves this short trial too few)
+    cfg = TrialConfig(**BASE, batch_size=16, micro_batch_size=8, gns_global_every=1)
     straight = run_local(cfg)
     first = run_local(cfg.replace(max_steps=STEPS // 2), checkpoint_root=str(tmp_path))
     resumed = run_local(cfg, resume_from=first.checkpoints[-1])

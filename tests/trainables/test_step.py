@@ -189,7 +189,7 @@ def test_every_micro_batch_counts_in_the_small_batch(parts) -> None:
     """A = 3: b = micro, |G_b|^2 the mean over ALL micro-batches of their own mean-loss gradients' squared norms
     (not the first one's alone: that wastes A - 1 small-batch gradients)."""
     model, ref, data, sched = parts
-    cfg = TrialConfig(batch_size=12, micro_batch_size=4, seed=11, gns=True)
+    cfg = TrialConfig(batch_size=12, micro_batch_size=4, seed=11, gns=True, gns_global_every=1)
     s, _ = _run(cfg, model, data, sched, 4)
     each = [_reference(cfg, ref, data, sched, 4, range(4 * m, 4 * m + 4))[1] for m in range(3)]
     assert s.b_small == 4 and s.g2_small == pytest.approx(sum(float(g @ g) for g in each) / 3, rel=1e-5)

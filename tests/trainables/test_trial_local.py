@@ -152,7 +152,7 @@ def test_global_gns_unavailable_is_said_plainly(capsys):
 
 
 def test_global_gns_with_accumulation_reports_statistics():
-    s = run_local(TrialConfig(**{**TINY, "max_steps": 4, "micro_batch_size": 4}))  # A = 4
+    s = run_local(TrialConfig(**{**TINY, "max_steps": 4, "micro_batch_size": 4, "gns_global_every": 1}))  # A = 4
     rows = [r for rep in s.reports for r in rep["rows"] if r[2].startswith("gns/")]
     names = {r[2] for r in rows}
     assert {M.GNS_G2_SMALL, M.GNS_G2_BIG, M.GNS_B_SMALL, M.GNS_B_BIG, M.GNS_B_SIMPLE} <= names
