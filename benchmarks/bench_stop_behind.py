@@ -37,24 +37,26 @@ def centre_out(runs) -> list[int]:
     return centre_first([{k: v[i] for k, v in cols.items()} for i in range(len(runs.trial_ids))])
 
 
-def compare(full, cut, metric: str, targets) -> tuple[float, float, int, int]:
-    """(max |B_crit ratio - 1|, max |interval end ratio - 1|, targets whose flags changed, targets compared)."""
+def compare(full, cut, metric: str, targets) -> tuple[float, float, int, int, int]:
+    """(max |B_crit ratio - 1|, max |interval end ratio - 1|, targets that lost a flag, targets that gained one,
+    targets compared)."""
     a = analyze_metric(full, metric, targets=targets, bootstrap=1000, seed=0, strict=False)
     b = analyze_metric(cut, metric, targets=[t["target"] for t in a], bootstrap=1000, seed=0, strict=False)
     got = {t["target"]: t for t in b}
     d_b = d_ci = 0.0
-    flags = 0
+    lost = added = 0
     for t in a:
         u = got.get(t["target"])
         if u is None:
-            flags += 1
+            lost += 1
             continue
         d_b = max(d_b, abs(u["b_crit"] / t["b_crit"] - 1))
         for p, q in zip(t["b_crit_ci"], u["b_crit_ci"], strict=True):
             if p and q:
                 d_ci = max(d_ci, abs(q / p - 1))
-        flags += t["flags"] != u["flags"]
-    return d_b, d_ci, flags, len(a)
+        lost += bool(set(t["flags"]) - set(u["flags"]))
+        added += bool(set(u["flags"]) - set(t["flags"]))
+    return d_b, d_ci, lost, added, len(a)
 
 
 def one(name: str, runs, concurrency: int, order: str, tiny: bool) -> dict:
@@ -62,18 +64,19 @@ def one(name: str, runs, concurrency: int, order: str, tiny: bool) -> dict:
     on = replay(runs, concurrency, order=rows)
     off = replay(runs, concurrency, order=rows, on=False)
     metrics = [m for m in runs.metric_names() if m == "eval/loss" or m.startswith("eval/loss/bin")]
-    worst = [0.0, 0.0, 0, 0]
+    worst = [0.0, 0.0, 0, 0, 0]
     for m in metrics:
         d = compare(runs, on.runs, m, DEMO_TARGETS if tiny and m == "eval/loss" else None)
-        worst = [max(worst[0], d[0]), max(worst[1], d[1]), worst[2] + d[2], worst[3] + d[3]]
+        worst = [max(worst[0], d[0]), max(worst[1], d[1]), *(w + x for w, x in zip(worst[2:], d[2:], strict=True))]
     ratio = on.seconds / off.seconds if off.seconds else float("nan")
     print(
         f"{name}: stopped {len(on.stops)}/{len(runs.trial_ids)} trials; examples kept {on.examples_ratio:.3f}, "
         f"clock {ratio:.3f} of the rule off; B_crit moved at most {worst[0]:.1e}, interval "
-        f"{worst[1]:.1e}; flags changed at {worst[2]} of {worst[3]} targets",
+        f"{worst[1]:.1e}; of {worst[4]} targets {worst[2]} lost a flag, {worst[3]} gained one",
         flush=True,
     )
-    return {"examples": on.examples_ratio, "clock": ratio, "moved": worst[0], "flags": worst[2]}
+    return {"examples": on.examples_ratio, "clock": ratio, "moved": worst[0], "lost": worst[2], "added": worst[3],
+            "targets": worst[4]}  # fmt: skip
 
 
 def main() -> None:
@@ -101,8 +104,9 @@ def main() -> None:
         clock = np.array([r["clock"] for r in out])
         print(
             f"all {len(out)}: examples kept median {np.median(ex):.3f} (range {ex.min():.3f}-{ex.max():.3f}), clock "
-            f"median {np.median(clock):.3f}; B_crit moved at most {max(r['moved'] for r in out):.1e}; "
-            f"targets with a changed flag {sum(r['flags'] for r in out)}"
+            f"median {np.median(clock):.3f}; B_crit moved at most {max(r['moved'] for r in out):.1e}; of "
+            f"{sum(r['targets'] for r in out)} targets {sum(r['lost'] for r in out)} lost a flag, "
+            f"{sum(r['added'] for r in out)} gained one"
         )
 
 

@@ -8,8 +8,9 @@ has not reached a target does, *right-censored* at its last evaluated step (a lo
 **The rule, per batch size** (seeds of one setting resampled, the bootstrap's ``"seeds"`` mode,
 :func:`analysis.fits.pareto.bootstrap_best`):
 
-1. The *comparator* ``C``: among the settings whose every seed reached the trials' target (``reached_target``), the
-   one with the least bound ``U`` below. With ``X_i`` the log of seed ``i``'s last evaluated step (a crossing of any
+1. The *comparator* ``C``: among the settings whose every seed -- every one the sweep will run (`Seeds`: a seed
+   still to come could raise the bound) -- reached the trials' target (``reached_target``), the one with the least
+   bound ``U`` below. With ``X_i`` the log of seed ``i``'s last evaluated step (a crossing of any
    target the trial reached lies at or before it: :mod:`analysis.fits.crossing` takes its root among the
    evaluations) and ``k`` seeds, ``U = max X + (r - 1)(max X - min X)``, ``r = sqrt(k/(k-1))``: the largest value
    a bootstrap replicate of ``C`` can take (the replicate is a mean of draws of the adjusted residuals
@@ -102,6 +103,26 @@ class Curve:
         return None
 
 
+@dataclass(frozen=True)
+class Seeds:
+    """How many seeds each setting will have: ``planned[(batch size, setting)]``, else ``default`` (a grid: its
+    configs counted; an adaptive sweep: every seed its space allows, as it may add seeds to the best setting)."""
+
+    planned: dict = field(default_factory=dict)
+    default: int = 0
+
+    def of(self, batch_size: int, setting: tuple) -> int:
+        return int(self.planned.get((int(batch_size), setting), self.default))
+
+    @classmethod
+    def of_configs(cls, configs: list[dict], default: int = 0) -> Seeds:
+        """Counted from trial configs (or trials-table rows): distinct seeds per (batch size, setting)."""
+        got: dict = {}
+        for c in configs:
+            got.setdefault((int(c["batch_size"]), setting_of(c)), set()).add(int(c.get("seed", 0) or 0))
+        return cls({k: len(v) for k, v in got.items()}, default)
+
+
 def setting_of(values: dict) -> tuple:
     """A setting's key within its batch size: the nuisance values, lr first, as floats (None where absent); the
     splits of a seed share it (pooled, as the analysis pools them: analysis.fits.steps.pool_splits)."""
@@ -162,26 +183,31 @@ def _neighbours(settings: dict[tuple, list[Curve]], key: tuple) -> tuple[tuple |
     return (same[i - 1] if i > 0 else None, same[i + 1] if i + 1 < len(same) else None)
 
 
-def behind(curves: list[Curve], margin: float = MARGIN, batch_sizes=None) -> dict[str, str]:
+def behind(curves: list[Curve], margin: float = MARGIN, batch_sizes=None, seeds: Seeds | None = None) -> dict[str, str]:
     """``{trial_id: reason}`` of the running trials the fit only needs to know are slower (module docstring);
-    ``batch_sizes``: only at these (those whose trials changed), default every one."""
+    ``batch_sizes``: only at these (those whose trials changed), default every one. ``seeds``: how many seeds each
+    setting will have in the end (a comparator must have them all: a seed still to come could raise ``U``);
+    default: those it has."""
     out: dict[str, str] = {}
     by_b: dict[int, dict[tuple, list[Curve]]] = {}
     for c in curves:
         if batch_sizes is None or c.batch_size in batch_sizes:
             by_b.setdefault(c.batch_size, {}).setdefault(c.setting, []).append(c)
     for b, settings in sorted(by_b.items()):
-        out.update(_behind_at(b, settings, margin))
+        out.update(_behind_at(b, settings, margin, seeds))
     return out
 
 
-def _known(trials: list[Curve]) -> bool:
-    return bool(trials) and all(t.status == m.STATUS_REACHED_TARGET for t in trials)
+def _known(trials: list[Curve], planned: int) -> bool:
+    """Every seed of the setting has run and reached the target (``planned``: the seeds it will have)."""
+    done = all(t.status == m.STATUS_REACHED_TARGET for t in trials)
+    return bool(trials) and done and len({t.seed for t in trials}) >= planned
 
 
-def _comparator(settings: dict[tuple, list[Curve]]) -> tuple[tuple, float] | None:
+def _comparator(settings: dict[tuple, list[Curve]], b: int, seeds: Seeds | None) -> tuple[tuple, float] | None:
     """``(C, U)``: the known setting whose replicates' largest value is least, and that value (module docstring)."""
-    known = {k: _per_seed_log_last(v) for k, v in settings.items() if _known(v)}
+    planned = {k: seeds.of(b, k) if seeds is not None else 0 for k in settings}
+    known = {k: _per_seed_log_last(v) for k, v in settings.items() if _known(v, planned[k])}
     if not known:
         return None
     if max(len(x) for x in known.values()) >= 2:  # seeds are resampled
@@ -215,8 +241,8 @@ def _trial_behind(j: Curve, mates: list[Curve], levels: dict[str, float], u: flo
     return True
 
 
-def _behind_at(b: int, settings: dict[tuple, list[Curve]], margin: float) -> dict[str, str]:
-    comp = _comparator(settings)
+def _behind_at(b: int, settings: dict[tuple, list[Curve]], margin: float, seeds: Seeds | None) -> dict[str, str]:
+    comp = _comparator(settings, b, seeds)
     if comp is None:
         return {}
     c_key, u = comp

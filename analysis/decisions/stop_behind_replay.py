@@ -19,7 +19,7 @@ import pyarrow as pa
 import pyarrow.compute as pc
 
 from analysis.core import metrics as m
-from analysis.decisions.stop_behind import MARGIN, Curve, behind, fitted_metric, setting_of
+from analysis.decisions.stop_behind import MARGIN, Curve, Seeds, behind, fitted_metric, setting_of
 from analysis.sources.loaders import Runs, runs_from_tables
 from analysis.sources.schema import NUISANCE_COLUMNS
 
@@ -107,6 +107,8 @@ def replay(
         Curve(runs.trial_ids[i], int(runs.batch_size[i]), setting_key(runs.trials, i), int(seeds[i]), m.STATUS_RUNNING)
         for i in range(n)
     ]
+    rows = [{c: runs.trials.column(c)[i].as_py() for c in runs.trials.column_names} for i in range(n)]
+    plan = Seeds.of_configs(rows)  # the seeds each setting ran: what a sweep of these trials would plan
     heap: list = []  # (time, order, trial, event index)
     pending = list(order if order is not None else range(n))[::-1]
     clock, started, running, order = 0.0, {}, set(), 0
@@ -139,7 +141,7 @@ def replay(
             ended_at[i] = clock
         if on:
             at = {curves[i].batch_size}  # only its batch size changed
-            for tid, why in behind([curves[j] for j in started], margin, at).items():
+            for tid, why in behind([curves[j] for j in started], margin, at, plan).items():
                 j = runs.trial_ids.index(tid)
                 if j in running:
                     stops[tid] = (curves[j].last_step, why)

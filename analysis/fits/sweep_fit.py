@@ -161,6 +161,7 @@ def _target_result(runs, ctx, y: float, steps: np.ndarray, val, low, st, best, f
     if not best.batch_sizes[fitted].min() <= fit.b_crit <= best.batch_sizes[fitted].max():
         flags.add(fl.EXTRAPOLATED)
     censored_b = [ctx.censored_reason(int(i), best, steps) for i in np.flatnonzero(best.censored)]
+    censored_b += ctx.stopped_unreached(best, ok)
     if censored_b:
         flags.add(fl.CENSORED_BATCH_SIZES)
     return {
@@ -175,7 +176,11 @@ def _target_result(runs, ctx, y: float, steps: np.ndarray, val, low, st, best, f
         "points": points,
         "censored": [runs.trial_ids[r] for r in np.flatnonzero(ok & np.isinf(steps))],
         "censored_batch_sizes": censored_b,
-        "unreached_batch_sizes": [int(b) for b, k in zip(best.batch_sizes, best.setting, strict=True) if k < 0],
+        "unreached_batch_sizes": [
+            int(b)
+            for b, k in zip(best.batch_sizes, best.setting, strict=True)
+            if k < 0 and int(b) not in {c["batch_size"] for c in censored_b}
+        ],  # fmt: skip
     }
 
 

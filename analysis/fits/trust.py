@@ -88,6 +88,18 @@ class PointChecks:
         )
         return {"batch_size": int(best.batch_sizes[i]), "steps_at_most": float(best.candidate[i]), "reason": reason}
 
+    def stopped_unreached(self, best, ok: np.ndarray) -> list[dict]:
+        """The batch sizes no setting reached where a trial was stopped behind (``stopping.behind``): it might have
+        reached the target had it run on (below its comparator's level in a timestep bin, say), so the batch size
+        counts as censored, as it would had that trial run to its budget, not as unreached."""
+        out = []
+        behind = ok & (self.runs.status == m.STATUS_BEHIND)
+        for b, k in zip(best.batch_sizes, best.setting, strict=True):
+            if k < 0 and (behind & (self.runs.batch_size == b)).any():
+                why = "no setting reached the target; a trial stopped behind its batch size's best might have"
+                out.append({"batch_size": int(b), "steps_at_most": None, "reason": why})
+        return out
+
 
 def _all_diverged(runs: Runs, lrs: np.ndarray, b: int, lr: float) -> bool:
     """Whether every trial at batch size ``b`` and learning rate ``lr`` diverged (``lrs``: the trials' lr column)."""

@@ -70,7 +70,7 @@ def _mark_points(ax, t: dict, x_of) -> None:
     if bad:
         ax.scatter([x_of(p["batch_size"], p["steps"]) for p in bad], [p["steps"] for p in bad], marker="x",
                    color="k", s=25, zorder=4)  # fmt: skip
-    cens = t.get("censored_batch_sizes", [])
+    cens = [c for c in t.get("censored_batch_sizes", []) if c.get("steps_at_most") is not None]  # else no bound
     if cens:
         ax.scatter([x_of(c["batch_size"], c["steps_at_most"]) for c in cens], [c["steps_at_most"] for c in cens],
                    marker="v", color="0.4", s=25, zorder=4)  # fmt: skip

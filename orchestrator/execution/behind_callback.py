@@ -19,7 +19,7 @@ import time
 from ray.tune import Callback
 
 from analysis.core import metrics as M
-from analysis.decisions.stop_behind import Curve, behind, fitted_metric, setting_of
+from analysis.decisions.stop_behind import Curve, Seeds, behind, fitted_metric, setting_of
 
 REASON = M.STOP_REASON  # a stopped trial's last result's key for why (its trials.parquet column, its MLflow tag)
 
@@ -32,8 +32,11 @@ def curve_of(trial_id: str, cfg: dict, status: str = M.STATUS_RUNNING) -> Curve:
 class StopBehind(Callback):
     """Ray Tune callback: marks trials that are behind (module docstring) on the sweep's signal actor."""
 
-    def __init__(self, sweep_dir: str, signal: str, every_s: float = 1.0, clock=time.monotonic):
+    def __init__(
+        self, sweep_dir: str, signal: str, seeds: Seeds | None = None, every_s: float = 1.0, clock=time.monotonic
+    ):
         self.sweep_dir, self.signal, self.every_s, self.clock = sweep_dir, signal, every_s, clock
+        self.seeds = seeds  # how many seeds each setting will have (a comparator needs them all)
         self.curves: dict[str, Curve] = {}
         self.reasons: dict[str, str] = {}  # trial id -> why it was told to stop
         self._last = -float("inf")
@@ -92,7 +95,8 @@ class StopBehind(Callback):
         if not force and now - self._last < self.every_s:
             return []
         self._last = now
-        new = {t: why for t, why in behind(list(self.curves.values())).items() if t not in self.reasons}
+        found = behind(list(self.curves.values()), seeds=self.seeds)
+        new = {t: why for t, why in found.items() if t not in self.reasons}
         if new:
             from trainables.sweep_signal import mark_behind
 

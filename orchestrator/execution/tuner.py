@@ -34,6 +34,16 @@ def stops_behind(spec) -> bool:
     return bool(getattr(spec, "stop_behind", False)) and getattr(spec, "stopping", {}).get("target_loss") is not None
 
 
+def planned_seeds(spec):
+    """How many seeds each setting of the sweep will have (analysis.decisions.stop_behind.Seeds): a grid's configs
+    counted; an adaptive sweep may give any setting every seed of its space; an Optuna study's settings have one."""
+    from analysis.decisions.stop_behind import Seeds
+
+    if spec.search == "grid":
+        return Seeds.of_configs(spec.trial_configs())
+    return Seeds(default=len(spec.seeds) if spec.search == "adaptive" else 1)
+
+
 def callbacks(spec: SweepSpec, verbose: bool = False, total: int | None = None) -> list:
     """The driver-side callbacks every bcrit sweep needs: MLflow tracking, the Parquet tables, the terminal
     (event lines; the live bar unless ``verbose``); on resume, trials Tune lost removed from the first two
@@ -58,7 +68,7 @@ def callbacks(spec: SweepSpec, verbose: bool = False, total: int | None = None) 
         from orchestrator.execution.behind_callback import StopBehind
         from trainables.sweep_signal import signal_name
 
-        behind = [StopBehind(spec.sweep_dir, signal_name(spec.sweep_dir))]
+        behind = [StopBehind(spec.sweep_dir, signal_name(spec.sweep_dir), planned_seeds(spec))]
     return [*fault_callbacks(), ForgetLost(tracking, tables), *behind, *watch, tracking, tables, progress]
 
 
