@@ -41,8 +41,11 @@ their steps, or their divergence, at every target. So a sweep saves on the learn
 from the best, where a fixed budget costs most.
 
 What it cannot promise: below the comparator's level in a timestep bin, a stopped trial might have gone on to be the
-only one of its batch size to get there; the per-bin automatic targets' low end is set by the lowest level each
-batch size reaches, so they can move a little. Measured, with the savings, in benchmarks/RESULTS.md.
+only one of its batch size to get there. A batch size no setting reached where a trial was stopped therefore counts
+as censored at that target (`analysis.fits.trust.PointChecks.stopped_unreached`: the flag ``censored_batch_sizes``),
+not as unreached -- so the stopped sweep can add that flag where the full one had none, never remove one -- and the
+per-bin automatic targets, whose low end is the lowest level each batch size reaches, can move a little. Measured,
+with the savings, in benchmarks/RESULTS.md.
 """
 
 from __future__ import annotations
@@ -57,7 +60,6 @@ from analysis.sources.schema import NUISANCE_COLUMNS
 
 MARGIN = 0.05  # in log steps: how far before a stopped trial's step its fitted crossing may lie
 MIN_TRIALS_SETTINGS = 3  # known settings a one-seed batch size needs before any of its trials stops
-STOPPED_BEHIND = m.STATUS_BEHIND
 
 
 @dataclass

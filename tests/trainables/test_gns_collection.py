@@ -184,7 +184,8 @@ def test_w1_a1_says_global_gns_unavailable(capsys) -> None:
 
 
 def test_global_gns_on_off_identical_losses() -> None:
-    base = dict(TINY, batch_size=16, micro_batch_size=8, gns_every=0)  # W=1, A=2: micro-batch gradients kept apart
+    # W=1, A=2: micro-batch gradients kept apart, measured at every step (auto: every 4th)
+    base = dict(TINY, batch_size=16, micro_batch_size=8, gns_every=0, gns_global_every=1)
     on = run_local(TrialConfig(**base, gns=True))
     off = run_local(TrialConfig(**base, gns=False))
     assert _losses(on) == _losses(off) and len(_losses(on)) == 6

@@ -92,10 +92,10 @@ def test_run_local_and_train_workers_run_within_their_share(cuda, monkeypatch):
     with pytest.raises(GpuShareError, match="gpus_per_worker 0.25"):
         trial.run_local(TrialConfig(**PACKED))
     cuda.reset_mock()
-    monkeypatch.setattr(trial, "RaySession", lambda signal: SimpleNamespace(device=torch.device("cuda:0")))
+    monkeypatch.setattr(trial, "RaySession", lambda *a: SimpleNamespace(device=torch.device("cuda:0")))
     with pytest.raises(GpuShareError, match="gpus_per_worker 0.25"):
         trial.train_func({"trial": TrialConfig(**PACKED).to_dict()}, loop=loop)
     cuda.reset_mock()
-    monkeypatch.setattr(trial, "RaySession", lambda signal: SimpleNamespace(device=torch.device("cpu")))
+    monkeypatch.setattr(trial, "RaySession", lambda *a: SimpleNamespace(device=torch.device("cpu")))
     assert trial.train_func({"trial": TrialConfig(**PACKED).to_dict()}, loop=lambda c, s: "done") == "done"
     cuda.assert_not_called()  # a CPU worker: nothing capped
