@@ -63,9 +63,6 @@ def _hits(runs: Runs, sw, metric: str, targets, bootstrap: int, seed: int) -> li
     return out
 
 
-NO_CONFIRM = False  # --no-confirm
-
-
 def _choose(full, space, goal, budget, index, concurrency: int, dec_boot: int, seed: int, rolling: bool,
             end: bool = False, hold: bool = True):  # fmt: skip
     """The trials the rule runs, in order, and those it ended. Batch-synchronous: ``concurrency`` chosen per refit,
@@ -75,13 +72,11 @@ def _choose(full, space, goal, budget, index, concurrency: int, dec_boot: int, s
     (``goal.running: end``). At any other stop the ones running finish and are counted."""
     chosen: list[str] = []
     flight: list = []
-    met = False
     while True:
         runs = subset(full, chosen) if chosen else None
         n = concurrency - len(flight) if rolling else concurrency
         dec = nt.next_trials(runs, space, goal, budget, pending=flight, n=n, bootstrap=dec_boot, seed=seed,
-                             end_pending=rolling and end, hold=hold, met_before=met)  # fmt: skip
-        met = dec.met or NO_CONFIRM  # --no-confirm: a goal met once stops (goal.running: end before issue 44)
+                             end_pending=rolling and end, hold=hold)  # fmt: skip
         if not rolling:
             if dec.stop is not None or not dec.choices:
                 return chosen, [], dec
@@ -177,16 +172,8 @@ def main() -> None:
                     "running at a goal met, left out of the answer) instead of waiting for them")  # fmt: skip
     ap.add_argument("--no-hold", action="store_true", help="keep choosing trials while the running ones are "
                     "expected to meet the goal (next_trials(hold=False))")  # fmt: skip
-    ap.add_argument(
-        "--no-confirm",
-        action="store_true",
-        help="with --end-running: stop on the first refit that "
-        "meets the goal (the rule before issue 44), not on the second in a row",
-    )
     ap.add_argument("--json", default=None)
     a = ap.parse_args()
-    global NO_CONFIRM
-    NO_CONFIRM = a.no_confirm
     out = {}
     for shape in a.shapes:
         t0 = time.perf_counter()

@@ -199,12 +199,11 @@ def replay(pool: Pool, seeds, targets, rel_ci: float, trials_budget: int, concur
     budget = nt.Budget(trials=trials_budget)
     done: list[tuple[int, float, int]] = []
     flight: list[tuple[float, float, nt.Trial]] = []  # (finishes at, started at, trial)
-    steps, now, met = [], 0.0, False
+    steps, now = [], 0.0
     while True:
         runs = pool.reveal(done, seeds) if done else None
         dec = nt.next_trials(runs, space, goal, budget, pending=[f[2] for f in flight], n=concurrency - len(flight),
-                             seed=0, end_pending=end_pending, hold=hold, met_before=met)  # fmt: skip
-        met = dec.met
+                             seed=0, end_pending=end_pending, hold=hold)  # fmt: skip
         for c in dec.choices:
             t = c.trial
             flight.append((now + pool.seconds[pool.index[(t.batch_size, _lr(t.lr), seeds[t.seed])]], now, t))

@@ -69,7 +69,6 @@ def next_trials(
     confirm_bootstrap: int = CONFIRM_BOOTSTRAP,
     end_pending: bool = False,
     hold: bool = True,
-    met_before: bool = False,
 ) -> Decision:
     """Refit the runs at the goal targets and choose up to ``n`` next trials, or say why the sweep stops.
 
@@ -78,12 +77,8 @@ def next_trials(
     if it holds there too, else it goes on from the confirming refit (docs/sweeps.md, "The decision rule").
     ``end_pending``: the caller ends the pending trials at a stop on the goal (their status ``ended_at_goal``), so a
     goal met on the finished trials is confirmed and taken with trials pending, instead of waiting for them. Trials
-    of ``runs`` with that status count as spent (examples and trials) and are otherwise left out. With trials
-    pending, that stop is taken only on the second refit in a row to meet the goal (``met_before``: the caller's
-    ``Decision.met`` of the previous refit); on the first nothing new is chosen, and the next trial to finish is
-    refitted: a goal met once on the finished trials can be an interval narrow by chance, and ending the running
-    trials on it cost coverage (benchmarks/RESULTS.md, issue 44). ``hold``: choose nothing while the pending trials
-    are expected to meet the goal (docs/sweeps.md, "The decision rule")."""
+    of ``runs`` with that status count as spent (examples and trials) and are otherwise left out. ``hold``: choose
+    nothing while the pending trials are expected to meet the goal (docs/sweeps.md, "The decision rule")."""
     pending = list(pending)
     spent_all = spent_examples(runs) if runs is not None else np.zeros(0)
     # trials a stop on the goal ended part-way: spent, but neither fitted nor tried
@@ -119,9 +114,7 @@ def next_trials(
             _refit(dec, runs, goal, metric, confirm_bootstrap, seed)
             dec.confirmed, fits = confirm_bootstrap, dec.fits
         if _goal_met(fits, goal, space, judged) and _bins_met(dec.bins, goal):
-            dec.met = True
-            if not (end_pending and pending) or met_before:
-                dec.stop = GOAL_MET
+            dec.stop = GOAL_MET
             return dec
     if hold and _pending_meet_goal(goal, fits, dec.bins, space, pending, tried, cost):
         dec.holding = True  # another trial now would be waited for, or ended, by the stop they are expected to bring

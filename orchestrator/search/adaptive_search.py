@@ -80,7 +80,6 @@ class AdaptiveSearch(Searcher):
         self._end_running = end_running  # goal.running: end (a goal met ends the running trials), else wait
         self._signal_synced = not end_running  # this driver's GoalSignal set from the state (one per driver)
         self._hold = hold  # goal.hold: no new trial while the running ones are expected to meet the goal
-        self._met = False  # the last refit met the goal (goal.running: end stops on a second in a row)
 
     @classmethod
     def from_spec(cls, spec) -> AdaptiveSearch:
@@ -186,9 +185,7 @@ class AdaptiveSearch(Searcher):
         dec = nt.next_trials(
             self.finished_runs(done), self.space, self.goal, self.budget, pending, n=self._batch,
             bootstrap=self._bootstrap, seed=self._seed, end_pending=self._end_running, hold=self._hold,
-            met_before=getattr(self, "_met", False),  # a searcher pickled before issue 44 has none
         )  # fmt: skip
-        self._met = dec.met
         self._seen_done = list(done)
         self._stop = dec.stop
         ended = self.pending_ids(done) if dec.stop == nt.GOAL_MET else []
@@ -216,7 +213,6 @@ class AdaptiveSearch(Searcher):
                 "ending": ended,  # at a stop on the goal: the trials still running, asked to end
                 "confirmed": dec.confirmed,  # resamples of a refit that re-checked a goal met (else null)
                 "holding": dec.holding,  # no trial chosen: the running ones are expected to meet the goal
-                "met": dec.met,  # the goal met here (goal.running: end stops on the second such refit in a row)
             }
         )
         self._write()

@@ -17,8 +17,7 @@ best settings (analysis.decisions.bin_goals; the workload must report >= 2 per-b
 launch by orchestrator.execution.preflight.check_bins); ``min_seeds``: seeds of every fitted batch size's best setting
 before the goal counts (default 2); ``running``: what a goal met on the finished trials does with the trials still
 running -- ``wait`` (default) for them, no new trial starting, and check the goal again with them in; ``end`` them
-once the goal holds on a second refit in a row (status ``ended_at_goal``, kept, not fitted:
-trainables.sweep_signal), cheaper with many trials at once,
+at once (status ``ended_at_goal``, kept, not fitted: trainables.sweep_signal), cheaper with many trials at once,
 its intervals less often holding the truth (docs/sweeps.md, "Adaptive search"); ``hold``: ``true`` (default) starts
 no trial while the running ones are expected to meet the goal (fewer examples; fewer trials at once near the end),
 ``false`` keeps every place busy (a reserved cluster pays for idle GPUs; analysis.decisions.next_trials,

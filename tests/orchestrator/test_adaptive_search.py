@@ -267,11 +267,11 @@ def test_a_trial_that_ended_after_tunes_last_save_counts_as_finished(tmp_path, s
     assert b.decisions()["stop"] == nt.BUDGET_TRIALS and not b.decisions().get("lost")
 
 
-def run_to_stop(a: AdaptiveSearch, lab: Lab, on_wait=None, n_live: int = 2) -> tuple[list, int, int]:
-    """``n_live`` trials live, the oldest finishing first, until FINISHED: the trials still live then, the next trial
+def run_to_stop(a: AdaptiveSearch, lab: Lab, on_wait=None) -> tuple[list, int, int]:
+    """Two trials live, the older finishing first, until FINISHED: the trials still live then, the next trial
     number, and how often suggest said wait (``on_wait(live)`` called each time)."""
-    live = [(f"t{i}", a.suggest(f"t{i}")) for i in range(n_live)]
-    k, waited = n_live, 0
+    live = [(t, a.suggest(t)) for t in ("t0", "t1")]
+    k, waited = 2, 0
     while True:
         tid, cfg = live.pop(0)
         lab.finish(tid, cfg)
@@ -324,20 +324,18 @@ def test_holding_starts_no_trial_the_expected_stop_would_end(tmp_path):
 
 
 def test_a_goal_met_while_a_trial_runs_stops_and_ends_it(tmp_path):
-    """``goal.running: end``: the goal met on the finished trials with trials still running is confirmed on the
-    next refit (a trial finishing in between; nothing new started), then the sweep stops (FINISHED), the refit names
-    the running trial as ended (its trials are told through trainables.sweep_signal; here, without Ray, there is no
-    one to tell), and the answer is the finished trials'. (``goal.hold: false``: with holding the rule would not
-    have started the running trials, test above.)"""
+    """``goal.running: end``: the goal met on the finished trials with one still running: the sweep stops at once
+    (FINISHED), the refit names the running trial as ended (its trials are told through trainables.sweep_signal;
+    here, without Ray, there is no one to tell), and the answer is the finished trials'. (``goal.hold: false``: with
+    holding the rule would not have started the running trial, test below.)"""
     a, lab = searcher(tmp_path, goal=100.0, trials=60, end_running=True, hold=False), Lab(tmp_path)
-    live, k, waited = run_to_stop(a, lab, n_live=3)
-    assert waited == 1, "met once with trials running: the stop waits for one more refit, starting nothing"
+    live, k, waited = run_to_stop(a, lab)
+    assert waited == 0, "a goal met with a trial running stops; it does not wait"
     rec = a.decisions()
-    first, last = rec["refits"][-2:]
-    assert first["met"] and first["stop"] is None and not first["choices"] and first["trials_pending"] == 2
-    assert last["met"] and last["stop"] == nt.GOAL_MET and last["trials_pending"] == 1 and len(live) == 1
-    assert last["ending"] == [live[0][0]] and last["trials_finished"] == k - 2
-    assert f"after {k - 2} trials; ending 1 running trial(s) (kept, not fitted)" in status_line(rec, last)
+    last = rec["refits"][-1]
+    assert last["stop"] == nt.GOAL_MET and last["trials_pending"] == 1 and len(live) == 1
+    assert last["ending"] == [live[0][0]] and last["trials_finished"] == k - 1
+    assert f"after {k - 1} trials; ending 1 running trial(s) (kept, not fitted)" in status_line(rec, last)
     assert f"`{live[0][0]}`" in "\n".join(markdown_lines(rec)).split("were asked to end")[1]
     # the running trial ends part-way, its rows kept; a resumed sweep with a tighter goal counts it as spent
     tid, cfg = live[0]
@@ -348,4 +346,4 @@ def test_a_goal_met_while_a_trial_runs_stops_and_ends_it(tmp_path):
     b = searcher(tmp_path, goal=0.01, trials=60, end_running=True, hold=False)
     b.restore(str(state))
     assert isinstance(b.suggest("r0"), dict)
-    assert b.decisions()["refits"][-1]["trials_finished"] == k - 1  # the ended trial's examples and trial count
+    assert b.decisions()["refits"][-1]["trials_finished"] == k  # the ended trial's examples and trial count

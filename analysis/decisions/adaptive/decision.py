@@ -78,7 +78,6 @@ class Decision:
     bins: list[BinInterval] = field(default_factory=list)  # Goal.bins: every bin at every fitted goal target
     confirmed: int | None = None  # resamples of the refit that re-checked a goal met (its fits, widths, bins)
     holding: bool = False  # no trial chosen: the pending ones are expected to meet the goal (_pending_meet_goal)
-    met: bool = False  # the goal met on this refit (end_pending: the stop waits for a second refit in a row)
 
     def widest(self) -> tuple[str, float]:
         """The interval the goal waits for: ``(label, relative half-width)`` of the widest of the global targets
