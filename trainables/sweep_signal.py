@@ -58,9 +58,6 @@ def _actor_class():
         def reset(self) -> None:
             self._ended = False
 
-        def ended(self) -> bool:
-            return self._ended
-
     return GoalSignal
 
 

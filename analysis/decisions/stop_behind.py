@@ -137,18 +137,16 @@ def centre_first(configs: list[dict]) -> list[int]:
     likely best first, so that its seeds finish while the far learning rates still run and can be stopped: the
     spec's own order, every lr of one seed before the next seed, leaves the rule nothing to compare with until the
     batch size's last seed). Stable: splits, samplers and other nuisance values keep their order."""
-    lrs: dict[int, list[float]] = {}
+    tried: dict[int, set[float]] = {}  # batch sizes in their order of first appearance
     for c in configs:
-        lrs.setdefault(int(c["batch_size"]), [])
-        if float(c["lr"]) not in lrs[int(c["batch_size"])]:
-            lrs[int(c["batch_size"])].append(float(c["lr"]))
-    rank = {b: i for i, b in enumerate(lrs)}
+        tried.setdefault(int(c["batch_size"]), set()).add(float(c["lr"]))
+    grids = {b: sorted(v) for b, v in tried.items()}
+    rank = {b: i for i, b in enumerate(grids)}
 
     def key(i: int) -> tuple:
-        b, lr = int(configs[i]["batch_size"]), float(configs[i]["lr"])
-        grid = sorted(lrs[b])
-        k = grid.index(lr)
-        return (rank[b], abs(k - (len(grid) - 1) / 2), k)
+        b = int(configs[i]["batch_size"])
+        k = grids[b].index(float(configs[i]["lr"]))
+        return (rank[b], abs(k - (len(grids[b]) - 1) / 2), k)
 
     return sorted(range(len(configs)), key=key)
 

@@ -59,13 +59,18 @@ def _events(runs: Runs) -> tuple[list[dict], dict[int, np.ndarray]]:
     return per, steps
 
 
+def _empty_curve(runs: Runs, i: int, status: str) -> Curve:
+    """Trial row ``i`` of ``runs`` as the rule sees it, before any evaluation."""
+    seed = int(runs.trials.column("seed")[i].as_py())
+    return Curve(runs.trial_ids[i], int(runs.batch_size[i]), setting_key(runs.trials, i), seed, status)
+
+
 def curves_from_runs(runs: Runs) -> list[Curve]:
     """Every trial of ``runs`` as the rule sees it, with all its evaluations and its recorded status."""
     per, steps = _events(runs)
-    seeds = runs.trials.column("seed").to_pylist()
     out = []
-    for i, tid in enumerate(runs.trial_ids):
-        c = Curve(tid, int(runs.batch_size[i]), setting_key(runs.trials, i), int(seeds[i]), str(runs.status[i]))
+    for i in range(len(runs.trial_ids)):
+        c = _empty_curve(runs, i, str(runs.status[i]))
         for s in steps[i]:
             for name, v in per[i][int(s)].items():
                 c.add(int(s), name, v)
@@ -102,11 +107,7 @@ def replay(
     dur = _durations(runs)
     last = np.array([max(int(steps[i][-1]) if len(steps[i]) else 1, 1) for i in range(n)], dtype=np.float64)
     status = runs.status
-    seeds = runs.trials.column("seed").to_pylist()
-    curves = [
-        Curve(runs.trial_ids[i], int(runs.batch_size[i]), setting_key(runs.trials, i), int(seeds[i]), m.STATUS_RUNNING)
-        for i in range(n)
-    ]
+    curves = [_empty_curve(runs, i, m.STATUS_RUNNING) for i in range(n)]
     rows = [{c: runs.trials.column(c)[i].as_py() for c in runs.trials.column_names} for i in range(n)]
     plan = Seeds.of_configs(rows)  # the seeds each setting ran: what a sweep of these trials would plan
     heap: list = []  # (time, order, trial, event index)

@@ -162,6 +162,7 @@ def _target_result(runs, ctx, y: float, steps: np.ndarray, val, low, st, best, f
         flags.add(fl.EXTRAPOLATED)
     censored_b = [ctx.censored_reason(int(i), best, steps) for i in np.flatnonzero(best.censored)]
     censored_b += ctx.stopped_unreached(best, ok)
+    cut_short = {c["batch_size"] for c in censored_b}  # censored, so not also listed as unreached
     if censored_b:
         flags.add(fl.CENSORED_BATCH_SIZES)
     return {
@@ -177,9 +178,7 @@ def _target_result(runs, ctx, y: float, steps: np.ndarray, val, low, st, best, f
         "censored": [runs.trial_ids[r] for r in np.flatnonzero(ok & np.isinf(steps))],
         "censored_batch_sizes": censored_b,
         "unreached_batch_sizes": [
-            int(b)
-            for b, k in zip(best.batch_sizes, best.setting, strict=True)
-            if k < 0 and int(b) not in {c["batch_size"] for c in censored_b}
+            int(b) for b, k in zip(best.batch_sizes, best.setting, strict=True) if k < 0 and int(b) not in cut_short
         ],  # fmt: skip
     }
 

@@ -21,8 +21,6 @@ from ray.tune import Callback
 from analysis.core import metrics as M
 from analysis.decisions.stop_behind import Curve, Seeds, behind, fitted_metric, setting_of
 
-REASON = M.STOP_REASON  # a stopped trial's last result's key for why (its trials.parquet column, its MLflow tag)
-
 
 def curve_of(trial_id: str, cfg: dict, status: str = M.STATUS_RUNNING) -> Curve:
     """An empty curve for a trial config (its setting: the nuisance values, lr first; splits pooled)."""
@@ -74,7 +72,7 @@ class StopBehind(Callback):
                 c.add(int(row[0]), row[2], float(row[3]))
         c.status = result.get("status", M.STATUS_RUNNING)
         if c.status == M.STATUS_BEHIND:
-            result[REASON] = self.reasons.get(trial.trial_id, "behind its batch size's best setting")
+            result[M.STOP_REASON] = self.reasons.get(trial.trial_id, "behind its batch size's best setting")
         self.decide(force=c.status != M.STATUS_RUNNING)
 
     def on_trial_complete(self, iteration, trials, trial, **info) -> None:

@@ -10,7 +10,7 @@ import numpy as np
 import pytest
 
 from analysis.core import metrics as M
-from orchestrator.execution.behind_callback import REASON, StopBehind
+from orchestrator.execution.behind_callback import StopBehind
 from orchestrator.records.runs_tables import trial_row
 
 
@@ -50,8 +50,8 @@ def test_the_callback_names_trials_behind_once_and_records_why(tmp_path, marked)
     t = next(t for t in far if t.trial_id in named)
     last = {"status": M.STATUS_BEHIND, "rows": [], M.STEP: 200}
     cb.on_trial_result(0, [], t, last)
-    assert "behind B=64's lr 0.003" in last[REASON]
-    assert trial_row(t.trial_id, t.config["trial"], M.STATUS_BEHIND, last)[REASON] == last[REASON]
+    assert "behind B=64's lr 0.003" in last[M.STOP_REASON]
+    assert trial_row(t.trial_id, t.config["trial"], M.STATUS_BEHIND, last)[M.STOP_REASON] == last[M.STOP_REASON]
     cb.decide(force=True)
     assert sum(len(b) for b in marked) == len(named)  # nothing named twice
 
