@@ -18,10 +18,12 @@ from __future__ import annotations
 import functools
 import hashlib
 import os
+import time
 
 SIGNAL_KEY = "sweep_signal"  # key of the actor's name in a Train run's train_loop_config
 TRIAL_KEY = "tune_trial_id"  # key of the Tune trial's id there: what a trial is named by when it is stopped alone
 ASK_TIMEOUT_S = 30.0
+LOOKUP_EVERY_S = 2.0  # a trial's retry of a failed lookup of its sweep's actor (SignalReader)
 _HELD: dict = {}  # name -> the handle of a GoalSignal this process created
 
 
@@ -82,6 +84,13 @@ def set_signal(name: str, ended: bool) -> None:
     _tell(name, lambda a: a.end.remote() if ended else a.reset.remote())
 
 
+def open_signal(name: str) -> None:
+    """Create the sweep's signal actor now, owned by this process (the driver), unset: the trials' asks then find it
+    from their first evaluation instead of each failing a lookup until the first word
+    (benchmarks/bench_signal_ask.py measures both)."""
+    _tell(name, lambda a: a.verdict.remote(None))
+
+
 def mark_behind(name: str, trial_ids: list[str]) -> None:
     """Tell the trials ``trial_ids`` (Tune trial ids) to stop with the status ``stopped_behind``. From the driver."""
     _tell(name, lambda a: a.behind.remote(list(trial_ids)))
@@ -90,21 +99,38 @@ def mark_behind(name: str, trial_ids: list[str]) -> None:
 class SignalReader:
     """``reader()``: the status the sweep named ``name`` asks this trial (Tune id ``trial_id``) to end with:
     ``ended_at_goal`` (every trial), ``stopped_behind`` (this one), or None -- also without a name, before the
-    driver creates the actor, or when it cannot be reached: a trial is never ended by a failed lookup."""
+    driver creates the actor, or when it cannot be reached: a trial is never ended by a failed lookup.
 
-    def __init__(self, name: str | None, trial_id: str | None = None):
-        self.name, self.trial_id = name, trial_id
-        self._actor = None
+    It never waits on the actor after its first answer: each call takes the answer of the previous ask if it has
+    come (``ray.wait`` with no timeout) and sends the next, so a word reaches the trial one evaluation later than a
+    blocking ask would, and an evaluation pays for sending a call, not for its round trip (a blocking ask was 4 ms,
+    2% of the demo's densest trial: benchmarks/bench_signal_ask.py). A failed lookup (no actor yet) is retried at
+    most every ``LOOKUP_EVERY_S`` seconds."""
+
+    def __init__(self, name: str | None, trial_id: str | None = None, clock=time.monotonic):
+        self.name, self.trial_id, self.clock = name, trial_id, clock
+        self._actor = self._pending = self._answer = None
+        self._retry_at = -float("inf")
 
     def __call__(self) -> str | None:
-        if not self.name:
-            return None
+        if not self.name or self._answer:
+            return self._answer
         import ray
 
         try:
             if self._actor is None:
+                if self.clock() < self._retry_at:
+                    return None
+                self._retry_at = self.clock() + LOOKUP_EVERY_S
                 self._actor = ray.get_actor(self.name)
-            return ray.get(self._actor.verdict.remote(self.trial_id), timeout=ASK_TIMEOUT_S)
+                self._answer = ray.get(self._actor.verdict.remote(self.trial_id), timeout=ASK_TIMEOUT_S)
+            elif ray.wait([self._pending], timeout=0)[0]:
+                self._answer = ray.get(self._pending)
+            else:
+                return None
+            if not self._answer:
+                self._pending = self._actor.verdict.remote(self.trial_id)
+            return self._answer
         except Exception:  # not created yet (ValueError), or gone with its driver: keep training
-            self._actor = None
+            self._actor = self._pending = None
             return None

@@ -40,8 +40,16 @@ class StopBehind(Callback):
         self._last = -float("inf")
 
     def setup(self, **info) -> None:
-        """A resumed sweep: the finished trials' evaluations from its tables (Tune does not re-send them)."""
+        """Create the signal actor the trials ask at each evaluation, and for a resumed sweep read the finished
+        trials' evaluations from its tables (Tune does not re-send them)."""
         import os
+
+        from trainables.sweep_signal import open_signal
+
+        try:
+            open_signal(self.signal)
+        except Exception as e:  # the trials keep training whatever the actor does; the callback tells it again later
+            print(f"[bcrit] stopping.behind could not create its signal actor yet: {e}")
 
         from analysis.decisions.stop_behind_replay import curves_from_runs
         from analysis.sources.loaders import load_sweep_dir

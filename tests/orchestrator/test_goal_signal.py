@@ -60,3 +60,26 @@ def test_a_trial_the_sweep_names_stops_alone_as_behind(tmp_path, ray_local, no_r
     assert stopped["status"] == M.STATUS_BEHIND and stopped[M.STEP] <= 10
     assert SignalReader(name, "another-trial")() is None
     assert SignalReader(name, stopped["trial_id"])() == M.STATUS_BEHIND
+
+
+def test_stop_behind_creates_the_actor_before_any_trial_asks(tmp_path, ray_local, no_ray_address):
+    """The callback's setup creates the signal actor, so a trial's first ask finds it (no failed lookup per
+    evaluation until the first trial is named), unset: nobody is told to stop. Later asks do not wait on the actor:
+    a word arrives at a later ask, and then stays."""
+    import time
+
+    from orchestrator.execution.behind_callback import StopBehind
+
+    name = signal_name(str(tmp_path / "sweep"))
+    missing = SignalReader(name, "a-trial")
+    assert missing() is None and missing._actor is None  # no actor yet
+    StopBehind(str(tmp_path / "sweep"), name).setup()
+    reader = SignalReader(name, "a-trial")
+    assert reader() is None and reader._actor is not None  # found, and it says train on
+    mark_behind(name, ["a-trial"])
+    for _ in range(100):
+        if reader():
+            break
+        time.sleep(0.05)
+    assert reader() == M.STATUS_BEHIND and reader() == M.STATUS_BEHIND
+    assert SignalReader(name, "another-trial")() is None
