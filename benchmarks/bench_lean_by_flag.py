@@ -68,8 +68,11 @@ def main() -> None:
                 se = v[:, 0].std(ddof=1) / np.sqrt(len(v))
                 print(f"| {shape} | {scope} | {name} | {len(v)} | {v[:, 0].mean():+.4f} ({se:.4f}) | "
                       f"{np.nanmean(v[:, 1]):+.4f} |")  # fmt: skip
-        print(f"<!-- {shape}: {a.draws} sweeps from seed {a.first_seed}{', noise-free' if a.noise_free else ''}, "
-              f"{time.perf_counter() - t0:.0f} s -->", flush=True)
+        print(
+            f"<!-- {shape}: {a.draws} sweeps from seed {a.first_seed}{', noise-free' if a.noise_free else ''}, "
+            f"{time.perf_counter() - t0:.0f} s -->",
+            flush=True,
+        )
 
 
 if __name__ == "__main__":
