@@ -56,8 +56,8 @@ def main() -> None:
     ap.add_argument("--first-seed", type=int, default=700)
     ap.add_argument("--noise-free", action="store_true")
     a = ap.parse_args()
-    print("| shape | scope | targets' flags | n | plain: mean (SE) | refined: mean |")
-    print("|---|---|---|---:|---:|---:|")
+    print("| shape | scope | targets' flags | n | plain: mean (SE) | refined: mean | sd: plain / refined |")
+    print("|---|---|---|---:|---:|---:|---:|")
     for shape in a.shapes:
         t0 = time.perf_counter()
         rec = errors(shape, a.draws, a.first_seed, a.noise_free)
@@ -67,7 +67,7 @@ def main() -> None:
             for name, v in [*((", ".join(k[1]), np.array(rec[k])) for k in keys if len(rec[k]) >= 20), ("all", every)]:
                 se = v[:, 0].std(ddof=1) / np.sqrt(len(v))
                 print(f"| {shape} | {scope} | {name} | {len(v)} | {v[:, 0].mean():+.4f} ({se:.4f}) | "
-                      f"{np.nanmean(v[:, 1]):+.4f} |")  # fmt: skip
+                      f"{np.nanmean(v[:, 1]):+.4f} | {v[:, 0].std():.4f} / {np.nanstd(v[:, 1]):.4f} |")  # fmt: skip
         print(
             f"<!-- {shape}: {a.draws} sweeps from seed {a.first_seed}{', noise-free' if a.noise_free else ''}, "
             f"{time.perf_counter() - t0:.0f} s -->",

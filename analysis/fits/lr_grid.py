@@ -117,6 +117,30 @@ def vertex_fit(x: np.ndarray, y: np.ndarray, lo: float, hi: float, kappa: float,
     return max(0.0, float(y[0]) - c), xv
 
 
+def refined_optima(
+    value: np.ndarray, st: Settings, best: BestPerBatch, tried: dict[int, np.ndarray], kappa: float
+) -> tuple[np.ndarray, np.ndarray]:
+    """Per batch size, ``(steps, lr)`` at the optimum interpolated between the grid's learning rates: ``log S = c +
+    log(1 + kappa (x - x_v)²)`` fitted through the best setting and its known neighbours with the curvature
+    ``kappa`` the batch sizes share (:func:`vertex_fit`; the vertex kept between the tried lrs that bound it, so an
+    optimum beyond the grid's edge stays at the edge), ``exp(c)`` there. The plain minimum where it is not judged
+    (no point, settings that differ in more than lr, no neighbour known, no shared curvature). Every batch size with
+    a known neighbour is refined the same way, so the refined points share one model: a parabola through three
+    points of each batch size alone leaves the edges and the diverged neighbours' batch sizes unrefined, and the
+    mixture tilts ``B_crit`` (benchmarks/RESULTS.md, "The lean that is left")."""
+    steps = best.steps.copy()
+    lr = np.where(best.setting >= 0, st.lr[np.maximum(best.setting, 0)], np.nan)
+    if not np.isfinite(kappa):
+        return steps, lr
+    for i, br in enumerate(brackets(value, st, best, tried)):
+        if br is None or len(br[0]) < 2:
+            continue
+        x, y, lo, hi = br
+        gap, xv = vertex_fit(x, y, lo, hi, kappa)
+        steps[i], lr[i] = float(np.exp(y[0] - gap)), float(np.exp(np.clip(xv, lo, hi)))
+    return steps, lr
+
+
 def divergence_gaps(
     value: np.ndarray,
     lower: np.ndarray,

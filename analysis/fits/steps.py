@@ -330,30 +330,6 @@ def best_per_batch(value: np.ndarray, lower: np.ndarray, st: Settings) -> BestPe
     return BestPerBatch(bs, best, arg, cens, block, cand)
 
 
-def refine_lr(value: np.ndarray, st: Settings, best: BestPerBatch) -> tuple[np.ndarray, np.ndarray]:
-    """Per batch size, the minimum of a parabola in ``(log lr, log steps)`` through the best setting and its two
-    neighbours in lr: ``(steps, lr)``; the plain minimum (and its lr) where that is not possible (lr at the edge,
-    a neighbour unknown, settings that differ in more than lr, no convex vertex between the neighbours)."""
-    steps = best.steps.copy()
-    lr = np.where(best.setting >= 0, st.lr[np.maximum(best.setting, 0)], np.nan)
-    for i, b in enumerate(best.batch_sizes):
-        if not np.isfinite(steps[i]) or not st.lr_only[i]:
-            continue
-        idx = np.flatnonzero(st.batch_size == b)  # in lr order
-        k = int(np.flatnonzero(idx == best.setting[i])[0])
-        if k == 0 or k == len(idx) - 1 or not np.isfinite(value[idx[[k - 1, k + 1]]]).all():
-            continue
-        x = np.log(st.lr[idx[k - 1 : k + 2]])
-        y = np.log(value[idx[k - 1 : k + 2]])
-        a, c1, c0 = np.polyfit(x, y, 2)
-        if a <= 0:
-            continue
-        xv = -c1 / (2 * a)
-        if x[0] <= xv <= x[2]:
-            steps[i], lr[i] = float(np.exp(c0 - c1**2 / (4 * a))), float(np.exp(xv))
-    return steps, lr
-
-
 def crossing_jitter(series: Series, rows: np.ndarray, t_cross: float, width: float = 0.25, min_pts: int = 6):
     """How much the loss fluctuates around a trial's crossing, relative to its descent: ``scatter / (|slope| ·
     t_cross)``, from a quadratic fit of the evaluations within ``t_cross·(1 ± width)`` (at least ``min_pts``,

@@ -13,7 +13,6 @@ from analysis.fits.steps import (
     best_per_batch,
     final_losses,
     pool_splits,
-    refine_lr,
     settings_of,
     steps_to_target,
     trial_extent,
@@ -150,7 +149,7 @@ def _target_result(runs, ctx, y: float, steps: np.ndarray, val, low, st, best, f
     the learning rate refined, the points with their checks, the flags, what was censored. ``kappa``: its lr
     curvature (:func:`_lr_curvatures`)."""
     fitted = np.isfinite(best.steps)
-    ref_steps, ref_lr = refine_lr(val, st, best)
+    ref_steps, ref_lr = lr_grid.refined_optima(val, st, best, ctx.tried, kappa)
     refined = pareto.fit_pareto(best.batch_sizes[fitted], ref_steps[fitted]).b_crit
     gaps = lr_grid.divergence_gaps(val, low, st, best, ctx.tried, ctx.diverged, kappa)
     limit = fl.LR_DIVERGENCE_GAP

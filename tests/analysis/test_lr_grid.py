@@ -188,3 +188,46 @@ def test_points_carry_their_gap_and_the_decisions_see_the_flag():
     flags = flags_at(runs, m.EVAL_LOSS, r["target"])
     assert fl.LR_AT_DIVERGENCE in flags
     assert fl.LR_AT_DIVERGENCE in untrusted_line({r["target"]: flags}, "this recommendation")
+
+
+def test_refined_optima_recover_each_batch_sizes_optimum_and_the_exact_b_crit():
+    """Points drawn exactly from ``S_b (1 + kappa (x - x_v(b))²)`` with ``S_b = S_min + E_min/b`` and the optimum at
+    a different place in the grid at every batch size (between grid points, next to the grid's lower edge with only
+    one neighbour, next to a diverged (absent) largest lr): every refined point is ``S_b`` (float64, to the vertex
+    search's resolution) at its optimum's lr, and the fit through them gives the exact ``B_crit``, where the grid's
+    plain minima miss it by more than 1%."""
+    from analysis.fits.pareto import fit_pareto
+
+    x = np.log(1e-3 * 2.0 ** np.arange(5))
+    b = np.array([16, 32, 64, 128, 256])
+    s_min, e_min = 100.0, 100.0 * 60
+    xv = np.array([x[0] + 0.25, x[1] + 0.45, x[2] - 0.3, x[3] + 0.1, x[3] + 0.5])
+    steps = np.array([_model(x, v, c=s_min + e_min / q) for v, q in zip(xv, b, strict=True)])
+    steps[-1, -1] = np.nan  # B = 256: the largest lr diverged (no point), its optimum lies towards it
+    val, st, best, tried = _settings(b, np.exp(x), steps)
+    kappa = lr_grid.shared_curvature(lr_grid.brackets(val, st, best, tried))
+    assert kappa == pytest.approx(KAPPA, rel=1e-9)
+    ref, ref_lr = lr_grid.refined_optima(val, st, best, tried, kappa)
+    np.testing.assert_allclose(ref, s_min + e_min / b, rtol=1e-5)  # the vertex search resolves 1e-4 in log lr
+    np.testing.assert_allclose(np.log(ref_lr), xv, atol=1e-4)
+    exact = e_min / s_min
+    assert fit_pareto(b, ref).b_crit == pytest.approx(exact, rel=1e-4)
+    assert abs(fit_pareto(b, best.steps).b_crit / exact - 1) > 0.01
+
+
+def test_refined_optima_stay_at_the_grids_edge_and_plain_where_nothing_is_judged():
+    """An optimum below the grid's smallest lr: the refined lr is that edge and its steps the fit's value there (at
+    most the measured best's); no shared curvature, or a batch size with one lr: the plain minimum."""
+    x = np.log(1e-3 * 2.0 ** np.arange(3))
+    steps = np.array([_model(x, x[0] - 0.4), _model(x, x[1]), [np.nan, 150.0, np.nan]])
+    val, st, best, tried = _settings([8, 16, 32], np.exp(x), steps)
+    ref, ref_lr = lr_grid.refined_optima(val, st, best, tried, KAPPA)
+    y = np.log(steps[0, :2])
+    assert ref_lr[0] == pytest.approx(1e-3, rel=1e-12)
+    fit_at_edge = np.exp(np.mean(y - np.log1p(KAPPA * (x[:2] - x[0]) ** 2)))
+    assert ref[0] == pytest.approx(min(fit_at_edge, best.steps[0]), rel=1e-9)  # never above what was measured
+    assert ref[1] == pytest.approx(C, rel=1e-9) and ref_lr[1] == pytest.approx(2e-3, rel=1e-6)
+    assert ref[2] == 150.0 and ref_lr[2] == pytest.approx(2e-3, rel=1e-12)  # one lr: nothing to interpolate
+    plain, plain_lr = lr_grid.refined_optima(val, st, best, tried, float("nan"))
+    np.testing.assert_array_equal(plain, best.steps)
+    np.testing.assert_array_equal(plain_lr, st.lr[best.setting])

@@ -13,7 +13,6 @@ from analysis.fits.steps import (
     crossing_jitter,
     excluded_counts,
     final_losses,
-    refine_lr,
     settings_of,
     steps_to_target,
     trial_extent,
@@ -157,7 +156,7 @@ def test_settings_also_split_by_the_other_nuisance_and_split_columns():
     # B = 8: weight_decay 0.0 (seeds 0, 1), weight_decay 0.1 and warmup_steps 10 are three settings of the same lr;
     # B = 16: the same lr on two splits (micro 8 x accum 2, micro 16 x accum 1) are two settings; B = 32: two lrs
     # only, and a diverged trial that belongs to no setting (-1). Only at B = 32 do the settings differ in lr alone
-    # (where refine_lr may fit a parabola in lr).
+    # (where analysis.fits.lr_grid.refined_optima may interpolate the optimum in lr).
     trials = trials_table(
         {
             "trial_id": [f"t{i}" for i in range(9)], "batch_size": [8, 8, 8, 8, 16, 16, 32, 32, 32],
@@ -191,24 +190,6 @@ def test_trial_extent():
     last, spacing = trial_extent(s, 4)
     np.testing.assert_array_equal(last, [30.0, -1.0, 5.0, 15.0])
     np.testing.assert_array_equal(spacing, [15.0, np.nan, np.nan, 10.0])
-
-
-def test_refine_lr_recovers_the_vertex_of_a_parabola_in_log_lr():
-    lrs = np.array([0.1, 0.2, 0.4, 0.8, 1.6])
-    true_lr, s0 = 0.3, 100.0  # log S = log s0 + 0.5·(log2 lr - log2 0.3)²
-    steps = s0 * np.exp(0.5 * np.log2(lrs / true_lr) ** 2)
-    runs = _runs([(8, lr, 0, B, _line(1000, s)) for lr, s in zip(lrs, steps, strict=True)])
-    st, val, low, best = _best(runs)
-    ref, ref_lr = refine_lr(val, st, best)
-    assert best.steps[0] == pytest.approx(steps.min(), rel=1e-9) and steps.min() > s0 * 1.05  # grid misses by > 5%
-    assert ref[0] == pytest.approx(s0, rel=1e-9) and ref_lr[0] == pytest.approx(true_lr, rel=1e-9)
-
-
-def test_refine_lr_keeps_the_plain_minimum_at_the_edge():
-    runs = _runs([(8, lr, 0, B, _line(1000, s)) for lr, s in [(0.1, 50.0), (0.2, 60.0), (0.4, 90.0)]])
-    st, val, low, best = _best(runs)
-    ref, ref_lr = refine_lr(val, st, best)
-    assert ref[0] == best.steps[0] == pytest.approx(50.0) and ref_lr[0] == 0.1
 
 
 def test_crossing_jitter_small_on_a_steep_clean_descent_large_on_a_noisy_plateau():
@@ -446,66 +427,6 @@ def test_final_losses_empty_single_row_nan_rows_and_all_nan_trial():
     first, low = final_losses(s, 3)
     np.testing.assert_array_equal(first, [1.0, np.nan, np.nan])
     np.testing.assert_array_equal(low, [0.4, np.nan, np.nan])
-
-
-def _parabola_lrs(lrs=(0.1, 0.2, 0.4, 0.8, 1.6), true_lr=0.3, s0=100.0, curv=0.5):
-    """Steps on a parabola in (log lr, log steps): log S = log s0 + curv·log2(lr/true_lr)², vertex (true_lr, s0)."""
-    lrs = np.asarray(lrs)
-    return lrs, s0 * np.exp(curv * np.log2(lrs / true_lr) ** 2)
-
-
-def test_refine_lr_skips_unrefinable_batch_sizes_and_refines_the_next():
-    # B = 64: three lrs 0.2, 0.4, 0.8 on a shallow parabola (curvature 0.25/ln(2)² = 0.52 in natural logs) with its
-    # vertex (0.3, 100 steps) between 0.2 and 0.4; the best grid lr 0.4 is the middle one, so it is refined to the
-    # vertex. The batch sizes before it cannot be refined and must not stop the loop.
-    lrs, steps = _parabola_lrs((0.2, 0.4, 0.8), curv=0.25)
-    runs = _runs(
-        [(8, lr, 0, B, _line(100, 500)) for lr in (0.1, 0.2, 0.4)]  # B = 8: no lr reaches 0.5 (inf, no best lr)
-        + [(16, lr, 0, B, _line(1000, s)) for lr, s in [(0.1, 50.0), (0.2, 60.0), (0.4, 90.0)]]  # best: left edge
-        + [(32, lr, 0, B, _line(1000, s)) for lr, s in [(0.1, 90.0), (0.2, 60.0), (0.4, 50.0)]]  # best: right edge
-        + [(64, lr, 0, B, _line(1000, s)) for lr, s in zip(lrs, steps, strict=True)]
-    )
-    st, val, low, best = _best(runs)
-    assert best.steps[3] == pytest.approx(steps[1], rel=1e-9) and steps[1] > 100.0 * 1.02  # the grid misses by 2%
-    ref, ref_lr = refine_lr(val, st, best)
-    # 8: nothing known (inf, lr nan in a float64 array); 16, 32: the plain minimum at the edge; 64: the vertex
-    np.testing.assert_allclose(ref, [np.inf, 50.0, 50.0, 100.0], rtol=1e-9)
-    assert ref_lr.dtype == np.float64 and np.isnan(ref_lr[0])
-    np.testing.assert_allclose(ref_lr[1:], [0.1, 0.4, 0.3], rtol=1e-9)
-
-
-def test_refine_lr_needs_both_neighbours_known():
-    # B = 8: the best lr 0.2 (50 steps) has a left neighbour (lr 0.1) that ran to step 300 without reaching the target
-    # (its lower bound 300 > 50, so 50 is the known best but the parabola has no left point); B = 16: the same with
-    # the right neighbour. Both keep the plain minimum and its lr.
-    runs = _runs(
-        [(8, 0.1, 0, B, _line(300, 1000)), (8, 0.2, 0, B, _line(1000, 50)), (8, 0.4, 0, B, _line(1000, 80))]
-        + [(16, 0.1, 0, B, _line(1000, 80)), (16, 0.2, 0, B, _line(1000, 50)), (16, 0.4, 0, B, _line(300, 1000))]
-    )
-    st, val, low, best = _best(runs)
-    assert not best.censored.any()
-    ref, ref_lr = refine_lr(val, st, best)
-    np.testing.assert_allclose(ref, [50.0, 50.0], rtol=1e-12)
-    np.testing.assert_array_equal(ref_lr, [0.2, 0.2])
-
-
-def test_refine_lr_keeps_a_concave_triple_and_refines_the_next_batch_size():
-    import dataclasses
-
-    # best_per_batch always picks the lowest of the three (a convex triple); refine_lr on its own documents that a
-    # best setting whose neighbours make a concave parabola (here 50, 90, 60: the middle is a maximum, given as the
-    # best by hand) is not refined, and the batch sizes after it still are.
-    lrs, steps = _parabola_lrs()
-    runs = _runs(
-        [(8, lr, 0, B, _line(1000, s)) for lr, s in [(0.1, 50.0), (0.2, 90.0), (0.4, 60.0)]]
-        + [(16, lr, 0, B, _line(1000, s)) for lr, s in zip(lrs, steps, strict=True)]
-    )
-    st, val, low, best = _best(runs)
-    mid = int(np.flatnonzero((st.batch_size == 8) & (st.lr == 0.2))[0])
-    best = dataclasses.replace(best, setting=np.r_[mid, best.setting[1:]], steps=np.r_[val[mid], best.steps[1:]])
-    ref, ref_lr = refine_lr(val, st, best)
-    np.testing.assert_allclose(ref, [90.0, 100.0], rtol=1e-9)
-    np.testing.assert_allclose(ref_lr, [0.2, 0.3], rtol=1e-9)
 
 
 def test_no_usable_trial_gives_no_settings():
