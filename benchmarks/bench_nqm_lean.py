@@ -19,8 +19,7 @@ from unittest import mock
 
 import numpy as np
 
-from analysis.decisions.stop_behind import centre_first
-from analysis.decisions.stop_behind_replay import replay
+from analysis.decisions.stop_behind_replay import centre_out, replay
 from analysis.fits import steps as steps_mod
 from analysis.fits import sweep_fit
 
@@ -29,12 +28,6 @@ VARIANTS = {  # name, local crossing fit, stopping.behind replayed
     "local": ("local fit", True, False),
     "behind": ("local fit, stopping.behind", True, True),
 }
-
-
-def centre_out(runs) -> list[int]:
-    """The trials in the order a grid sweep with the rule on launches them (analysis.decisions.stop_behind)."""
-    cols = {c: runs.trials.column(c).to_pylist() for c in ("batch_size", "lr")}
-    return centre_first([{k: v[i] for k, v in cols.items()} for i in range(len(runs.trial_ids))])
 
 
 def main() -> None:
@@ -68,7 +61,8 @@ def main() -> None:
                                       target_loss=spec.stopping["target_loss"], seed=sw)  # fmt: skip
                 if stop:
                     cut = replay(runs, 4, order=centre_out(runs))
-                    runs, _ = cut.runs, kept.append(cut.examples_ratio)
+                    kept.append(cut.examples_ratio)
+                    runs = cut.runs
                 for t in analyze(runs, bootstrap=a.bootstrap, plots=False, seed=sw)["targets"]:
                     y = t["target"]
                     if y not in truth:

@@ -23,18 +23,11 @@ import numpy as np
 
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "tests", "analysis"))
 
-from analysis.decisions.stop_behind import centre_first  # noqa: E402
-from analysis.decisions.stop_behind_replay import replay  # noqa: E402
+from analysis.decisions.stop_behind_replay import centre_out, replay  # noqa: E402
 from analysis.fits.sweep_fit import analyze_metric  # noqa: E402
 from analysis.sources.loaders import load_sweep_dir  # noqa: E402
 
 DEMO_TARGETS = [0.2097, 0.1802]
-
-
-def centre_out(runs) -> list[int]:
-    """The trials in the order a grid sweep with the rule on launches them (analysis.decisions.stop_behind)."""
-    cols = {c: runs.trials.column(c).to_pylist() for c in ("batch_size", "lr")}
-    return centre_first([{k: v[i] for k, v in cols.items()} for i in range(len(runs.trial_ids))])
 
 
 def compare(full, cut, metric: str, targets) -> tuple[float, float, int, int, int]:

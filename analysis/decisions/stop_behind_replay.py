@@ -19,7 +19,7 @@ import pyarrow as pa
 import pyarrow.compute as pc
 
 from analysis.core import metrics as m
-from analysis.decisions.stop_behind import MARGIN, Curve, Seeds, behind, fitted_metric, setting_of
+from analysis.decisions.stop_behind import MARGIN, Curve, Seeds, behind, centre_first, fitted_metric, setting_of
 from analysis.sources.loaders import Runs, runs_from_tables
 from analysis.sources.schema import NUISANCE_COLUMNS
 
@@ -95,6 +95,13 @@ def _durations(runs: Runs) -> np.ndarray:
         if np.isfinite(d).all() and (d > 0).all():
             return d
     return trial_examples(runs).clip(min=1.0)
+
+
+def centre_out(runs: Runs) -> list[int]:
+    """The rows of ``runs`` in the order a grid sweep with the rule on launches them
+    (:func:`analysis.decisions.stop_behind.centre_first`): ``replay(..., order=centre_out(runs))``."""
+    cols = {c: runs.trials.column(c).to_pylist() for c in ("batch_size", "lr")}
+    return centre_first([{k: v[i] for k, v in cols.items()} for i in range(len(runs.trial_ids))])
 
 
 def replay(

@@ -44,16 +44,15 @@ class StopBehind(Callback):
         trials' evaluations from its tables (Tune does not re-send them)."""
         import os
 
+        from analysis.decisions.stop_behind_replay import curves_from_runs
+        from analysis.sources.loaders import load_sweep_dir
+        from analysis.sources.schema import TRIALS_FILE
         from trainables.sweep_signal import open_signal
 
         try:
             open_signal(self.signal)
         except Exception as e:  # the trials keep training whatever the actor does; the callback tells it again later
             print(f"[bcrit] stopping.behind could not create its signal actor yet: {e}")
-
-        from analysis.decisions.stop_behind_replay import curves_from_runs
-        from analysis.sources.loaders import load_sweep_dir
-        from analysis.sources.schema import TRIALS_FILE
 
         if not os.path.exists(os.path.join(self.sweep_dir, TRIALS_FILE)):  # a new sweep
             return
