@@ -72,9 +72,13 @@ def renew(searcher, spec: SweepSpec, experiment_dir: str) -> None:
 
         if is_uri(experiment_dir) and key(searcher) != key(fresh):
             # Tune's generator state lives at the URI; re-opening it there is not built
+            hint = ""
+            if key(searcher)[:-1] == key(fresh)[:-1]:  # only goal.running differs
+                was = "end" if getattr(searcher, "_end_running", False) else "wait"
+                hint = f" (it ran with nuisance.goal.running: {was}: resume with --set nuisance.goal.running={was})"
             raise UserError(
                 f"{spec.storage_uri}: a new goal or budget on --resume is not supported for URI storage yet; "
-                "resume with the sweep's own goal and budget (or run it with a directory storage)"
+                f"resume with the sweep's own goal and budget (or run it with a directory storage){hint}"
             )
         searcher.goal, searcher.budget = fresh.goal, fresh.budget
         # goal.running, goal.hold, and this driver's signal (a searcher pickled before these existed has none)

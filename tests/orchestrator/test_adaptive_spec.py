@@ -130,3 +130,16 @@ def test_resume_gives_the_restored_searcher_the_specs_hold(tmp_path):
     assert old._hold is False
     renew(old, parse_spec(adaptive_spec(tmp_path)), str(tmp_path / "tune"))
     assert old._hold is True
+
+
+def test_resume_at_a_uri_names_goal_running_when_only_it_changed(tmp_path):
+    """A sweep begun with ``goal.running: end`` and resumed at a URI with another ``running`` (its saved spec
+    overridden, or a spec that leaves it at the default ``wait``): the one-line refusal says how to resume."""
+    from orchestrator.search.adaptive_resume import renew
+    from orchestrator.search.adaptive_search import AdaptiveSearch
+
+    old = AdaptiveSearch.from_spec(parse_spec(adaptive_spec(tmp_path, goal={"rel_ci": 0.2, "running": "end"})))
+    with pytest.raises(UserError, match=r"--set nuisance.goal.running=end\)$"):
+        renew(old, parse_spec(adaptive_spec(tmp_path)), "s3://bucket/sweeps/tune")
+    with pytest.raises(UserError, match=r"directory storage\)$"):  # another change: no hint
+        renew(old, parse_spec(adaptive_spec(tmp_path, goal={"rel_ci": 0.3, "running": "end"})), "s3://b/t")
