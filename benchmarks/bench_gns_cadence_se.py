@@ -125,11 +125,11 @@ def main() -> None:
         print(f"{'window':>6s} {'k':>5s} {'values':>6s} {'SD':>7s} {'RMS SE':>7s} {'SD/SE':>6s}")
         for (window, k), pairs in sorted(pooled.items(), key=lambda kv: (kv[0][0], str(kv[0][1]))):
             v, e = np.array(pairs).T
+            rms = float(np.sqrt(np.mean(e**2)))
             if k == "seeds":
-                sd, rms = float(v.std(ddof=1)), float(np.sqrt(np.mean(e**2)))
-            else:
-                sd = float(np.sqrt(np.sum(v**2) / (len(v) - len(series))))  # the seed's centre ~ its phases' mean
-                rms = float(np.sqrt(np.mean(e**2)))
+                sd = float(v.std(ddof=1))
+            else:  # deviations from each seed's centre, which is ~ its phases' mean: seeds x (k - 1) dof
+                sd = float(np.sqrt(np.sum(v**2) / (len(v) - len(series))))
             print(f"{window:6d} {k!s:>5s} {len(v):6d} {sd:7.3f} {rms:7.3f} {sd / rms:6.2f}")
 
 

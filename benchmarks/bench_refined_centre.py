@@ -20,30 +20,15 @@ import time
 
 import numpy as np
 
-from analysis.core import metrics as m
-from analysis.fits.sweep_fit import analyze_metric
-
 sys.path.insert(0, "tests/analysis")
-from coverage_sims import SIMULATORS  # noqa: E402
+from coverage_sims import coverage_records  # noqa: E402
 
 
 def records(sim: str, draws: int, first_seed: int, bootstrap: int) -> dict:
-    rec: dict[str, list] = {k: [] for k in ("truth", "plain", "refined", "lo", "hi", "is_bin")}
-    for d in range(draws):
-        runs, truths, targets = SIMULATORS[sim](np.random.default_rng(first_seed + d))
-        for name, tr in truths.items():
-            res = analyze_metric(runs, name, targets.get(name), bootstrap=bootstrap, seed=d, strict=False, notes=[])
-            for r in res:
-                lo, hi = r["b_crit_ci"]
-                if r["flags"] or lo is None or hi is None or not np.isfinite(r["b_crit_refined"]):
-                    continue
-                rec["truth"].append(tr(r["target"]))
-                rec["plain"].append(r["b_crit"])
-                rec["refined"].append(r["b_crit_refined"])
-                rec["lo"].append(lo)
-                rec["hi"].append(hi)
-                rec["is_bin"].append(name != m.EVAL_LOSS)
-    return {k: np.asarray(v) for k, v in rec.items()}
+    """``coverage_records``' arrays at the trusted targets with a finite interval and refined estimate."""
+    rec = coverage_records(sim, draws, bootstrap, first_seed)
+    keep = rec["trusted"] & np.isfinite(rec["lo"]) & np.isfinite(rec["hi"]) & np.isfinite(rec["b_crit_refined"])
+    return {k: v[keep] for k, v in rec.items()}
 
 
 def line(label: str, t, est, lo, hi) -> str:
@@ -69,7 +54,7 @@ def main() -> None:
         t0 = time.perf_counter()
         r = records(sim, a.draws, a.first_seed, a.bootstrap)
         for scope, w in (("global", ~r["is_bin"]), ("bins", r["is_bin"])):
-            t, lo, hi, est, ref = r["truth"][w], r["lo"][w], r["hi"][w], r["plain"][w], r["refined"][w]
+            t, lo, hi, est, ref = r["truth"][w], r["lo"][w], r["hi"][w], r["b_crit"][w], r["b_crit_refined"][w]
             print(line(f"{sim}, {scope}, plain", t, est, lo, hi))
             print(line(f"{sim}, {scope}, re-centred on refined", t, ref, lo * ref / est, hi * ref / est))
         print(f"<!-- {sim}: {time.perf_counter() - t0:.0f} s -->", flush=True)

@@ -62,9 +62,10 @@ def coverage_records(
     """Analyse ``draws`` sweeps of simulator ``sim`` (``old``, ``new`` or ``shape:NAME`` of ``synth_shapes``);
     arrays over every analysed (sweep, metric, target): ``truth``, ``b_crit``, ``lo``, ``hi``, ``trusted`` (no
     flags), ``at_divergence_only`` (flagged ``lr_at_divergence`` and nothing else: trusted but for that flag),
-    ``is_bin``, ``draw``, ``ci_level``. ``calibrate``: as ``analyze_metric``'s. ``kw``: the simulator's
-    options."""
-    keys = ("truth", "b_crit", "lo", "hi", "trusted", "at_divergence_only", "is_bin", "draw", "ci_level")
+    ``is_bin``, ``draw``, ``ci_level``, ``b_crit_refined``. ``calibrate``: as ``analyze_metric``'s. ``kw``: the
+    simulator's options."""
+    keys = ("truth", "b_crit", "lo", "hi", "trusted", "at_divergence_only", "is_bin", "draw", "ci_level",
+            "b_crit_refined")  # fmt: skip
     rec: dict[str, list] = {k: [] for k in keys}
     for d in range(draws):
         runs, truths, targets = SIMULATORS[sim](np.random.default_rng(first_seed + d), **kw)
@@ -82,6 +83,7 @@ def coverage_records(
                 rec["is_bin"].append(name != m.EVAL_LOSS)
                 rec["draw"].append(d)
                 rec["ci_level"].append(r["ci_level"])
+                rec["b_crit_refined"].append(r["b_crit_refined"])
     return {k: np.asarray(v) for k, v in rec.items()}
 
 
