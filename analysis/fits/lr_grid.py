@@ -34,7 +34,8 @@ import numpy as np
 
 from analysis.fits.steps import BestPerBatch, Settings
 
-VERTEX_GRID = 401  # vertices tried per stage of the brute force (2 stages: 1/20000 of the bracket's width)
+VERTEX_GRID = 401  # vertices tried per stage of the brute force ...
+VERTEX_STAGES = 2  # ... the second within one step of the first's best: 1/20000 of the bracket's width apart
 
 
 def _neighbours(tried: np.ndarray, lr: float) -> tuple[float | None, float | None]:
@@ -92,29 +93,53 @@ def shared_curvature(br: list) -> float:
     return float(np.median(k)) if k else float("nan")
 
 
-def _sse(x: np.ndarray, y: np.ndarray, xs: np.ndarray, kappa: float) -> np.ndarray:
-    """Residual sum of squares of ``log S = c + log(1 + kappa (x - x_v)²)`` at each vertex ``xs``, ``c`` fitted."""
-    r = y[None, :] - np.log1p(kappa * (x[None, :] - xs[:, None]) ** 2)
-    return ((r - r.mean(1, keepdims=True)) ** 2).sum(1)
+def _sse(x: np.ndarray, y: np.ndarray, xs: np.ndarray, kappa: np.ndarray) -> np.ndarray:
+    """(R, n) residual sums of squares of ``log S = c + log(1 + kappa (x - x_v)²)`` at the vertices ``xs`` ((n,) or
+    (R, n)), ``c`` fitted; ``x`` (P,), ``y`` (R, P), ``kappa`` (R,). ``Σ r² - (Σ r)²/P``, one point at a time."""
+    s1 = np.zeros(np.broadcast_shapes(xs.shape, (len(y), 1)))
+    s2 = np.zeros_like(s1)
+    for p in range(len(x)):
+        r = y[:, p : p + 1] - np.log1p(kappa[:, None] * (x[p] - xs) ** 2)
+        s1 += r
+        s2 += r * r
+    return s2 - s1 * s1 / len(x)
 
 
-def vertex_fit(x: np.ndarray, y: np.ndarray, lo: float, hi: float, kappa: float, n: int = VERTEX_GRID):
+def vertex_fit(x: np.ndarray, y: np.ndarray, lo: float, hi: float, kappa: float) -> tuple[float, float]:
     """``(gap, x_v)`` for ``log S = c + log(1 + kappa (x - x_v)²)`` least-squares fitted through the points ``(x, y)``
-    (log lr, log steps; best first) by brute force: ``n`` vertices spanning the bracket ``[lo, hi]`` widened by its
-    width on each side, then ``n`` within one step of the best of them. ``gap = y_best - c >= 0`` with ``c`` refitted
-    at ``x_v`` clipped to the bracket (the fit whose vertex the grid allows: the constrained least squares where the
-    sum of squares does not rise again between the clip and ``x_v``, as with the best first and at most one
-    neighbour on each side). ``x_v`` itself is returned unclipped. ``(0, x_best)`` with the best alone (no slope to
-    read)."""
-    if len(x) < 2 or not kappa > 0:
-        return 0.0, float(x[0])
+    (log lr, log steps; best first) by brute force: :data:`VERTEX_GRID` vertices spanning the bracket ``[lo, hi]``
+    widened by its width on each side, then as many within one step of the best of them, :data:`VERTEX_STAGES`
+    times. ``gap = y_best - c >= 0`` with ``c`` refitted at ``x_v`` clipped to the bracket (the fit whose vertex the
+    grid allows: the constrained least squares where the sum of squares does not rise again between the clip and
+    ``x_v``, as with the best first and at most one neighbour on each side). ``x_v`` itself is returned unclipped.
+    ``(0, x_best)`` with the best alone (no slope to read). One replicate of :func:`vertex_fit_batched`."""
+    gap, xv = vertex_fit_batched(np.asarray(x, np.float64), np.asarray(y, np.float64)[None], lo, hi, np.array([kappa]))
+    return float(gap[0]), float(xv[0])
+
+
+def vertex_fit_batched(
+    x: np.ndarray, y: np.ndarray, lo: float, hi: float, kappa: np.ndarray
+) -> tuple[np.ndarray, np.ndarray]:
+    """:func:`vertex_fit` for R replicates of the same points' log steps at once (the refined interval's bootstrap,
+    analysis.fits.refined_boot): ``x`` (P,) log lr (best first), ``y`` (R, P), ``kappa`` (R,). Returns ``(gap,
+    x_v)``, each (R,); ``(0, x_best)`` where ``kappa`` is not positive or there is one point."""
+    y = np.asarray(y, dtype=np.float64)
+    kappa = np.asarray(kappa, dtype=np.float64)
+    gap, xv = np.zeros(len(y)), np.full(len(y), float(x[0]))
+    ok = kappa > 0
+    if len(x) < 2 or not ok.any():
+        return gap, xv
+    y, k, n = y[ok], kappa[ok], VERTEX_GRID
     w = max(hi - lo, 1e-12)
-    xs = np.linspace(lo - w, hi + w, n)
-    k = int(np.argmin(_sse(x, y, xs, kappa)))
-    fine = np.linspace(xs[max(k - 1, 0)], xs[min(k + 1, n - 1)], n)
-    xv = float(fine[int(np.argmin(_sse(x, y, fine, kappa)))])
-    c = float(np.mean(y - np.log1p(kappa * (x - np.clip(xv, lo, hi)) ** 2)))  # the fit with its vertex in the bracket
-    return max(0.0, float(y[0]) - c), xv
+    xs = np.broadcast_to(np.linspace(lo - w, hi + w, n), (len(y), n))
+    rows = np.arange(len(y))
+    for _ in range(VERTEX_STAGES - 1):
+        j = np.argmin(_sse(x, y, xs, k), axis=1)
+        xs = np.linspace(xs[rows, np.maximum(j - 1, 0)], xs[rows, np.minimum(j + 1, n - 1)], n, axis=1)
+    v = xs[rows, np.argmin(_sse(x, y, xs, k), axis=1)]
+    c = np.mean(y - np.log1p(k[:, None] * (x[None, :] - np.clip(v, lo, hi)[:, None]) ** 2), axis=1)
+    gap[ok], xv[ok] = np.maximum(0.0, y[:, 0] - c), v
+    return gap, xv
 
 
 def refined_optima(

@@ -158,18 +158,15 @@ def bootstrap_best(
     """Bootstrap replicates of the best steps per batch size: ``(batch sizes, (T, R, n_b))``.
 
     ``steps``: (T, n_trials) for T targets; ``last``: each trial's last evaluated step. ``resample="seeds"``:
-    within every setting draw its seeds with replacement, re-average them (:func:`analysis.fits.steps.aggregate_seeds`)
-    and re-take the best setting per batch size. The log-steps of a setting whose seeds all reached are drawn as
-    adjusted residuals ``mean + sqrt(k/(k-1))·(x - mean)`` (Davison & Hinkley 1997, eq. 3.8): the plain bootstrap
-    of a mean of ``k`` seeds has ``(k-1)/k`` of its variance, 2/3 with three seeds, and its interval undercovers.
-    ``"trials"``: draw settings with replacement within each batch
-    size. The same draws serve every target (a paired bootstrap). A replicate's batch size is ``nan`` where it is
-    censored (an unknown setting's lower bound lies below the best known) and ``inf`` where nothing reached.
+    every setting's seeds redrawn (:func:`bootstrap_settings`), then the best setting re-taken per batch size
+    (:func:`best_of_settings`). ``"trials"``: draw settings with replacement within each batch size. The same draws
+    serve every target (a paired bootstrap). A replicate's batch size is ``nan`` where it is censored (an unknown
+    setting's lower bound lies below the best known) and ``inf`` where nothing reached.
     """
-    bs = np.unique(st.batch_size)
-    n_t = steps.shape[0]
-    out = np.empty((n_t, n_boot, len(bs)))
     if resample == CI_TRIALS:
+        bs = np.unique(st.batch_size)
+        n_t = steps.shape[0]
+        out = np.empty((n_t, n_boot, len(bs)))
         vals = [aggregate_seeds(steps[t], last, st) for t in range(n_t)]
         for i, b in enumerate(bs):
             idx = np.flatnonzero(st.batch_size == b)
@@ -177,6 +174,19 @@ def bootstrap_best(
             for t in range(n_t):
                 out[t, :, i] = _best_of(vals[t][0][pick], vals[t][1][pick])
         return bs, out
+    return best_of_settings(*bootstrap_settings(steps, last, st, n_boot, rng), st)
+
+
+def bootstrap_settings(
+    steps: np.ndarray, last: np.ndarray, st: Settings, n_boot: int, rng: np.random.Generator
+) -> tuple[np.ndarray, np.ndarray]:
+    """Bootstrap replicates of every setting's steps, ``(value, lower bound)``, each (T, R, n_settings): within every
+    setting draw its seeds with replacement and re-average them (:func:`analysis.fits.steps.aggregate_seeds`; the
+    value ``inf`` where a drawn seed stopped short, the lower bound then the drawn seeds' mean of what they reached).
+    The log-steps of a setting whose seeds all reached are drawn as adjusted residuals ``mean + sqrt(k/(k-1))·(x -
+    mean)`` (Davison & Hinkley 1997, eq. 3.8): the plain bootstrap of a mean of ``k`` seeds has ``(k-1)/k`` of its
+    variance, 2/3 with three seeds, and its interval undercovers."""
+    n_t = steps.shape[0]
     n_seeds = st.n_seeds
     val = np.empty((n_t, n_boot, len(n_seeds)))
     low = np.empty_like(val)
@@ -195,9 +205,17 @@ def bootstrap_best(
                 x = np.where(known[:, None], xbar + inflate * (x - xbar), x)  # adjusted residuals
             low[t][:, which] = np.exp(x[pick].mean(axis=-1))
             val[t][:, which] = np.where(reached[pick].all(axis=-1), low[t][:, which], np.inf)
+    return val, low
+
+
+def best_of_settings(val: np.ndarray, low: np.ndarray, st: Settings) -> tuple[np.ndarray, np.ndarray]:
+    """The best setting per batch size of replicated settings ``(value, lower bound)`` (..., n_settings),
+    censoring-aware (:func:`_best_of`): ``(batch sizes, (..., n_b))``."""
+    bs = np.unique(st.batch_size)
+    out = np.empty((*val.shape[:-1], len(bs)))
     for i, b in enumerate(bs):
         idx = np.flatnonzero(st.batch_size == b)
-        out[:, :, i] = _best_of(val[:, :, idx], low[:, :, idx])
+        out[..., i] = _best_of(val[..., idx], low[..., idx])
     return bs, out
 
 

@@ -4,9 +4,11 @@
 
 from __future__ import annotations
 
+from dataclasses import dataclass, replace
+
 import numpy as np
 
-from analysis.fits import calibration, lr_grid, pareto
+from analysis.fits import calibration, lr_grid, pareto, refined_boot
 from analysis.fits import flags as fl
 from analysis.fits.steps import (
     aggregate_seeds,
@@ -33,9 +35,15 @@ def analyze_metric(
     strict: bool = True,
     notes: list[str] | None = None,
     calibrate: bool = True,
+    refined_interval: bool = False,
 ) -> list[dict]:
     """Per target: ``{"target", "b_crit", "b_crit_ci", "s_min", "e_min", "flags", "ci_resamples",
     "b_crit_refined", "points", "censored", "censored_batch_sizes", "unreached_batch_sizes", "ci_level"}``.
+
+    ``refined_interval``: also the refined estimate's own interval (keys ``b_crit_refined_ci`` and
+    ``b_crit_refined_ci_level``; analysis.fits.refined_boot): a measured alternative, not the headline. On 60 sweeps
+    of ``new`` it held the truth 0.895 globally and 0.875 per bin where the plain interval held 0.969 and 0.951, and
+    it triples the analysis's time (benchmarks/RESULTS.md, issue 45, fifteenth round).
 
     ``calibrate``: the interval's percentile level is calibrated by a parametric double bootstrap
     (:mod:`analysis.fits.calibration`) so that it holds ``level``; ``ci_level`` is the level used (``level`` itself
@@ -61,10 +69,7 @@ def analyze_metric(
     st = settings_of(runs, ok)
     tuned = [_tuned(row, last, st) for row in steps]  # per target: (value, lower bound, best per batch size)
     resample = pareto.ci_resamples(st, np.concatenate([best.setting for _, _, best in tuned]))
-    rng = np.random.default_rng(seed)
-    boot = None
-    if bootstrap > 0 and len(st.members):
-        boot = pareto.bootstrap_best(steps, last, st, bootstrap, rng, resample)[1]
+    boot, sets = _replicates(steps, last, st, bootstrap, np.random.default_rng(seed), resample)
     ctx = PointChecks(runs, series, st, last, spacing)
     kappas = _lr_curvatures(tuned, st, ctx.tried)
     out = []
@@ -80,17 +85,58 @@ def analyze_metric(
         fit = pareto.fit_pareto(best.batch_sizes, best.steps)
         dof = _variance_dof(st, resample, best) if calibrate else None
         ci, used = _b_crit_interval(best, fit, None if boot is None else boot[j], target_rng(seed, y), level, dof)
-        res = _target_result(runs, ctx, float(y), steps[j], val, low, st, best, fit, ci, ok, resample, kappas[j])
-        out.append({**res, "ci_level": used})
+        reps = None if sets is None or not refined_interval else (sets[0][j], sets[1][j])
+        ref = _refined(best, val, st, ctx.tried, kappas[j], reps, target_rng(seed, y, refined=True), level, dof)
+        res = _target_result(runs, ctx, float(y), steps[j], val, low, st, best, fit, ci, ok, resample, ref)
+        own = {"b_crit_refined_ci": [_num(ref.ci[0]), _num(ref.ci[1])], "b_crit_refined_ci_level": ref.ci_level}
+        out.append({**res, "ci_level": used, **(own if refined_interval else {})})
     return out
 
 
-def target_rng(seed: int, target: float) -> np.random.Generator:
+def target_rng(seed: int, target: float, refined: bool = False) -> np.random.Generator:
     """The random stream of one target's interval (lack-of-fit draws, calibration): a function of the seed and the
     target's value only, so the interval at a target does not depend on which other targets are analysed with it
     (``bcrit analyze --targets 0.18`` and the automatic targets agree where they share a target), and successive
-    refits of a growing sweep (the adaptive sweep's) draw the same numbers where the data allow it."""
-    return np.random.default_rng([int(seed), int(np.float64(target).view(np.uint64))])
+    refits of a growing sweep (the adaptive sweep's) draw the same numbers where the data allow it. ``refined``:
+    the refined interval's own stream (the plain interval's numbers do not depend on it)."""
+    key = [int(seed), int(np.float64(target).view(np.uint64))]
+    return np.random.default_rng(key + [1] if refined else key)
+
+
+def _replicates(steps, last, st, bootstrap: int, rng, resample: str):
+    """``(best, settings)``: the bootstrap's best steps per batch size (T, R, n_b), and where it resamples seeds the
+    replicated settings ``(value, lower bound)`` (T, R, n_settings) they were taken from (the refined interval's
+    input; None otherwise, and both None without a bootstrap). The same draws either way."""
+    if bootstrap <= 0 or not len(st.members):
+        return None, None
+    if resample != fl.CI_SEEDS:
+        return pareto.bootstrap_best(steps, last, st, bootstrap, rng, resample)[1], None
+    sets = pareto.bootstrap_settings(steps, last, st, bootstrap, rng)
+    return pareto.best_of_settings(*sets, st)[1], sets
+
+
+@dataclass(frozen=True)
+class Refined:
+    """B_crit on the refined points (analysis.fits.lr_grid.refined_optima) and its own interval
+    (analysis.fits.refined_boot; ``nan`` where the interval resamples trials or there is no bootstrap)."""
+
+    steps: np.ndarray  # per batch size, the optimum's steps
+    lr: np.ndarray  # per batch size, the optimum's learning rate
+    b_crit: float
+    ci: tuple[float, float]
+    ci_level: float
+    kappa: float  # the shared lr curvature it was refined with
+
+
+def _refined(best, val, st, tried, kappa: float, reps, rng, level: float, dof) -> Refined:
+    """The refined fit of one target and its interval from the replicated settings ``reps`` (``(value, lower)``,
+    each (R, n_settings); None: no interval), each replicate refined as the point is (refined_boot)."""
+    fitted = np.isfinite(best.steps)
+    ref_steps, ref_lr = lr_grid.refined_optima(val, st, best, tried, kappa)
+    fit = pareto.fit_pareto(best.batch_sizes[fitted], ref_steps[fitted])
+    boot = None if reps is None else refined_boot.refined_replicates(*reps, st, tried, kappa)
+    ci, used = _b_crit_interval(replace(best, steps=ref_steps), fit, boot, rng, level, dof)
+    return Refined(ref_steps, ref_lr, fit.b_crit, ci, used, kappa)
 
 
 def _variance_dof(st, resample: str, best) -> np.ndarray:
@@ -144,13 +190,11 @@ def _lr_curvatures(tuned: list, st, tried: dict) -> list[float]:
     return [v if np.isfinite(v) else metric for v in own]
 
 
-def _target_result(runs, ctx, y: float, steps: np.ndarray, val, low, st, best, fit, ci, ok, resample, kappa) -> dict:
-    """One target's entry of `analyze_metric`: the fit, the interval, the fit with
-    the learning rate refined, the points with their checks, the flags, what was censored. ``kappa``: its lr
-    curvature (:func:`_lr_curvatures`)."""
+def _target_result(runs, ctx, y: float, steps: np.ndarray, val, low, st, best, fit, ci, ok, resample, ref) -> dict:
+    """One target's entry of `analyze_metric`: the fit, the interval, the fit with the learning rate refined
+    (``ref``: :class:`Refined`), the points with their checks, the flags, what was censored."""
     fitted = np.isfinite(best.steps)
-    ref_steps, ref_lr = lr_grid.refined_optima(val, st, best, ctx.tried, kappa)
-    refined = pareto.fit_pareto(best.batch_sizes[fitted], ref_steps[fitted]).b_crit
+    ref_steps, ref_lr, kappa = ref.steps, ref.lr, ref.kappa
     gaps = lr_grid.divergence_gaps(val, low, st, best, ctx.tried, ctx.diverged, kappa)
     limit = fl.LR_DIVERGENCE_GAP
     if np.isfinite(ci).all() and ci[0] > 0:  # and a quarter of the interval's half-width, in log
@@ -172,7 +216,7 @@ def _target_result(runs, ctx, y: float, steps: np.ndarray, val, low, st, best, f
         "e_min": fit.e_min,
         "flags": [f for f in fl.FLAGS if f in flags],
         "ci_resamples": resample,
-        "b_crit_refined": refined,
+        "b_crit_refined": ref.b_crit,
         "points": points,
         "censored": [runs.trial_ids[r] for r in np.flatnonzero(ok & np.isinf(steps))],
         "censored_batch_sizes": censored_b,

@@ -57,21 +57,30 @@ SIMULATORS = _simulators()
 
 
 def coverage_records(
-    sim: str, draws: int, bootstrap: int, first_seed: int = 500, level: float = 0.9, calibrate: bool = True, **kw
+    sim: str,
+    draws: int,
+    bootstrap: int,
+    first_seed: int = 500,
+    level: float = 0.9,
+    calibrate: bool = True,
+    refined_interval: bool = False,
+    **kw,
 ) -> dict:
     """Analyse ``draws`` sweeps of simulator ``sim`` (``old``, ``new`` or ``shape:NAME`` of ``synth_shapes``);
     arrays over every analysed (sweep, metric, target): ``truth``, ``b_crit``, ``lo``, ``hi``, ``trusted`` (no
     flags), ``at_divergence_only`` (flagged ``lr_at_divergence`` and nothing else: trusted but for that flag),
-    ``is_bin``, ``draw``, ``ci_level``, ``b_crit_refined``. ``calibrate``: as ``analyze_metric``'s. ``kw``: the
-    simulator's options."""
+    ``is_bin``, ``draw``, ``ci_level``, ``b_crit_refined`` and its own interval ``lo_ref``, ``hi_ref``.
+    ``calibrate``, ``refined_interval``: as ``analyze_metric``'s (``lo_ref``, ``hi_ref`` are ``nan`` without the
+    latter). ``kw``: the simulator's options."""
     keys = ("truth", "b_crit", "lo", "hi", "trusted", "at_divergence_only", "is_bin", "draw", "ci_level",
-            "b_crit_refined")  # fmt: skip
+            "b_crit_refined", "lo_ref", "hi_ref")  # fmt: skip
     rec: dict[str, list] = {k: [] for k in keys}
     for d in range(draws):
         runs, truths, targets = SIMULATORS[sim](np.random.default_rng(first_seed + d), **kw)
         for name, tr in truths.items():
             res = analyze_metric(runs, name, targets.get(name), bootstrap=bootstrap, seed=d, level=level,
-                                 strict=False, notes=[], calibrate=calibrate)  # fmt: skip
+                                 strict=False, notes=[], calibrate=calibrate,
+                                 refined_interval=refined_interval)  # fmt: skip
             for r in res:
                 lo, hi = r["b_crit_ci"]
                 rec["truth"].append(tr(r["target"]))
@@ -84,6 +93,9 @@ def coverage_records(
                 rec["draw"].append(d)
                 rec["ci_level"].append(r["ci_level"])
                 rec["b_crit_refined"].append(r["b_crit_refined"])
+                lo, hi = r.get("b_crit_refined_ci", (None, None))
+                rec["lo_ref"].append(np.nan if lo is None else lo)
+                rec["hi_ref"].append(np.nan if hi is None else hi)
     return {k: np.asarray(v) for k, v in rec.items()}
 
 
@@ -103,3 +115,33 @@ def summary(rec: dict, which: np.ndarray) -> dict:
         "width": float(np.median(hi / lo - 1)) if len(t) else float("nan"),
         "error": float(np.median(np.abs(est / t - 1))) if len(t) else float("nan"),
     }
+
+
+def misses_by_sweep(draw: np.ndarray, truth: np.ndarray, lo: np.ndarray, hi: np.ndarray) -> dict:
+    """The side of the misses counted by sweep, not by target: the targets of one sweep share its grid position and
+    its seeds, so one unlucky sweep misses at all its targets on the same side, and a split of 7 to 0 over targets
+    can be one sweep. ``below`` / ``above``: the sweeps with a miss with the truth below / above the interval (a sweep
+    with both counts in both); ``p_even``: the two-sided binomial test of an even split over the sweeps that miss on
+    one side only (1.0 where none does); ``sweeps``: the sweeps analysed."""
+    from scipy.stats import binomtest
+
+    draw = np.asarray(draw)
+    low_d, high_d = set(draw[truth < lo].tolist()), set(draw[truth > hi].tolist())
+    one_low, one_high = len(low_d - high_d), len(high_d - low_d)
+    p = binomtest(one_low, one_low + one_high).pvalue if one_low + one_high else 1.0
+    return {"sweeps": len(set(draw.tolist())), "below": len(low_d), "above": len(high_d), "p_even": float(p)}
+
+
+def signed_error_by_sweep(draw: np.ndarray, log_err: np.ndarray) -> tuple[float, float]:
+    """Mean signed error (log) over the targets and its standard error with the sweeps as clusters (each sweep's
+    targets share its draw, so the targets are not independent): ``(mean, se)``; ``se`` is ``nan`` below 2 sweeps."""
+    draw, log_err = np.asarray(draw), np.asarray(log_err, dtype=np.float64)
+    ids = np.unique(draw)
+    if len(ids) == 0:
+        return float("nan"), float("nan")
+    mean = float(log_err.mean())
+    if len(ids) < 2:
+        return mean, float("nan")
+    # the cluster-robust (sandwich) variance of a mean: sum over clusters of (sum of residuals)^2 / n^2, G/(G-1)
+    sums = np.array([(log_err[draw == g] - mean).sum() for g in ids])
+    return mean, float(np.sqrt(len(ids) / (len(ids) - 1) * (sums**2).sum()) / len(log_err))
