@@ -71,8 +71,8 @@ def main() -> None:
             d = r["draw"][w]
             print(line(f"{sim}, {scope}, plain", d, t, est, lo, hi))
             print(line(f"{sim}, {scope}, re-centred on refined", d, t, ref, lo * ref / est, hi * ref / est))
-            ok = np.isfinite(r["lo_ref"][w]) & np.isfinite(r["hi_ref"][w])
             if a.refined_interval:
+                ok = np.isfinite(r["lo_ref"][w]) & np.isfinite(r["hi_ref"][w])
                 print(line(f"{sim}, {scope}, refined, own bootstrap", d[ok], t[ok], ref[ok], r["lo_ref"][w][ok],
                            r["hi_ref"][w][ok]))  # fmt: skip
         print(f"<!-- {sim}: {time.perf_counter() - t0:.0f} s -->", flush=True)

@@ -80,9 +80,22 @@ def brackets(value: np.ndarray, st: Settings, best: BestPerBatch, tried: dict[in
 
 def relative_curvature(x: np.ndarray, s: np.ndarray) -> float:
     """``kappa`` of the parabola ``S = C (1 + kappa (x - x_v)²)`` through three points ``(x, S)`` (``nan`` unless
-    convex)."""
-    a, b, c = np.polyfit(x, s, 2)
-    return float(a / (c - b * b / (4 * a))) if a > 0 and c - b * b / (4 * a) > 0 else float("nan")
+    convex). One replicate of :func:`curvatures_batched`."""
+    return float(curvatures_batched(np.asarray(x, np.float64), np.asarray(s, np.float64)[None])[0])
+
+
+def curvatures_batched(x: np.ndarray, s: np.ndarray) -> np.ndarray:
+    """:func:`relative_curvature` of R parabolas through the same three ``x`` at once (the refined interval's
+    bootstrap, analysis.fits.refined_boot): ``x`` (3,), ``s`` (R, 3) steps. ``kappa = a / S_min`` of ``S = a x² + b x
+    + c`` (divided differences), ``S_min = c - b²/(4a)``; ``nan`` unless convex (``a > 0`` and ``S_min > 0``)."""
+    x0, x1, x2 = (float(v) for v in x)
+    d01, d12 = (s[:, 1] - s[:, 0]) / (x1 - x0), (s[:, 2] - s[:, 1]) / (x2 - x1)
+    a = (d12 - d01) / (x2 - x0)
+    b = d01 - a * (x0 + x1)
+    c = s[:, 0] - a * x0 * x0 - b * x0
+    with np.errstate(divide="ignore", invalid="ignore"):
+        s_min = c - b * b / (4 * a)
+        return np.where((a > 0) & (s_min > 0), a / s_min, np.nan)
 
 
 def shared_curvature(br: list) -> float:

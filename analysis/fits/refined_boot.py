@@ -9,8 +9,9 @@ carry. So each replicate of :func:`analysis.fits.pareto.bootstrap_settings` (eve
 refined as the point estimate is:
 
 1. its best setting per batch size re-taken (censoring-aware, as :func:`analysis.fits.pareto.best_of_settings`);
-2. the shared curvature re-estimated from that replicate's three-point parabolas (:func:`curvatures_batched`, the
-   median over its batch sizes; the point estimate's where the replicate gives none);
+2. the shared curvature re-estimated from that replicate's three-point parabolas
+   (:func:`analysis.fits.lr_grid.curvatures_batched`, the median over its batch sizes; the point estimate's where
+   the replicate gives none);
 3. every batch size with a known neighbour refined with it (:func:`analysis.fits.lr_grid.vertex_fit_batched`, the
    brute force of the point estimate, vectorised over the replicates).
 
@@ -30,23 +31,9 @@ import warnings
 
 import numpy as np
 
-from analysis.fits.lr_grid import _neighbours, _setting, vertex_fit_batched
+from analysis.fits.lr_grid import _neighbours, _setting, curvatures_batched, vertex_fit_batched
 from analysis.fits.pareto import best_of_settings
 from analysis.fits.steps import Settings
-
-
-def curvatures_batched(x: np.ndarray, s: np.ndarray) -> np.ndarray:
-    """:func:`analysis.fits.lr_grid.relative_curvature` of R parabolas through three points at once: ``x`` (3,),
-    ``s`` (R, 3) steps. ``kappa = a / S_min`` of ``S = a x² + b x + c``, ``S_min = c - b²/(4a)``; ``nan`` unless
-    convex (``a > 0`` and ``S_min > 0``)."""
-    x0, x1, x2 = (float(v) for v in x)
-    d01, d12 = (s[:, 1] - s[:, 0]) / (x1 - x0), (s[:, 2] - s[:, 1]) / (x2 - x1)
-    a = (d12 - d01) / (x2 - x0)
-    b = d01 - a * (x0 + x1)
-    c = s[:, 0] - a * x0 * x0 - b * x0
-    with np.errstate(divide="ignore", invalid="ignore"):
-        s_min = c - b * b / (4 * a)
-        return np.where((a > 0) & (s_min > 0), a / s_min, np.nan)
 
 
 def _brackets(val: np.ndarray, st: Settings, plain: np.ndarray, tried: dict[int, np.ndarray]) -> list:

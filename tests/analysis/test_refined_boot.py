@@ -34,14 +34,21 @@ def test_vertex_fit_batched_is_the_scalar_fit_per_replicate():
             assert (gap[r], xv[r]) == pytest.approx((g, v), abs=1e-12)
 
 
-def test_curvatures_batched_is_the_scalar_curvature():
+def test_curvatures_batched_is_the_least_squares_parabolas():
+    """Against the float64 reference ``np.polyfit`` (degree 2 through the three points): ``kappa = a / (c - b²/4a)``
+    where convex, ``nan`` in both where not; the scalar ``relative_curvature`` is one replicate of it."""
     rng = np.random.default_rng(1)
     x = np.log([2e-3, 1e-3, 4e-3])  # best first, as the brackets give them
     s = 200.0 * np.exp(rng.normal(0, 0.15, (200, 3)))
-    got = refined_boot.curvatures_batched(x, s)
-    want = np.array([lr_grid.relative_curvature(x, row) for row in s])
+    got = lr_grid.curvatures_batched(x, s)
+    want = []
+    for row in s:
+        a, b, c = np.polyfit(x, row, 2)
+        want.append(a / (c - b * b / (4 * a)) if a > 0 and c - b * b / (4 * a) > 0 else np.nan)
+    want = np.array(want)
     assert np.isnan(got).sum() > 10 and (np.isnan(got) == np.isnan(want)).all()  # concave ones: nan in both
     np.testing.assert_allclose(got[np.isfinite(want)], want[np.isfinite(want)], rtol=1e-9)
+    np.testing.assert_array_equal([lr_grid.relative_curvature(x, row) for row in s], got)
 
 
 def _one_target(shape: str, seed: int, k: int = 2):
