@@ -19,8 +19,8 @@ The interval is then taken from these replicates as the plain one is from its ow
 :func:`analysis.fits.sweep_fit._b_crit_interval`. Only where the interval resamples seeds: with one seed per
 setting (``ci_resamples: trials``) the settings themselves are drawn, and a replicate's grid is not the sweep's.
 
-Measured, and not the headline (``analyze_metric(..., refined_interval=True)`` only; benchmarks/RESULTS.md, issue
-45, fifteenth round): on 60 sweeps each of ``t3`` and ``new`` the refined interval is 0.57-0.70 of the plain one's
+Measured, and not the headline (``analyze_metric(..., refined_interval=True)`` only; benchmarks/RESULTS.md, "Misses
+counted by sweep"): on 60 sweeps each of ``t3`` and ``new`` the refined interval is 0.57-0.70 of the plain one's
 width while the refined estimate's error is only 0.9-1.0 of the plain one's spread, and it leans -1.1% on ``new``:
 coverage 0.895 globally and 0.875 per bin there (plain: 0.969, 0.951), 0.965 and 0.924 on ``t3``.
 """
