@@ -33,15 +33,7 @@ import numpy as np
 from analysis.core import metrics as m
 from analysis.core.bcrit_error import BcritError
 from analysis.fits import pareto, throughput
-from analysis.fits.steps import (
-    aggregate_seeds,
-    best_per_batch,
-    pool_splits,
-    settings_of,
-    steps_to_target,
-    trial_extent,
-    usable,
-)
+from analysis.fits.steps import aggregate_seeds, best_per_batch, pooled_steps
 from analysis.sources.loaders import Runs
 
 HOUR = 3600.0
@@ -75,13 +67,8 @@ def fit_steps(runs: Runs, metric: str, target: float, n_boot: int = 1000, seed: 
     """The steps fit of ``bcrit analyze`` (analysis.fits.sweep_fit.analyze_metric) at one target, keeping the
     replicates,
     with the splits of one batch size pooled (:func:`analysis.fits.steps.pool_splits`)."""
-    series = runs.series(metric)
-    n = len(runs.trial_ids)
-    steps = steps_to_target(series, n, [target])
-    last, _ = trial_extent(series, n)
-    pooled, steps, last, ok = pool_splits(runs, steps, last, usable(runs))
-    steps[:, ~ok] = np.nan
-    st = settings_of(pooled, ok)
+    pooled = pooled_steps(runs, runs.series(metric), [target])
+    steps, last, st = pooled.steps, pooled.last, pooled.st
     rng = np.random.default_rng(seed)
     val, low = aggregate_seeds(steps[0], last, st)
     best = best_per_batch(val, low, st)

@@ -24,15 +24,7 @@ import numpy as np
 
 from analysis.fits import flags as fl
 from analysis.fits import pareto
-from analysis.fits.steps import (
-    aggregate_seeds,
-    best_per_batch,
-    pool_splits,
-    settings_of,
-    steps_to_target,
-    trial_extent,
-    usable,
-)
+from analysis.fits.steps import aggregate_seeds, best_per_batch, pooled_steps
 from analysis.sources.loaders import Runs
 
 
@@ -45,14 +37,8 @@ def band_b_crit(
     than three batch sizes have both minima known."""
     if not hi > lo:
         raise ValueError(f"a band needs hi > lo, got hi={hi:g}, lo={lo:g}")
-    series = runs.series(metric)
-    n = len(runs.trial_ids)
-    ok = usable(runs)
-    steps = steps_to_target(series, n, [hi, lo])  # (2, n)
-    steps[:, ~ok] = np.nan
-    last, _spacing = trial_extent(series, n)
-    runs, steps, last, ok = pool_splits(runs, steps, last, ok)  # the splits of one seed are one repeat
-    st = settings_of(runs, ok)
+    pooled = pooled_steps(runs, runs.series(metric), [hi, lo])  # the splits of one seed are one repeat
+    steps, last, st = pooled.steps, pooled.last, pooled.st  # steps: (2, n)
     best = [best_per_batch(*aggregate_seeds(steps[t], last, st), st) for t in (0, 1)]
     bs = best[0].batch_sizes
     with np.errstate(invalid="ignore"):

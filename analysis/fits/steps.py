@@ -276,6 +276,32 @@ def settings_of(runs: Runs, ok: np.ndarray) -> Settings:
     return Settings(of_trial, bs, uniq[:, 1], members, lr_only)
 
 
+@dataclass(frozen=True)
+class Pooled:
+    """A sweep's steps to its targets, ready for the best setting per batch size (:func:`pooled_steps`)."""
+
+    runs: Runs  # the splits of one seed pooled (:func:`pool_splits`): trial indices unchanged
+    steps: np.ndarray  # (T, n): per target and trial, steps (``inf``: censored; ``nan``: not usable)
+    last: np.ndarray  # (n,) last evaluated step (a pooled group's on its first trial)
+    spacing: np.ndarray  # (n,) evaluation spacing (:func:`trial_extent`)
+    ok: np.ndarray  # (n,) usable and not pooled into another trial
+    st: Settings  # the settings of the ``ok`` trials
+
+
+def pooled_steps(runs: Runs, series: Series, targets: np.ndarray | list[float]) -> Pooled:
+    """Stage 0 of every fit of steps (``bcrit analyze``, its bands, ``bcrit recommend``): each trial's steps to the
+    ``targets`` on ``series`` (:func:`steps_to_target`; ``nan`` where the trial is not :func:`usable`), the splits
+    of one seed pooled into one repeat (:func:`pool_splits`), and the settings of what is left
+    (:func:`settings_of`)."""
+    n = len(runs.trial_ids)
+    ok = usable(runs)
+    steps = steps_to_target(series, n, targets)
+    steps[:, ~ok] = np.nan
+    last, spacing = trial_extent(series, n)
+    runs, steps, last, ok = pool_splits(runs, steps, last, ok)
+    return Pooled(runs, steps, last, spacing, ok, settings_of(runs, ok))
+
+
 def aggregate_seeds(steps: np.ndarray, last: np.ndarray, st: Settings) -> tuple[np.ndarray, np.ndarray]:
     """Per setting, ``(value, lower bound)`` of the seeds' geometric-mean steps for one target.
 

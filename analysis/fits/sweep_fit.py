@@ -10,16 +10,7 @@ import numpy as np
 
 from analysis.fits import calibration, lr_grid, pareto, refined_boot
 from analysis.fits import flags as fl
-from analysis.fits.steps import (
-    aggregate_seeds,
-    best_per_batch,
-    final_losses,
-    pool_splits,
-    settings_of,
-    steps_to_target,
-    trial_extent,
-    usable,
-)
+from analysis.fits.steps import aggregate_seeds, best_per_batch, final_losses, pooled_steps, usable
 from analysis.fits.trust import PointChecks
 from analysis.sources.loaders import Runs
 
@@ -62,15 +53,12 @@ def analyze_metric(
         raise pareto.TooFewBatchSizesError(f"no trial reported {metric!r} (have {runs.metric_names()[:8]})")
     if targets is None:  # automatic targets: one that too few batch sizes reach is skipped with a note, not fatal
         targets, strict = list(pareto.auto_targets(bs, ok, *final_losses(series, n), n=n_targets)), False
-    steps = steps_to_target(series, n, targets)  # (T, n)
-    steps[:, ~ok] = np.nan
-    last, spacing = trial_extent(series, n)
-    runs, steps, last, ok = pool_splits(runs, steps, last, ok)  # the splits of one seed are one repeat
-    st = settings_of(runs, ok)
+    pooled = pooled_steps(runs, series, targets)  # the splits of one seed are one repeat
+    runs, steps, last, ok, st = pooled.runs, pooled.steps, pooled.last, pooled.ok, pooled.st
     tuned = [_tuned(row, last, st) for row in steps]  # per target: (value, lower bound, best per batch size)
     resample = pareto.ci_resamples(st, np.concatenate([best.setting for _, _, best in tuned]))
     boot, sets = _replicates(steps, last, st, bootstrap, np.random.default_rng(seed), resample)
-    ctx = PointChecks(runs, series, st, last, spacing)
+    ctx = PointChecks(runs, series, st, last, pooled.spacing)
     kappas = _lr_curvatures(tuned, st, ctx.tried)
     out = []
     for j, y in enumerate(targets):

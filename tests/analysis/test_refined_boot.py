@@ -9,15 +9,7 @@ from synth_sweeps import simulate
 
 from analysis.core import metrics as m
 from analysis.fits import lr_grid, pareto, refined_boot
-from analysis.fits.steps import (
-    aggregate_seeds,
-    best_per_batch,
-    pool_splits,
-    settings_of,
-    steps_to_target,
-    trial_extent,
-    usable,
-)
+from analysis.fits.steps import aggregate_seeds, best_per_batch, final_losses, pooled_steps, usable
 from analysis.fits.trust import PointChecks
 
 
@@ -56,18 +48,11 @@ def _one_target(shape: str, seed: int, k: int = 2):
     runs = simulate(np.random.default_rng(seed), SHAPES[shape])
     series = runs.series(m.EVAL_LOSS)
     n = len(runs.trial_ids)
-    ok = usable(runs)
-    from analysis.fits.steps import final_losses
-
-    targets = pareto.auto_targets(runs.batch_size, ok, *final_losses(series, n))
-    steps = steps_to_target(series, n, [float(targets[k])])
-    steps[:, ~ok] = np.nan
-    last, spacing = trial_extent(series, n)
-    runs, steps, last, ok = pool_splits(runs, steps, last, ok)
-    st = settings_of(runs, ok)
-    val, low = aggregate_seeds(steps[0], last, st)
-    tried = PointChecks(runs, series, st, last, spacing).tried
-    return steps, last, st, val, low, best_per_batch(val, low, st), tried
+    targets = pareto.auto_targets(runs.batch_size, usable(runs), *final_losses(series, n))
+    p = pooled_steps(runs, series, [float(targets[k])])
+    val, low = aggregate_seeds(p.steps[0], p.last, p.st)
+    tried = PointChecks(p.runs, series, p.st, p.last, p.spacing).tried
+    return p.steps, p.last, p.st, val, low, best_per_batch(val, low, p.st), tried
 
 
 @pytest.mark.parametrize("shape,seed", [("t3", 700), ("issue", 701), ("budget7", 702)])
