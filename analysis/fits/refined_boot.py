@@ -68,15 +68,22 @@ def _brackets(val: np.ndarray, st: Settings, plain: np.ndarray, tried: dict[int,
 
 
 def refined_replicates(
-    val: np.ndarray, low: np.ndarray, st: Settings, tried: dict[int, np.ndarray], kappa: float
+    val: np.ndarray,
+    low: np.ndarray,
+    st: Settings,
+    tried: dict[int, np.ndarray],
+    kappa: float,
+    plain: np.ndarray | None = None,
 ) -> np.ndarray:
     """(R, n_b) each replicate's refined steps per batch size (module docstring, steps 1-3), from one target's
     replicated settings ``val``, ``low`` (R, n_settings) (:func:`analysis.fits.pareto.bootstrap_settings`).
     ``nan`` where the replicate's batch size is censored, ``inf`` where nothing reached; the plain best where the
     batch size is not refined (settings that differ in more than lr, no known neighbour, no curvature). ``kappa``:
     the point estimate's shared curvature, used where a replicate's own parabolas give none (``nan``: nothing is
-    refined, as :func:`analysis.fits.lr_grid.refined_optima`)."""
-    plain = best_of_settings(val, low, st)[1]
+    refined, as :func:`analysis.fits.lr_grid.refined_optima`). ``plain``: the replicates' best steps per batch size
+    where the caller holds them (``best_of_settings(val, low, st)[1]``, what the plain interval is taken from;
+    computed here when None)."""
+    plain = best_of_settings(val, low, st)[1] if plain is None else plain
     out = plain.copy()
     if not np.isfinite(kappa):
         return out

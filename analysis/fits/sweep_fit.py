@@ -73,7 +73,7 @@ def analyze_metric(
         fit = pareto.fit_pareto(best.batch_sizes, best.steps)
         dof = _variance_dof(st, resample, best) if calibrate else None
         ci, used = _b_crit_interval(best, fit, None if boot is None else boot[j], target_rng(seed, y), level, dof)
-        reps = None if sets is None or not refined_interval else (sets[0][j], sets[1][j])
+        reps = None if sets is None or not refined_interval else (sets[0][j], sets[1][j], boot[j])
         ref = _refined(best, val, st, ctx.tried, kappas[j], reps, target_rng(seed, y, refined=True), level, dof)
         res = _target_result(runs, ctx, float(y), steps[j], val, low, st, best, fit, ci, ok, resample, ref)
         own = {"b_crit_refined_ci": [_num(ref.ci[0]), _num(ref.ci[1])], "b_crit_refined_ci_level": ref.ci_level}
@@ -117,12 +117,13 @@ class Refined:
 
 
 def _refined(best, val, st, tried, kappa: float, reps, rng, level: float, dof) -> Refined:
-    """The refined fit of one target and its interval from the replicated settings ``reps`` (``(value, lower)``,
-    each (R, n_settings); None: no interval), each replicate refined as the point is (refined_boot)."""
+    """The refined fit of one target and its interval from the replicated settings ``reps`` (``(value, lower,
+    plain best)``: (R, n_settings) each, and the plain replicates' best steps (R, n_b); None: no interval), each
+    replicate refined as the point is (refined_boot)."""
     fitted = np.isfinite(best.steps)
     ref_steps, ref_lr = lr_grid.refined_optima(val, st, best, tried, kappa)
     fit = pareto.fit_pareto(best.batch_sizes[fitted], ref_steps[fitted])
-    boot = None if reps is None else refined_boot.refined_replicates(*reps, st, tried, kappa)
+    boot = None if reps is None else refined_boot.refined_replicates(reps[0], reps[1], st, tried, kappa, reps[2])
     ci, used = _b_crit_interval(replace(best, steps=ref_steps), fit, boot, rng, level, dof)
     return Refined(ref_steps, ref_lr, fit.b_crit, ci, used, kappa)
 
