@@ -32,6 +32,7 @@ import numpy as np
 
 from analysis.core import metrics as m
 from analysis.core.bcrit_error import BcritError
+from analysis.core.device_share import share_error
 from analysis.fits import pareto, throughput
 from analysis.fits.steps import aggregate_seeds, best_per_batch, pooled_steps
 from analysis.sources.loaders import Runs
@@ -169,11 +170,8 @@ def _extrapolation(split: np.ndarray, measured: np.ndarray, fit: StepsFit, is_me
 
 def check_gpus_per_worker(gpus_per_worker: float) -> None:
     """``gpus_per_worker`` is a share of one device: a number in (0, 1]."""
-    if not (np.isfinite(gpus_per_worker) and 0 < gpus_per_worker <= 1):
-        raise RecommendError(
-            f"gpus_per_worker must be a share of one device in (0, 1], got {gpus_per_worker}; e.g. 0.25 packs four "
-            "one-worker trials on a GPU"
-        )
+    if why := share_error("gpus_per_worker", gpus_per_worker):
+        raise RecommendError(why)
 
 
 def memory_reason(mem_gb: float, device_mem_gb: float, gpus_per_worker: float = 1.0) -> str:

@@ -17,6 +17,7 @@ import json
 import math
 import os
 
+from analysis.core.device_share import share_error
 from orchestrator.cli import inputs, options
 from orchestrator.errors import UserError
 from orchestrator.storage.layout import SPEC_FILE
@@ -62,12 +63,8 @@ def check_args(args: argparse.Namespace) -> None:
         raise UserError(f"--target must be a finite loss, got {args.target}")
     if args.device_mem_gb is not None and not (math.isfinite(args.device_mem_gb) and args.device_mem_gb > 0):
         raise UserError(f"--device-mem-gb must be a positive number of GiB, got {args.device_mem_gb}")
-    g = args.gpus_per_worker
-    if not (math.isfinite(g) and 0 < g <= 1):
-        raise UserError(
-            f"--gpus-per-worker must be a share of one device in (0, 1], got {g}; e.g. 0.25 for four trials per GPU "
-            "(the sweep's scientific.gpus_per_worker)"
-        )
+    if why := share_error("--gpus-per-worker", args.gpus_per_worker):
+        raise UserError(why)
     for flag in ("max_workers", "max_accum", "max_batch"):
         v = getattr(args, flag)
         if v is not None and v < 1:

@@ -36,6 +36,7 @@ import os
 from dataclasses import dataclass, field
 from typing import Any
 
+from analysis.core.device_share import share_error
 from orchestrator.errors import UserError
 from orchestrator.specs.adaptive_spec import Adaptive, parse_adaptive
 from orchestrator.specs.yaml_overrides import apply_overrides, load_yaml
@@ -393,10 +394,8 @@ def _pos_int(v: Any, where: str, minimum: int = 1) -> int:
 def _gpu_share(v: Any) -> float:
     """``scientific.gpus_per_worker``: a number in (0, 1] (Ray places fractional GPUs; above 1 a DDP worker would
     hold GPUs it cannot use)."""
-    if isinstance(v, bool) or not isinstance(v, int | float) or not 0 < v <= 1:
-        raise UserError(
-            f"scientific.gpus_per_worker must be a number in (0, 1], got {v!r}; e.g. 0.25 runs four workers on one GPU"
-        )
+    if why := share_error("scientific.gpus_per_worker", v):
+        raise UserError(why)
     return float(v)
 
 

@@ -39,7 +39,7 @@ def test_the_spec_key_reaches_every_trial_and_bad_values_are_one_line(tmp_path):
     assert {c["gpus_per_worker"] for c in spec(0.25).trial_configs()} == {0.25}
     assert all("gpus_per_worker" not in c for c in spec(1).trial_configs())  # the default: configs unchanged
     for bad in (0, 1.5, -0.25, "half", True):
-        with pytest.raises(UserError, match=r"scientific.gpus_per_worker must be a number in \(0, 1\]"):
+        with pytest.raises(UserError, match=r"scientific.gpus_per_worker must be a share of one device in \(0, 1\]"):
             spec(bad)
 
 
