@@ -11,7 +11,12 @@ at every batch size. A trial at B costs ``B S(B)`` examples, its length set by t
 examples. With ``K = 3`` (the grid's own seeds) no design holds more information than the grid's best settings
 (``F`` grows with every ``k``), so the bound is 3 seeds everywhere.
 
+``--edge-neighbours-only``: the two neighbours only at the smallest and the largest batch size a design uses, the
+ones between bracketed by them (what a best learning rate monotone in B would allow: an inner batch size's best lr
+lies between its neighbouring batch sizes'; not what the product assumes: issue 44's ceiling, benchmarks/RESULTS.md).
+
 Run: PYTHONPATH=. .venv/bin/python benchmarks/bench_design_bound.py [--b-crit 15 28] [--max-seeds 3 4 6]
+    [--neighbour-cost 1.1] [--edge-neighbours-only]
 (defaults: the tiny-DiT demo's batch sizes and its two targets' B_crit).
 """
 
@@ -40,6 +45,7 @@ def main() -> None:
     ap.add_argument("--b-crit", type=float, nargs="+", default=[15.0, 28.0])
     ap.add_argument("--max-seeds", type=int, nargs="+", default=[3, 4, 6])
     ap.add_argument("--neighbour-cost", type=float, default=1.1)
+    ap.add_argument("--edge-neighbours-only", action="store_true")
     a = ap.parse_args()
     bs = np.array(a.batch_sizes)
     gs = [rows(bs, bc) for bc in a.b_crit]
@@ -53,7 +59,9 @@ def main() -> None:
             if (k > 0).sum() < 3:
                 continue
             if all(var_log_b_crit(k, g) <= v * (1 + 1e-9) for g, v in zip(gs, grid_var, strict=True)):
-                spent = (k * cost).sum() + 2 * a.neighbour_cost * cost[k > 0].sum()
+                used = np.flatnonzero(k > 0)
+                bracketed = used[[0, -1]] if a.edge_neighbours_only else used
+                spent = (k * cost).sum() + 2 * a.neighbour_cost * cost[bracketed].sum()
                 found.append((spent / grid_cost, tuple(int(x) for x in k)))
         found.sort()
         best = ", ".join(f"{c:.2f} {dict(zip(bs.astype(int).tolist(), d, strict=True))}" for c, d in found[:3])
