@@ -35,6 +35,7 @@ from orchestrator.errors import UserError
 
 GOAL_KEYS = ("rel_ci", "targets", "bins", "min_seeds", "running", "hold")
 RUNNING = ("wait", "end")
+RUNNING_DEFAULT, HOLD_DEFAULT, MIN_SEEDS_DEFAULT = "wait", True, 2  # pinned in the saved spec (sweep_spec._saved)
 BUDGET_KEYS = ("examples", "trials")
 AUTO = "auto"
 
@@ -71,7 +72,7 @@ def parse_adaptive(nui: dict, stopping: dict, n_seeds: int) -> Adaptive:
     bins = goal.get("bins", False)
     if not isinstance(bins, bool):
         raise UserError(f"nuisance.goal.bins must be true or false (per-timestep-bin goals), got {bins!r}")
-    min_seeds = goal.get("min_seeds", 2)
+    min_seeds = goal.get("min_seeds", MIN_SEEDS_DEFAULT)
     if isinstance(min_seeds, bool) or not isinstance(min_seeds, int) or min_seeds < 1:
         raise UserError(f"nuisance.goal.min_seeds must be an integer >= 1, got {min_seeds!r}")
     if min_seeds > n_seeds:
@@ -94,11 +95,11 @@ def parse_adaptive(nui: dict, stopping: dict, n_seeds: int) -> Adaptive:
             f"nuisance.goal.targets: {low:g} is below stopping.target_loss {stop_target:g}, where trials stop, so "
             "no trial reaches it; use targets >= the stopping target"
         )
-    running = goal.get("running", "wait")
+    running = goal.get("running", RUNNING_DEFAULT)
     if running not in RUNNING:
         raise UserError(f"nuisance.goal.running must be wait or end (the trials running when the goal is met), got "
                         f"{running!r}")  # fmt: skip
-    hold = goal.get("hold", True)
+    hold = goal.get("hold", HOLD_DEFAULT)
     if not isinstance(hold, bool):
         raise UserError(f"nuisance.goal.hold must be true or false (start no trial while the running ones are "
                         f"expected to meet the goal), got {hold!r}")  # fmt: skip

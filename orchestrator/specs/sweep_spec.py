@@ -58,6 +58,7 @@ NUISANCE_PARAMS = ("lr", "warmup_steps", "beta2", "weight_decay")
 NUISANCE_KEYS = ("search", "trials_per_batch_size", "seed", "goal", "budget", *NUISANCE_PARAMS)
 STOPPING_KEYS = ("target_loss", "max_steps", "divergence_factor", "behind")
 SWEEP_STOPPING_KEYS = ("behind",)  # stopping keys of the sweep, not of its trials' configs
+STOP_BEHIND_DEFAULT = True  # pinned in the saved spec (_saved)
 TRACKING_KEYS = ("mlflow_uri", "experiment")
 # trial-config keys owned by other sections (a clear error instead of a silent conflict)
 OWNED = {
@@ -288,6 +289,8 @@ def parse_spec(data: dict, *, sweep_dir: str | None = None, source: str = "spec"
     experiment = "bcrit" if experiment is None else experiment
     if not isinstance(experiment, str) or not experiment.strip():
         raise UserError("tracking.experiment must be a non-empty string (an MLflow experiment name)")
+    stopping = _stopping(stop)
+    adaptive = _adaptive(nui, stop, seeds, batch_sizes, splits, nuisance) if search == "adaptive" else None
     return SweepSpec(
         name=name,
         workload=workload,
@@ -302,20 +305,34 @@ def parse_spec(data: dict, *, sweep_dir: str | None = None, source: str = "spec"
         search_seed=_pos_int(nui.get("seed", 0), "nuisance.seed", minimum=0),
         fixed=fixed,
         seeds=tuple(seeds),
-        **_stopping(stop),
+        **stopping,
         mlflow_uri=uri,
         experiment=experiment,
         sweep_dir=sweep_dir,
-        raw={
-            **data,
-            "name": name,
-            "storage": storage_uri or sweep_dir,
-            "tracking": {"mlflow_uri": uri, "experiment": experiment},
-        },
+        raw=_saved(
+            data, name, storage_uri or sweep_dir, {"mlflow_uri": uri, "experiment": experiment}, stopping, adaptive
+        ),  # fmt: skip
         samplers=_samplers(sci.get("timestep_sampling"), fixed, search),
         storage_uri=storage_uri,
-        adaptive=_adaptive(nui, stop, seeds, batch_sizes, splits, nuisance) if search == "adaptive" else None,
+        adaptive=adaptive,
     )
+
+
+def _saved(data: dict, name: str, storage: str, tracking: dict, stopping: dict, adaptive: Adaptive | None) -> dict:
+    """The spec as the sweep saves it (``spec.yaml`` in its directory, an artifact of its MLflow parent run): the YAML
+    as given, with what it left to a default that decides how the sweep runs pinned to the value this bcrit used --
+    the storage, the tracking URI and experiment, ``stopping.behind``, and an adaptive goal's ``bins``, ``min_seeds``,
+    ``running`` and ``hold``. A sweep resumed from its directory then keeps the choices it started with after a
+    later bcrit changes a default (``stopping.behind`` became true on 2026-11-28), and a YAML resumed against it
+    must agree with them (orchestrator.cli.inputs.spec_to_run). A spec saved before a key was pinned reads it with
+    the current default, as before."""
+    raw = {**data, "name": name, "storage": storage, "tracking": tracking}
+    raw["stopping"] = {**(data.get("stopping") or {}), "behind": stopping["stop_behind"]}
+    if adaptive is not None:
+        goal = {**data["nuisance"]["goal"], "bins": adaptive.bins, "min_seeds": adaptive.min_seeds}
+        goal |= {"running": "end" if adaptive.end_running else "wait", "hold": adaptive.hold}
+        raw["nuisance"] = {**data["nuisance"], "goal": goal}
+    return raw
 
 
 def _adaptive(nui: dict, stop: dict, seeds: list, batch_sizes: list, splits: dict, nuisance: dict) -> Adaptive:
@@ -402,7 +419,7 @@ def _gpu_share(v: Any) -> float:
 def _stopping(stop: dict) -> dict[str, Any]:
     """The spec's ``stopping`` section as SweepSpec fields: the trials' keys, and the sweep's ``behind``."""
     trials = {k: stop.get(k) for k in STOPPING_KEYS if k in stop and k not in SWEEP_STOPPING_KEYS}
-    return {"stopping": trials, "stop_behind": _bool(stop.get("behind", True), "stopping.behind")}
+    return {"stopping": trials, "stop_behind": _bool(stop.get("behind", STOP_BEHIND_DEFAULT), "stopping.behind")}
 
 
 def _bool(v: Any, where: str) -> bool:

@@ -129,6 +129,47 @@ def test_resume_with_a_changed_spec_is_refused(tmp_path, capsys, no_ray_address)
     assert "differs from the spec" in err and "\n" not in err
 
 
+def test_the_saved_spec_pins_the_defaults_that_decide_how_a_sweep_runs(tmp_path, monkeypatch, no_ray_address):
+    """The saved spec carries ``stopping.behind`` and an adaptive goal's ``running``, ``hold``, ``min_seeds`` as this
+    bcrit resolved them: a sweep restored from its directory after those defaults change keeps them. A spec saved
+    before they were pinned (the YAML as given) reads the current defaults, and resuming it from the same YAML still
+    finds the two equal."""
+    import yaml
+
+    from orchestrator.execution.sweep_state import restore_spec
+    from orchestrator.specs import adaptive_spec, sweep_spec
+    from orchestrator.storage.layout import SPEC_FILE
+
+    path = str(Path(__file__).parents[2] / "examples" / "adaptive-tiny.yaml")
+    sweep_dir = tmp_path / "s"
+    spec = load_spec(path, [], sweep_dir=str(sweep_dir))
+    sweep_dir.mkdir()
+    (sweep_dir / SPEC_FILE).write_text(spec.to_yaml())
+    saved = yaml.safe_load(spec.to_yaml())
+    assert saved["stopping"]["behind"] is True
+    assert {k: saved["nuisance"]["goal"][k] for k in ("running", "hold", "min_seeds")} == {
+        "running": "wait", "hold": True, "min_seeds": 2}  # fmt: skip
+
+    monkeypatch.setattr(sweep_spec, "STOP_BEHIND_DEFAULT", False)  # a later bcrit's defaults
+    monkeypatch.setattr(adaptive_spec, "RUNNING_DEFAULT", "end")
+    monkeypatch.setattr(adaptive_spec, "HOLD_DEFAULT", False)
+    monkeypatch.setattr(adaptive_spec, "MIN_SEEDS_DEFAULT", 3)
+    fresh = load_spec(path, [], sweep_dir=str(sweep_dir))
+    assert (fresh.stop_behind, fresh.adaptive.end_running, fresh.adaptive.hold, fresh.adaptive.min_seeds) == (
+        False, True, False, 3)  # fmt: skip
+    kept = restore_spec(str(sweep_dir))
+    assert (kept.stop_behind, kept.adaptive.end_running, kept.adaptive.hold, kept.adaptive.min_seeds) == (
+        True, False, True, 2)  # fmt: skip
+    assert kept.to_yaml() != fresh.to_yaml()  # a YAML resumed against it must agree with what it pinned
+
+    with open(path) as f:  # saved by a bcrit that pinned nothing: the YAML as given
+        given = {**yaml.safe_load(f), "storage": str(sweep_dir)}
+    (sweep_dir / SPEC_FILE).write_text(yaml.safe_dump(given, sort_keys=False))
+    old = restore_spec(str(sweep_dir))
+    assert (old.stop_behind, old.adaptive.end_running) == (False, True)  # the current defaults, as before
+    assert old.to_yaml() == fresh.to_yaml()
+
+
 @pytest.mark.parametrize(
     "name", sorted(p.name for p in (Path(__file__).parents[2] / "examples").glob("*.yaml") if p.name != "trial.yaml")
 )
