@@ -323,9 +323,8 @@ def _saved(data: dict, name: str, storage: str, tracking: dict, stopping: dict, 
     as given, with what it left to a default that decides how the sweep runs pinned to the value this bcrit used --
     the storage, the tracking URI and experiment, ``stopping.behind``, and an adaptive goal's ``bins``, ``min_seeds``,
     ``running`` and ``hold``. A sweep resumed from its directory then keeps the choices it started with after a
-    later bcrit changes a default (``stopping.behind`` became true on 2026-11-28), and a YAML resumed against it
-    must agree with them (orchestrator.cli.inputs.spec_to_run). A spec saved before a key was pinned reads it with
-    the current default, as before."""
+    later bcrit changes a default, and a YAML resumed against it must agree with them
+    (orchestrator.cli.inputs.spec_to_run). A spec saved before a key was pinned reads it with the current default."""
     raw = {**data, "name": name, "storage": storage, "tracking": tracking}
     raw["stopping"] = {**(data.get("stopping") or {}), "behind": stopping["stop_behind"]}
     if adaptive is not None:
