@@ -26,8 +26,11 @@ of the product:
 - **whether the grid's best lr is monotone in B** (what bracketing an inner batch size by its neighbours needs),
   per disjoint seed triplet and goal target, with the runner-up lr's steps over the best's;
 - **its wrong calls**: over every ordered pair of settings of one batch size in the recordings (each triplet's
-  seeds), how often the rule stops a seed of a setting whose seed-mean steps are lower than the comparator's at a
-  goal target: a stop the analysis would have to trust, and that would hide a faster learning rate.
+  seeds), how often the rule stops a seed of a setting whose seed-mean steps (geometric, as the analysis's) are
+  lower than the comparator's at a goal target: a stop the analysis would have to trust, and that would hide a
+  faster learning rate.
+
+Steps to a target are the analysis's own (``steps_to_target``, the local crossing fit).
 
 Run (the recordings of bench_adaptive_tiny_replay.py; seeds 6-8 are left out where their grid is not recorded):
     PYTHONPATH=. .venv/bin/python benchmarks/bench_neighbour_share.py --dirs runs/tiny G1 FILL \\
@@ -43,6 +46,8 @@ import numpy as np
 import pyarrow.compute as pc
 
 from analysis.core import metrics as m
+from analysis.fits.steps import steps_to_target
+from analysis.sources.loaders import Series
 
 RULES = ((0.0, 0.05), (0.3, 0.05), (0.5, 0.05), (0.7, 0.05))  # (f, m) of the curve stop
 
@@ -61,14 +66,13 @@ def loss_curves(pool: replay_mod.Pool) -> dict[tuple[int, float, int], np.ndarra
 
 
 def crossing(c: np.ndarray, y: float) -> float:
-    """First interpolated crossing of ``y`` (``inf``: never), as ``steps_to_target(..., local=False)``."""
-    i = np.flatnonzero(c[:, 1] <= y)
-    if not len(i):
-        return float("inf")
-    if i[0] == 0:
-        return float(c[0, 0])
-    (s0, v0), (s1, v1) = c[i[0] - 1], c[i[0]]
-    return float(s0 + (v0 - y) / (v0 - v1) * (s1 - s0))
+    """The curve's steps to ``y`` (``inf``: never) as the analysis takes them: ``steps_to_target``."""
+    return float(steps_to_target(Series(np.zeros(len(c), np.int64), c[:, 0], c[:, 1]), 1, [y])[0, 0])
+
+
+def geomean(steps: list[float]) -> float:
+    """The seeds' geometric-mean steps, as the analysis averages a setting's seeds (``inf`` if one never reached)."""
+    return float(np.exp(np.mean(np.log(steps))))
 
 
 def curve_stop(cand: np.ndarray, comp: list[np.ndarray], s_comp: float, f: float, margin: float, hi: float) -> float:
@@ -117,7 +121,7 @@ def wrong_calls(curves, triplets) -> dict:
         for b in replay_mod.BATCH_SIZES:
             lrs = [x for x in replay_mod.LRS if all((b, replay_mod._lr(x), s) in curves for s in seeds)]
             c = {x: [curves[(b, replay_mod._lr(x), s)] for s in seeds] for x in lrs}
-            mean = {(x, y): float(np.mean([crossing(cc, y) for cc in c[x]])) for x in lrs for y in replay_mod.TARGETS}
+            mean = {(x, y): geomean([crossing(cc, y) for cc in c[x]]) for x in lrs for y in replay_mod.TARGETS}
             for a in lrs:
                 s_comp = mean[(a, min(replay_mod.TARGETS))]
                 if not np.isfinite(s_comp):
@@ -141,8 +145,7 @@ def grid_best_lrs(curves, seeds) -> dict[float, list[tuple[int, float, float]]]:
         row = []
         for b in replay_mod.BATCH_SIZES:
             lrs = replay_mod.GRID_LRS[b]
-            steps = {x: [crossing(curves[(b, replay_mod._lr(x), s)], y) for s in seeds] for x in lrs}
-            mean = {x: float(np.exp(np.mean(np.log(v)))) for x, v in steps.items()}  # inf where one never reached
+            mean = {x: geomean([crossing(curves[(b, replay_mod._lr(x), s)], y) for s in seeds]) for x in lrs}
             order = sorted(lrs, key=lambda x: mean[x])
             row.append((b, order[0], mean[order[1]] / mean[order[0]]))
         out[y] = row
