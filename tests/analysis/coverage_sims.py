@@ -10,7 +10,10 @@ are automatic on both, as in :func:`analysis.reporting.report.analyze`.
 
 from __future__ import annotations
 
+from functools import partial
+
 import numpy as np
+from synth_runs import map_draws
 
 from analysis.core import metrics as m
 from analysis.fits import flags as fl
@@ -64,39 +67,46 @@ def coverage_records(
     level: float = 0.9,
     calibrate: bool = True,
     refined_interval: bool = False,
+    processes: int = 1,
     **kw,
 ) -> dict:
-    """Analyse ``draws`` sweeps of simulator ``sim`` (``old``, ``new`` or ``shape:NAME`` of ``synth_shapes``);
-    arrays over every analysed (sweep, metric, target): ``truth``, ``b_crit``, ``lo``, ``hi``, ``trusted`` (no
-    flags), ``at_divergence_only`` (flagged ``lr_at_divergence`` and nothing else: trusted but for that flag),
-    ``is_bin``, ``draw``, ``ci_level``, ``b_crit_refined`` and its own interval ``lo_ref``, ``hi_ref``.
-    ``calibrate``, ``refined_interval``: as ``analyze_metric``'s (``lo_ref``, ``hi_ref`` are ``nan`` without the
-    latter). ``kw``: the simulator's options."""
-    keys = ("truth", "b_crit", "lo", "hi", "trusted", "at_divergence_only", "is_bin", "draw", "ci_level",
-            "b_crit_refined", "lo_ref", "hi_ref")  # fmt: skip
-    rec: dict[str, list] = {k: [] for k in keys}
-    for d in range(draws):
-        runs, truths, targets = SIMULATORS[sim](np.random.default_rng(first_seed + d), **kw)
-        for name, tr in truths.items():
-            res = analyze_metric(runs, name, targets.get(name), bootstrap=bootstrap, seed=d, level=level,
-                                 strict=False, notes=[], calibrate=calibrate,
-                                 refined_interval=refined_interval)  # fmt: skip
-            for r in res:
-                lo, hi = r["b_crit_ci"]
-                rec["truth"].append(tr(r["target"]))
-                rec["b_crit"].append(r["b_crit"])
-                rec["lo"].append(np.nan if lo is None else lo)
-                rec["hi"].append(np.nan if hi is None else hi)
-                rec["trusted"].append(not r["flags"])
-                rec["at_divergence_only"].append(r["flags"] == [fl.LR_AT_DIVERGENCE])
-                rec["is_bin"].append(name != m.EVAL_LOSS)
-                rec["draw"].append(d)
-                rec["ci_level"].append(r["ci_level"])
-                rec["b_crit_refined"].append(r["b_crit_refined"])
-                lo, hi = r.get("b_crit_refined_ci", (None, None))
-                rec["lo_ref"].append(np.nan if lo is None else lo)
-                rec["hi_ref"].append(np.nan if hi is None else hi)
-    return {k: np.asarray(v) for k, v in rec.items()}
+    """Analyse ``draws`` sweeps of simulator ``sim`` (``old``, ``new`` or ``shape:NAME`` of ``synth_shapes``) over
+    ``processes`` processes (the same numbers with any); arrays over every analysed (sweep, metric, target):
+    ``truth``, ``b_crit``, ``lo``, ``hi``, ``trusted`` (no flags), ``at_divergence_only`` (flagged
+    ``lr_at_divergence`` and nothing else: trusted but for that flag), ``is_bin``, ``draw``, ``ci_level``,
+    ``b_crit_refined`` and its own interval ``lo_ref``, ``hi_ref``. ``calibrate``, ``refined_interval``: as
+    ``analyze_metric``'s (``lo_ref``, ``hi_ref`` are ``nan`` without the latter). ``kw``: the simulator's options."""
+    one = partial(_records_of_draw, sim=sim, bootstrap=bootstrap, first_seed=first_seed, level=level,
+                  calibrate=calibrate, refined_interval=refined_interval, kw=kw)  # fmt: skip
+    rows = [r for rs in map_draws(one, range(draws), processes) for r in rs]
+    return {k: np.asarray([r[k] for r in rows]) for k in RECORD_KEYS}
+
+
+RECORD_KEYS = ("truth", "b_crit", "lo", "hi", "trusted", "at_divergence_only", "is_bin", "draw", "ci_level",
+               "b_crit_refined", "lo_ref", "hi_ref")  # fmt: skip
+
+
+def _records_of_draw(d: int, sim: str, bootstrap: int, first_seed: int, level: float, calibrate: bool,
+                     refined_interval: bool, kw: dict) -> list[dict]:  # fmt: skip
+    """Sweep ``d`` of :func:`coverage_records`: one record (``RECORD_KEYS``) per analysed (metric, target)."""
+    runs, truths, targets = SIMULATORS[sim](np.random.default_rng(first_seed + d), **kw)
+    out = []
+    for name, tr in truths.items():
+        res = analyze_metric(runs, name, targets.get(name), bootstrap=bootstrap, seed=d, level=level,
+                             strict=False, notes=[], calibrate=calibrate,
+                             refined_interval=refined_interval)  # fmt: skip
+        for r in res:
+            lo, hi = r["b_crit_ci"]
+            lo_ref, hi_ref = r.get("b_crit_refined_ci", (None, None))
+            out.append({
+                "truth": tr(r["target"]), "b_crit": r["b_crit"],
+                "lo": np.nan if lo is None else lo, "hi": np.nan if hi is None else hi,
+                "trusted": not r["flags"], "at_divergence_only": r["flags"] == [fl.LR_AT_DIVERGENCE],
+                "is_bin": name != m.EVAL_LOSS, "draw": d, "ci_level": r["ci_level"],
+                "b_crit_refined": r["b_crit_refined"],
+                "lo_ref": np.nan if lo_ref is None else lo_ref, "hi_ref": np.nan if hi_ref is None else hi_ref,
+            })  # fmt: skip
+    return out
 
 
 def summary(rec: dict, which: np.ndarray) -> dict:

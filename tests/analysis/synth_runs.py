@@ -16,6 +16,10 @@ stopped at a global target on ``eval/loss`` (``stop_at``: every metric's series 
 
 from __future__ import annotations
 
+import multiprocessing as mp
+from collections.abc import Callable, Iterable
+from concurrent.futures import ProcessPoolExecutor
+
 import numpy as np
 import pyarrow as pa
 
@@ -134,35 +138,51 @@ COVERAGE_SWEEP = dict(seeds=3, sigma=0.1, stop_at=0.2)
 COVERAGE_TARGETS = (0.3, 0.25)
 
 
-def coverage_draws(draws: int, bootstrap: int, first_seed: int = 100, level: float = 0.9, **kw) -> dict:
-    """Analyse ``draws`` simulated sweeps (``synth_runs(**COVERAGE_SWEEP, **kw)``) with known ``B_crit = 256``.
+def coverage_draws(
+    draws: int, bootstrap: int, first_seed: int = 100, level: float = 0.9, processes: int = 1, **kw
+) -> dict:
+    """Analyse ``draws`` simulated sweeps (``synth_runs(**COVERAGE_SWEEP, **kw)``) with known ``B_crit = 256``, over
+    ``processes`` processes (the same numbers with any).
 
     Returns arrays over (draw, target): ``b_crit``, ``lo``, ``hi``, ``flagged`` and the scalars ``coverage`` (share
     of intervals holding 256), ``median_error`` (median ``|B_crit/256 - 1|``), ``width_ratio`` (mean log half-width of
     the interval over ``z·sd`` of the log estimates, ``z`` the normal quantile of ``level``: 1 when the interval is
     as wide as the estimates' spread says it should be)."""
+    from functools import partial
     from statistics import NormalDist
 
-    from analysis.fits.sweep_fit import analyze_metric
-
     cfg = {**COVERAGE_SWEEP, **kw}
-    est, lo, hi, flagged = [], [], [], []
-    for d in range(draws):
-        runs = synth_runs(np.random.default_rng(first_seed + d), **cfg)
-        for r in analyze_metric(runs, m.EVAL_LOSS, list(COVERAGE_TARGETS), bootstrap=bootstrap, seed=d, level=level):
-            est.append(r["b_crit"])
-            lo.append(r["b_crit_ci"][0])
-            hi.append(r["b_crit_ci"][1])
-            flagged.append(bool(r["flags"]))
-    est, lo, hi = (np.array(x, dtype=np.float64) for x in (est, lo, hi))
+    one = partial(_coverage_draw, bootstrap=bootstrap, first_seed=first_seed, level=level, cfg=cfg)
+    rows = [r for rs in map_draws(one, range(draws), processes) for r in rs]
+    est, lo, hi = (np.array([r[i] for r in rows], dtype=np.float64) for i in range(3))
     z = NormalDist().inv_cdf((1 + level) / 2)
     return {
         "b_crit": est,
         "lo": lo,
         "hi": hi,
-        "flagged": np.array(flagged),
+        "flagged": np.array([r[3] for r in rows]),
         "coverage": float(np.mean((lo <= 256) & (256 <= hi))),
         "median_error": float(np.median(np.abs(est / 256 - 1))),
         "width_ratio": float(np.mean(np.log(hi / lo) / 2) / (z * np.std(np.log(est)))),
         "bias": float(np.mean(est / 256 - 1)),
     }
+
+
+def _coverage_draw(d: int, bootstrap: int, first_seed: int, level: float, cfg: dict) -> list[tuple]:
+    """Draw ``d`` of :func:`coverage_draws`: ``(b_crit, lo, hi, flagged)`` per target."""
+    from analysis.fits.sweep_fit import analyze_metric
+
+    runs = synth_runs(np.random.default_rng(first_seed + d), **cfg)
+    res = analyze_metric(runs, m.EVAL_LOSS, list(COVERAGE_TARGETS), bootstrap=bootstrap, seed=d, level=level)
+    return [(r["b_crit"], r["b_crit_ci"][0], r["b_crit_ci"][1], bool(r["flags"])) for r in res]
+
+
+def map_draws(fn: Callable, items: Iterable, processes: int = 1) -> list:
+    """``[fn(x) for x in items]`` in that order, over ``processes`` spawned processes when more than one (``fn``
+    pickled by name: a module-level function or a ``partial`` of one). The coverage tests' draws are independent and
+    each seeded by its own index, so spreading them changes no number, only the suite's time on more than one core."""
+    items = list(items)
+    if processes <= 1 or len(items) <= 1:
+        return [fn(x) for x in items]
+    with ProcessPoolExecutor(min(processes, len(items)), mp_context=mp.get_context("spawn")) as pool:
+        return list(pool.map(fn, items))

@@ -64,7 +64,7 @@ def test_level_for_clips_and_ignores_failed_draws():
 
 
 def _coverage(shape: str, draws: int, bootstrap: int, first_seed: int, calibrate: bool = True) -> dict:
-    rec = coverage_records(f"shape:{shape}", draws, bootstrap, first_seed, calibrate=calibrate)
+    rec = coverage_records(f"shape:{shape}", draws, bootstrap, first_seed, calibrate=calibrate, processes=2)
     return rec, summary(rec, rec["trusted"])
 
 

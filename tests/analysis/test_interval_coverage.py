@@ -94,7 +94,7 @@ def test_trusted_intervals_cover_on_the_second_simulator():
     """8 sweeps of synth_sweeps (lr penalty 30% an octave off the optimum, the optimum off the grid): the 90%
     interval of the trusted targets holds the true B_crit >= 85% of the time, globally and per bin. Without the
     lack-of-fit term the per-bin coverage is 0.76 (122 of 160) and this fails."""
-    rec = coverage_records("new", draws=8, bootstrap=200, first_seed=500, calibrate=False)  # issue 17: no calibration
+    rec = coverage_records("new", draws=8, bootstrap=200, first_seed=500, calibrate=False, processes=2)  # uncalibrated
     glob = summary(rec, rec["trusted"] & ~rec["is_bin"])
     bins = summary(rec, rec["trusted"] & rec["is_bin"])
     assert glob["n"] >= 40 and bins["n"] >= 120

@@ -79,7 +79,7 @@ def test_recovers_b_crit_within_10pct_with_bad_lrs_and_divergence():
 def test_bootstrap_interval_two_sided_coverage_and_width():
     """90% interval over 80 simulated 3-seed sweeps (global stop, a diverging lr): coverage within a band around
     nominal AND width matching the spread of the estimates (an interval 1.5x too wide covers ~99%)."""
-    r = coverage_draws(draws=80, bootstrap=200)
+    r = coverage_draws(draws=80, bootstrap=200, processes=2)
     assert 0.8 <= r["coverage"] <= 0.97
     assert 0.85 <= r["width_ratio"] <= 1.3
     assert r["median_error"] <= 0.06 and abs(r["bias"]) <= 0.03
@@ -88,7 +88,7 @@ def test_bootstrap_interval_two_sided_coverage_and_width():
 
 @pytest.mark.slow
 def test_bootstrap_interval_two_sided_coverage_and_width_large():
-    r = coverage_draws(draws=300, bootstrap=1000)
+    r = coverage_draws(draws=300, bootstrap=1000, processes=2)
     assert 0.85 <= r["coverage"] <= 0.95
     assert 0.85 <= r["width_ratio"] <= 1.2
     assert r["median_error"] <= 0.05 and abs(r["bias"]) <= 0.02
