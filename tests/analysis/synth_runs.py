@@ -19,6 +19,7 @@ from __future__ import annotations
 import multiprocessing as mp
 from collections.abc import Callable, Iterable
 from concurrent.futures import ProcessPoolExecutor
+from functools import partial
 
 import numpy as np
 import pyarrow as pa
@@ -148,7 +149,6 @@ def coverage_draws(
     of intervals holding 256), ``median_error`` (median ``|B_crit/256 - 1|``), ``width_ratio`` (mean log half-width of
     the interval over ``z·sd`` of the log estimates, ``z`` the normal quantile of ``level``: 1 when the interval is
     as wide as the estimates' spread says it should be)."""
-    from functools import partial
     from statistics import NormalDist
 
     cfg = {**COVERAGE_SWEEP, **kw}
