@@ -27,7 +27,7 @@ NEAR_FLOOR_FRAC = 0.12
 # at the divergence edge: the steps a fitted point would gain at its learning-rate optimum, interpolated between its
 # best lr and a neighbour that diverged (analysis.fits.lr_grid), exceed LR_DIVERGENCE_GAP (in log steps: 1%) and
 # LR_DIVERGENCE_FRAC of the B_crit interval's half-width (in log B: a point's gap moves B_crit about as much or
-# more, so such a gap shifts the answer by a good part of its interval; measured in benchmarks/RESULTS.md)
+# more, so such a gap shifts the answer by a good part of its interval: docs/design.md)
 LR_DIVERGENCE_GAP = 0.01
 LR_DIVERGENCE_FRAC = 0.25
 

@@ -191,8 +191,8 @@ def pool_splits(runs: Runs, steps: np.ndarray, last: np.ndarray, ok: np.ndarray)
     one batch size run with the same seed take the same steps up to numerics (same examples, same draws: the demo's
     splits of B = 64 cross its targets at the same step), so they are one repeat, not several. Left as separate
     settings, the bootstrap resampled each split's seeds independently and took the minimum over the splits:
-    replicates biased low and intervals too narrow (the S(B) interval covered 0.58-0.63 instead of 0.9 on
-    tests/analysis/synth_splits.py with several splits per batch size; 0.91-0.93 with one). Pooled, a group's steps
+    replicates biased low and intervals too narrow (they held the truth far less often than their level with
+    several splits per batch size, and as often as stated with one). Pooled, a group's steps
     at each target are the geometric mean of its splits' (``inf`` unless every split reached; ``last'`` the same
     mean with the last evaluated step of those that did not, else the largest last step), kept on its first usable
     trial; the others leave ``ok'``. The trials table's split columns are set to ``(B, 1, 1)`` so that the settings

@@ -32,9 +32,8 @@ def analyze_metric(
     "b_crit_refined", "points", "censored", "censored_batch_sizes", "unreached_batch_sizes", "ci_level"}``.
 
     ``refined_interval``: also the refined estimate's own interval (keys ``b_crit_refined_ci`` and
-    ``b_crit_refined_ci_level``; analysis.fits.refined_boot): a measured alternative, not the headline. On 60 sweeps
-    of ``new`` it held the truth 0.895 globally and 0.875 per bin where the plain interval held 0.969 and 0.951, and
-    it triples the analysis's time (benchmarks/RESULTS.md, "Misses counted by sweep").
+    ``b_crit_refined_ci_level``; analysis.fits.refined_boot): an alternative, not the headline; it holds the truth
+    less often than the plain interval and triples the analysis's time.
 
     ``calibrate``: the interval's percentile level is calibrated by a parametric double bootstrap
     (:mod:`analysis.fits.calibration`) so that it holds ``level``; ``ci_level`` is the level used (``level`` itself

@@ -1,6 +1,6 @@
 """Optuna (TPE) search of the nuisance hyper-parameters, re-tuned separately for every group of a sweep.
 
-OptunaSearch refuses ``grid_search`` in the param space (REFERENCE.md), and one study over all batch sizes would
+OptunaSearch refuses ``grid_search`` in the param space (docs/design.md), and one study over all batch sizes would
 mix the scientific variable into the nuisance search. `GroupedOptunaSearch` therefore holds one ``OptunaSearch``
 per group of ``SweepSpec.groups()`` (batch size x split x seed) and issues exactly ``trials_per_batch_size``
 trials to each, round-robin over the groups with quota left (so every batch size's study gets feedback at the same
