@@ -5,14 +5,13 @@ A trial is a `TrialSkeleton` driving a `Learner`. The **skeleton** owns the coun
 (`trainables.stopping`), the metric rows and their log (`trainables.row_log`, re-sent once after a restore), the
 reports, and checkpoints (restoring, keeping the branch points). The **learner** supplies what differs between
 workloads: model and data, one optimizer step, evaluation, its own state (`trainables.loop.DiTLearner`,
-`trainables.nqm_trial.QuadraticLearner`; a sweep's entry for a workload is
-`orchestrator.execution.tune_trainable.Workload`).
+`trainables.nqm_trial.QuadraticLearner`; a sweep's entry for a workload is `tune_trainable.Workload`).
 
 Every report carries the counters, ``status``, ``train_seconds``, ``startup_seconds``, ``worker_pid``, the latest
 value of every metric, and ``rows``: every value since the previous report as ``[step, examples, metric, value,
-wall_time, unix_time]`` (``metrics.parquet``'s long format). A trial stops itself -- budget, target, diverged, its
-sweep's goal, or behind its batch size's best (`trainables.sweep_signal`) -- so its trainer returns normally (a
-trial Tune stops leaks its placement group: docs/design.md)."""
+wall_time, unix_time]`` (``metrics.parquet``'s long format). A trial stops itself (budget, target, diverged, its
+sweep's word: `trainables.sweep_signal`), so its trainer returns normally (Tune stopping it leaks its placement
+group: docs/design.md)."""
 
 from __future__ import annotations
 
