@@ -128,7 +128,7 @@ def probe_draws(
     """The probe's raw repetitions: ``(step, [(bin or None, lo, hi, g2 draws, trace draws), ...])``, global last.
 
     Repetition ``r`` of bin ``k`` is keyed by ``(seed, r, k)``, so the first ``R`` repetitions of a call with
-    ``reps >= R`` are exactly those of a call with ``reps = R`` (``benchmarks/bench_probe_se.py`` relies on it).
+    ``reps >= R`` are exactly those of a call with ``reps = R`` (a study of the SE against ``reps`` can reuse them).
     """
     _check_args(bins, b, B, reps)
     dev = torch.device(device or ("cuda" if torch.cuda.is_available() else "cpu"))
