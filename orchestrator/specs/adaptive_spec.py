@@ -1,14 +1,15 @@
-"""The ``nuisance`` keys of ``search: adaptive`` (orchestrator.search.adaptive_search; every key and its default:
-docs/sweeps.md, "Adaptive search"; an example: examples/adaptive-tiny.yaml).
+"""The ``nuisance`` keys of ``search: adaptive`` (orchestrator.search.adaptive_search; every key: docs/sweeps.md,
+"Adaptive search"; an example: examples/adaptive-tiny.yaml).
 
 ``lr``: the learning-rate grid the design may draw from. ``goal``: ``rel_ci`` (stop when the relative half-width
 ``(hi - lo) / (2 B_crit)`` of the 90% interval is at most this at every target), ``targets`` (loss values, or ``auto``:
 the sweep's ``stopping.target_loss``), ``bins`` (also every trusted timestep bin's B_crit; the workload must report
->= 2 per-bin eval losses, checked before launch by orchestrator.execution.preflight.check_bins), ``min_seeds`` (seeds
-of every fitted batch size's best setting before the goal counts), ``running`` (``wait`` for the running trials or
-``end`` them at the goal: status ``ended_at_goal``, trainables.sweep_signal), ``hold`` (start no trial while the
-running ones are expected to meet the goal). ``budget``: the most ``trials`` and/or ``examples``. The seeds of
-``fixed.seeds`` are the seeds a setting may get. Each mistake is one UserError line, raised before any compute."""
+>= 2 per-bin eval losses, checked before launch by orchestrator.execution.preflight.check_bins), ``min_seeds``
+(default 2: seeds of every fitted batch size's best setting before the goal counts), ``running`` (``wait``, the
+default, for the running trials; or ``end`` them at the goal: status ``ended_at_goal``, trainables.sweep_signal),
+``hold`` (default ``true``: start no trial while the running ones are expected to meet the goal; ``false`` keeps every
+place busy). ``budget``: the most ``trials`` and/or ``examples``. The seeds of ``fixed.seeds`` are the seeds a setting
+may get. Each mistake is one UserError line, raised before any compute."""
 
 from __future__ import annotations
 

@@ -4,10 +4,12 @@ configs of its reference and branches. Run by orchestrator.execution.branch_stud
 ``kind: branched`` marks the spec (``bcrit sweep`` refuses it and points here). ``reference``: the trial branched
 from (``batch_size`` = B0, ``lr``, ``seed``, optional ``split``; or ``checkpoints``: an earlier study's
 ``reference_checkpoints/``). ``branches``: ``points`` (reference steps, multiples of its eval/report cadence),
-``multipliers`` k (1, the comparator, is always added), ``lr_rule`` (``sqrt``, ``linear``, ``constant``), ``examples``
-Δ (divisible by every k x B0), ``evals`` per branch, ``seeds``, ``scale_by`` (how k x B0 is reached). ``analysis``
-(``epsilons``, ``compare``, ``window``), ``fixed``, ``stopping``, ``tracking``, ``storage`` as in a sweep spec. Every
-key: docs/branched.md; examples: examples/branched-quadratic.yaml, examples/branched-tiny.yaml.
+``multipliers`` k (1, the comparator, is always added), ``lr_rule`` (``sqrt``: Adam, the dit default; ``linear``:
+SGD, the quadratic default; ``constant``), ``examples`` Δ (divisible by every k x B0), ``evals`` per branch (at the
+same example counts for every k), ``seeds``, ``scale_by`` (``micro_batch_size``, ``grad_accum`` or ``num_workers``:
+how k x B0 is reached). ``analysis`` (``epsilons``, ``compare``, ``window``), ``fixed``, ``stopping``, ``tracking``,
+``storage`` as in a sweep spec. Every key: docs/branched.md; examples: examples/branched-quadratic.yaml,
+examples/branched-tiny.yaml.
 
 Every mistake raises one `UserError` line naming the key and the fix."""
 

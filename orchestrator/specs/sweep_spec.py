@@ -1,15 +1,33 @@
 """The sweep spec: one YAML file in the tuning playbook's vocabulary, validated before anything is launched.
 
-Sections: ``name`` (MLflow parent run; default storage ``./runs/<name>``); ``workload`` (``dit``, ``quadratic`` or
-``module:attr`` of your own `trainables.workloads.Workload`); ``scientific``, the variable under study, the effective
-batch size ``B = micro x A x W`` (``batch_sizes``, ``splits`` every B runs, ``per_batch_size`` splits for one B with an
-optional ``lr`` or ``num_seeds`` subset, ``use_gpu``, ``cpus_per_worker``, ``gpus_per_worker``); ``nuisance``, re-tuned
-per batch size (``search: grid`` with lists of values, ``optuna`` with ``{low, high}`` ranges and
-``trials_per_batch_size``, or ``adaptive``: orchestrator.specs.adaptive_spec); ``fixed`` (any other trial-config keys;
-``eval_every`` may be per batch size); ``stopping`` (``max_steps`` may be per batch size); ``tracking``; ``storage``.
-Every key: docs/sweeps.md; examples: examples/tiny.yaml, examples/tiny-splits.yaml.
-
-Every mistake raises one `UserError` line naming the key and the fix."""
+```yaml
+name: tiny                        # sweep name: MLflow parent run, default storage ./runs/<name>
+workload: dit                     # dit (default) | quadratic (the noisy quadratic model, seconds per trial) |
+                                  # module:attr of your own trainables.workloads.Workload
+scientific:                       # the variable under study: effective batch size B = micro x A x W
+  batch_sizes: [16, 32, 64, 128]
+  splits: [{grad_accum: 1, num_workers: 0}]  # every B runs these; micro_batch_size = B / (A x W) when omitted
+  per_batch_size:                 # replaces `splits` for one B (add accumulation / multi-worker variants)
+    64: [{grad_accum: 1, num_workers: 0}, {grad_accum: 2, num_workers: 0}, {grad_accum: 1, num_workers: 2, lr: 2.0e-3}]
+                                  # lr (grid search): run that split at these grid values only (a cheaper check)
+                                  # num_seeds: run that split at the first N of fixed.seeds only (a cheaper check;
+                                  # bcrit analyze pools the splits of one seed into one repeat)
+  use_gpu: false
+  cpus_per_worker: 1
+  gpus_per_worker: 1              # with use_gpu: the share of a GPU each worker holds; 0.25 runs 4 on one GPU
+nuisance:                         # re-tuned per batch size
+  search: grid                    # grid: lists of values | optuna: TPE, ranges {low, high} |
+                                  # adaptive: trials chosen by the B_crit interval (orchestrator.specs.adaptive_spec)
+  lr: [2.0e-3, 6.0e-3]            # optuna: {low: 1.0e-4, high: 1.0e-2} (log scale)
+  trials_per_batch_size: 8        # optuna only
+fixed: {preset: tiny, dataset: digits, seeds: [0], eval_every: 10}   # any other trial-config keys
+                                  # eval_every may be {batch size: steps} (one per batch size)
+stopping: {target_loss: 0.2, max_steps: 100, divergence_factor: 3.0}   # max_steps may be {batch size: steps}
+tracking: {mlflow_uri: null, experiment: bcrit}   # null: $MLFLOW_TRACKING_URI, else sqlite in the sweep dir
+storage: ./runs/tiny
+```
+Every mistake raises one `UserError` line naming the key and the fix.
+"""
 
 from __future__ import annotations
 
