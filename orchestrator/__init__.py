@@ -11,5 +11,4 @@ A house of sub-packages, each importing only those before it in this list, never
     search/         the Optuna and the adaptive Tune searchers
     execution/      pre-launch checks, the one launch path, the Tuner, the trainable, branched studies
     sweep           the Python sweep API (examples/sweep_script.py)
-    cli/            the `bcrit` command line, one module per sub-command
-"""
+    cli/            the `bcrit` command line, one module per sub-command"""

@@ -1,19 +1,15 @@
 """Trial checkpoints: everything needed to continue exactly, stored as data that loads without running code.
 
-Layout of one checkpoint directory (Ray Train merges the per-rank files into one directory):
-- ``state.pt`` (rank 0): model, optimizer, LR scheduler, EMA, GNS smoothing state, counters, first eval loss,
-  elapsed training seconds, and the trial config it was written by.
-- ``rng_rank{r}.pt`` (every rank): torch CPU (and CUDA) RNG, numpy and python RNG states of rank ``r``.
-The data position is the step counter: batches are a pure function of ``(seed, step)`` (see randomness.py).
+One checkpoint directory: ``state.pt`` (rank 0: model, optimizer, LR scheduler, EMA, GNS smoothing state, counters,
+first eval loss, training seconds, the trial config) and ``rng_rank{r}.pt`` (every rank: its torch, numpy and python
+RNG states). The data position is the step counter: batches are a pure function of ``(seed, step)`` (randomness.py).
 
-**Data, not code** (docs/security.md). Both files hold only tensors, plain containers (dict, list, tuple), numbers,
-strings, booleans and None, so every reader opens them with ``torch.load(..., weights_only=True)``, whose unpickler
-refuses any other Python global instead of calling it. `save` converts what is not data yet (numpy arrays become
-tensors, numpy scalars numbers, the numpy RNG state a dict) and refuses, naming the key, what it cannot convert.
-`read` is the one reader of ``state.pt`` in bcrit: a file that holds Python objects (a checkpoint of an older bcrit,
-or a crafted file) is refused with `UnsafeCheckpoint`, nothing in it run. ``bcrit migrate-checkpoint OLD NEW
---trust`` (`migrate`) converts a checkpoint the user trusts; it is the only place bcrit unpickles a checkpoint fully.
-"""
+**Data, not code** (docs/security.md): both files hold only tensors, plain containers, numbers, strings, booleans and
+None, so every reader uses ``torch.load(..., weights_only=True)``, which refuses any other Python global. `save`
+converts what is not data yet (numpy arrays, scalars, the numpy RNG state) and refuses, naming the key, what it
+cannot. `read` is the one reader of ``state.pt``: a file holding Python objects (an older bcrit's checkpoint, a
+crafted file) is refused with `UnsafeCheckpoint`, nothing in it run. ``bcrit migrate-checkpoint OLD NEW --trust``
+(`migrate`) converts a checkpoint the user trusts: the only place bcrit unpickles a checkpoint fully."""
 
 from __future__ import annotations
 

@@ -1,22 +1,14 @@
 """Per-timestep-bin gradient noise scale, measured inside the trial by a bin-restricted measurement pass.
 
-McCandlish et al. 2018 ("An Empirical Model of Large-Batch Training", arXiv 1812.06162, App. A.1): with
-``G_b`` the mean gradient of ``b`` iid examples, ``E|G_b|^2 = |G|^2 + tr(Sigma)/b``; two batch sizes give
-unbiased ``|G|^2`` and ``tr(Sigma)`` (``analysis.core.gns``). Per timestep bin ``k`` (the multitask view of seed
-004) ``G_k``, ``Sigma_k`` are the gradient and per-example covariance of the training loss restricted to
-``t in bin k``.
-
-Method, every ``gns_every`` steps, for each bin ``k`` (bins round-robin over the ranks):
-1. draw ``n = cfg.bin_examples`` iid examples from the training distribution restricted to the bin: indices
-   uniform with replacement over the training set, ``t`` uniform in the bin, standard normal noise, label
-   drop with ``cfg.class_dropout``; all from one private generator keyed by ``(seed, STREAM_GNS, step, k)``;
-2. split them into two halves; gradients of each half's mean loss by ``torch.autograd.grad`` on the
-   *unwrapped* model's parameters (never ``.backward()``: nothing reaches ``.grad`` or the optimizer; never
-   the DDP wrapper: no collective inside);
-3. ``|G_b|^2`` = mean of the two halves' squared norms (``b = n/2``), ``|G_B|^2`` = squared norm of their
-   mean (``B = n``); one ``all_reduce`` of a ``(K, 4)`` float64 tensor shares every bin's row.
-No global RNG is touched, so training with the measurement on and off is bit-identical.
-"""
+Per timestep bin ``k``, ``G_k`` and ``Sigma_k`` are the gradient and per-example covariance of the training loss
+restricted to ``t in bin k``; two batch sizes give unbiased ``|G_k|^2`` and ``tr(Sigma_k)`` (``analysis.core.gns``).
+Every ``gns_every`` steps, for each bin (bins round-robin over the ranks): draw ``n = cfg.bin_examples`` iid examples
+of the bin from one private generator keyed by ``(seed, STREAM_GNS, step, k)`` (indices uniform with replacement,
+``t`` uniform in the bin, normal noise, label drop ``cfg.class_dropout``); take the gradients of the two halves' mean
+losses by ``torch.autograd.grad`` on the *unwrapped* model (nothing reaches ``.grad`` or the optimizer; no
+collective); ``|G_b|^2`` is the mean of the halves' squared norms (``b = n/2``), ``|G_B|^2`` the squared norm of their
+mean (``B = n``); one ``all_reduce`` of a ``(K, 4)`` float64 tensor shares every bin's row. No global RNG is touched,
+so training with the measurement on and off is bit-identical (docs/design.md)."""
 
 from __future__ import annotations
 

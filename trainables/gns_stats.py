@@ -100,18 +100,12 @@ class PieceNorms:
     """Squared norms of the gradient each backward pass ("piece") of a step adds to ``.grad`` (one worker).
 
     A step runs ``k >= 2`` backward passes over disjoint pieces of ``n_j`` iid examples, each of the loss
-    ``sum(per-example losses of piece j) / N`` (``N = sum n_j``), so ``.grad`` ends as the mean gradient ``G_N`` of
-    all ``N`` examples. Piece ``j`` adds ``c_j = (n_j / N) g_j`` with ``g_j`` the mean gradient of its own examples;
-    ``c_j`` is ``.grad`` after it minus ``.grad`` before it, which one buffer (the copy of ``.grad`` after the
-    previous piece) gives. ``after_piece(n_j)`` accumulates, on the device (no host synchronisation),
-
-        g2_small = sum_j (n_j / N) |g_j|^2 = sum_j N |c_j|^2 / n_j,    E[g2_small] = |G|^2 + tr(Sigma) / (N / k)
-
-    since ``E|g_j|^2 = |G|^2 + tr(Sigma) / n_j`` (McCandlish et al. 2018, App. A.1): a size-weighted mean of the
-    pieces' squared norms is an unbiased small-batch ``|G_b|^2`` with ``b = N / k`` (the mean piece size; exact for
-    unequal pieces, e.g. the halves of an odd micro-batch). With ``|G_B|^2 = |G_N|^2`` and ``B = N`` the two-batch
-    estimators of ``analysis.core.gns`` apply unchanged. ``.grad`` itself is only read: training is unchanged.
-    """
+    ``sum(per-example losses of piece j) / N`` (``N = sum n_j``), so ``.grad`` ends as the mean gradient of all ``N``.
+    Piece ``j`` adds ``c_j = (n_j / N) g_j`` (``g_j`` its own mean gradient), read as the change of ``.grad`` over the
+    piece (one buffer). ``after_piece(n_j)`` accumulates on the device (no host synchronisation)
+    ``g2_small = sum_j N |c_j|^2 / n_j``, an unbiased small-batch ``|G_b|^2`` with ``b = N / k`` even for unequal pieces
+    (derivation: docs/design.md); with ``|G_B|^2 = |G_N|^2``, ``B = N`` the estimators of ``analysis.core.gns`` apply
+    unchanged. ``.grad`` itself is only read: training is unchanged."""
 
     def __init__(self, params: list[torch.Tensor], total: int) -> None:
         self.params, self.total = params, int(total)

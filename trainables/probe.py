@@ -1,6 +1,6 @@
 """Offline per-timestep-bin gradient noise scale of a saved trial checkpoint (``bcrit probe``).
 
-The seed repo's experiment done right (REFERENCE.md, mistakes 1-4): for bin ``k`` (and globally, all timesteps)
+Per-bin GNS without the usual estimation mistakes (docs/design.md): for bin ``k`` (and globally, all timesteps)
 each repetition draws ``B`` iid examples of the training distribution restricted to the bin, cuts them into
 ``B/b`` groups of ``b``, and forms ``|G_b|^2`` (mean of the groups' squared norms) and ``|G_B|^2`` (squared norm of
 their mean) with the same measurement code as the in-trial ``BinGNS``; the unbiased two-batch estimators of
@@ -30,7 +30,8 @@ from trainables.randomness import STREAM_GNS, mix
 
 __all__ = ["DEFAULT_REPS", "ProbeError", "ProbeRow", "format_table", "load_model", "probe", "probe_draws", "probe_row"]
 
-DEFAULT_REPS = 16  # repetitions per bin: SE within 11-16% of the spread over 20 probe seeds (benchmarks/RESULTS.md)
+DEFAULT_REPS = 16  # repetitions per bin: enough that the reported SE matches the spread over probe seeds
+# (benchmarks/RESULTS.md)
 PROBE_TAG = 0x9E0BE  # keeps probe draws apart from the in-trial measurement keys (seed, STREAM_GNS, step, k)
 
 
@@ -127,7 +128,7 @@ def probe_draws(
     """The probe's raw repetitions: ``(step, [(bin or None, lo, hi, g2 draws, trace draws), ...])``, global last.
 
     Repetition ``r`` of bin ``k`` is keyed by ``(seed, r, k)``, so the first ``R`` repetitions of a call with
-    ``reps >= R`` are exactly those of a call with ``reps = R`` (``benchmarks/bench_probe_se.py`` relies on it).
+    ``reps >= R`` are exactly those of a call with ``reps = R`` (a study of the SE against ``reps`` can reuse them).
     """
     _check_args(bins, b, B, reps)
     dev = torch.device(device or ("cuda" if torch.cuda.is_available() else "cpu"))

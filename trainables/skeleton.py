@@ -1,27 +1,17 @@
 """The trial skeleton: the bookkeeping every workload's trial shares, apart from what it trains.
 
-A trial is a `TrialSkeleton` driving a `Learner` (composer's split of the training loop from what plugs into it):
+A trial is a `TrialSkeleton` driving a `Learner`. The **skeleton** owns the counters (``step``; ``micro_step``,
+``examples``, ``epoch`` derived from it), the training seconds, the evaluation schedule and the stop status
+(`trainables.stopping`), the metric rows and their log (`trainables.row_log`, re-sent once after a restore), the
+reports, and checkpoints (restoring, keeping the branch points). The **learner** supplies what differs between
+workloads: model and data, one optimizer step, evaluation, its own state (`trainables.loop.DiTLearner`,
+`trainables.nqm_trial.QuadraticLearner`; a sweep's entry for a workload is `tune_trainable.Workload`).
 
-- the **skeleton** owns the counters (``step``; ``micro_step``, ``examples``, ``epoch`` derived from it), the
-  training seconds, the evaluation schedule and the stop status (`trainables.stopping`), the metric rows and their
-  log (`trainables.row_log`, re-sent once after a restore), the reports, and checkpoints: what goes in them besides
-  the learner's state, restoring, keeping the branch points (`trainables.branch_points.keep_checkpoint`);
-- the **learner** supplies what differs between workloads: it is built with its model and data, takes one
-  optimizer step, evaluates, and reads and writes its own state (the DiT: `trainables.loop.DiTLearner`, torch
-  checkpoints on every rank; the noisy quadratic model: `trainables.nqm_trial.QuadraticLearner`, one JSON file).
-
-(``Learner``, not ``Workload``: `orchestrator.execution.tune_trainable.Workload` is a sweep's entry for a workload
--- its
-config class, check and loop.)
-
-Every report carries the counters, ``status``, ``train_seconds``, ``startup_seconds``, ``worker_pid`` (a restarted
-worker shows a new pid), the latest value of every metric, and ``rows``: every value recorded since the previous
-report as ``[step, examples, metric, value, wall_time, unix_time]`` (the long format of ``metrics.parquet``;
-``wall_time``: training seconds, ``unix_time``: when it was measured, for MLflow). A trial stops itself -- budget
-spent, target reached, diverged, ended by its adaptive sweep's goal, or stopped behind its batch size's best
-(both asked at each evaluation, `trainables.sweep_signal`) -- so its trainer returns normally (REFERENCE.md: the
-placement-group leak when Tune stops trials).
-"""
+Every report carries the counters, ``status``, ``train_seconds``, ``startup_seconds``, ``worker_pid``, the latest
+value of every metric, and ``rows``: every value since the previous report as ``[step, examples, metric, value,
+wall_time, unix_time]`` (``metrics.parquet``'s long format). A trial stops itself (budget, target, diverged, its
+sweep's word: `trainables.sweep_signal`), so its trainer returns normally (Tune stopping it leaks its placement
+group: docs/design.md)."""
 
 from __future__ import annotations
 

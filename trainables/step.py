@@ -1,28 +1,17 @@
 """One optimizer step: gradient accumulation over micro-batches, DDP sync on the last micro-step only, and the
 gradient norms that global GNS needs, collected from gradients the step computes anyway.
 
-Global GNS (McCandlish et al. 2018, App. A.1) needs the squared norm of a "small" and a "big" batch gradient,
-both of mean losses, at the same parameters (`trainables.config.global_gns_mode` names the cases):
-- ``W >= 2`` ("ranks"): small = each rank's accumulated local gradient (``b = micro * A``), read in a DDP
-  communication hook just before the all-reduce; big = the all-reduced gradient (``B = b * W``).
-- ``W = 1, A >= 2`` ("micro-batches"): small = EVERY micro-batch's own gradient (``b = micro``; their mean squared
-  norm), read by `trainables.gns_stats.PieceNorms` as the change of ``.grad`` over each micro-step (one buffer
-  the size of the gradient); big = the accumulated gradient (``B = micro * A``).
-- ``W = A = 1`` with ``gns_halves`` ("halves"): the micro-batch is run as two backward passes over its two halves
-  (same examples, same draws; the update equals the one-backward one up to float rounding); small = the halves'
-  gradients (size-weighted, ``b = micro / 2``, exact for an odd micro), big = the whole gradient (``B = micro``).
-- otherwise (no ``gns_halves``, or one example a step): no second batch size, global GNS unavailable.
-``halves`` and ``micro-batches`` measure at every k-th step only (``gns_global_every``, auto 40 for ``halves``:
-`trainables.config.global_gns_every`); the other steps run exactly as with global GNS off (one backward per
-micro-batch, no norms) and report no small batch.
-Every estimate is unbiased (App. A.1 holds for any two batch sizes of iid examples). Norms are taken in float32
-gradients accumulated in float64, after unscaling (bf16 needs no scaler), before clipping.
-
-Inputs come from `trainables.data.pipeline.MicroBatches` (gathered ahead, copied non-blocking); timesteps, noise
-and label drops from `trainables.randomness.step_draws` on the device (three calls per step, sliced per
-micro-batch). Everything stays on the device until one read of a small stats tensor at the end of the step: the
-step's only host synchronisation.
-"""
+Global GNS needs the squared norms of a "small" and a "big" batch gradient of mean losses at the same parameters
+(`trainables.config.global_gns_mode` names the cases):
+- ``W >= 2`` ("ranks"): small = each rank's accumulated gradient (``b = micro * A``), read in a DDP communication
+  hook before the all-reduce; big = the all-reduced gradient (``B = b * W``).
+- ``W = 1, A >= 2`` ("micro-batches"): small = every micro-batch's gradient (``b = micro``;
+  `trainables.gns_stats.PieceNorms`), big = the accumulated one (``B = micro * A``).
+- ``W = A = 1`` with ``gns_halves`` ("halves"): two backward passes over the micro-batch's halves (the update equals
+  the one-backward one up to float rounding); small = the halves' (size-weighted, ``b = micro / 2``); else no GNS.
+``halves`` and ``micro-batches`` measure every ``gns_global_every``-th step only, the other steps run as with GNS off.
+Norms: float32 gradients accumulated in float64, after unscaling, before clipping. One read of a small stats tensor
+at the end is the step's only host synchronisation (inputs and draws stay on the device)."""
 
 from __future__ import annotations
 

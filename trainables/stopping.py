@@ -1,5 +1,5 @@
-"""Stop rules shared by every workload's loop: a trial ends itself (REFERENCE.md, the placement-group leak when
-Tune stops trials), so ``trainer.fit()`` returns normally."""
+"""Stop rules shared by every workload's loop: a trial ends itself, so ``trainer.fit()`` returns normally (when Tune
+stops a trial, its Train worker group's placement group is not released and the next trial can hang: docs/design.md)."""
 
 from __future__ import annotations
 

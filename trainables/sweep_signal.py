@@ -1,6 +1,6 @@
 """A sweep's word to its running trials: the adaptive sweep's goal is met, end now; or this trial is behind, stop.
 
-A trial ends itself (trainables.stopping; REFERENCE.md: the placement-group leak when Tune stops trials), so an
+A trial ends itself (trainables.stopping: a trial Tune stops leaks its placement group; docs/design.md), so an
 adaptive sweep that stops on its goal with trials still running (analysis.decisions.next_trials, ``end_pending``)
 tells them through a named Ray actor, `GoalSignal`, that its driver owns (it dies with the driver: a resumed sweep
 starts with a new one). A trial's rank 0 asks it at every evaluation (`SignalReader`; a trial of a sweep without
@@ -86,8 +86,7 @@ def set_signal(name: str, ended: bool) -> None:
 
 def open_signal(name: str) -> None:
     """Create the sweep's signal actor now, owned by this process (the driver), unset: the trials' asks then find it
-    from their first evaluation instead of each failing a lookup until the first word
-    (benchmarks/bench_signal_ask.py measures both)."""
+    from their first evaluation instead of each failing a lookup until the first word."""
     _tell(name, lambda a: a.verdict.remote(None))
 
 
@@ -103,8 +102,8 @@ class SignalReader:
 
     It never waits on the actor after its first answer: each call takes the answer of the previous ask if it has
     come (``ray.wait`` with no timeout) and sends the next, so a word reaches the trial one evaluation later than a
-    blocking ask would, and an evaluation pays for sending a call, not for its round trip (a blocking ask was 4 ms,
-    2% of the demo's densest trial: benchmarks/bench_signal_ask.py). A failed lookup (no actor yet) is retried at
+    blocking ask would, and an evaluation pays for sending a call, not for its round trip (a blocking ask's round
+    trip was a visible share of a dense trial's evaluation time). A failed lookup (no actor yet) is retried at
     most every ``LOOKUP_EVERY_S`` seconds."""
 
     def __init__(self, name: str | None, trial_id: str | None = None, clock=time.monotonic):

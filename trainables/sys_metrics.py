@@ -1,19 +1,15 @@
 """System metrics of a trial, recorded at every report: throughput over the last report interval and peak memory.
 
-- ``sys/examples_per_s``: training examples of the interval (``steps x batch_size``, the global batch: all workers;
-  under a batch-size schedule the sum of each step's stage batch size, `analysis.core.stages`)
-  over the training seconds of the interval, as the trial's `trainables.timing.StepTimer` counts them (the same
-  clock as ``train_seconds``): on CPU the wall clock (``time.perf_counter``) around each step, on a GPU the time
-  between two CUDA events on the trial's stream; a step's time includes its per-bin GNS pass, and excludes
-  evaluation, checkpoints and reports. It is the reporting rank's (rank 0's) clock.
-- ``sys/peak_mem_gb``: peak memory in GiB (2^30 bytes) of the reporting rank. On a GPU:
-  ``torch.cuda.max_memory_allocated`` of the trial's device (tensors allocated by PyTorch, not the caching
-  allocator's reserve), its counter reset when the training loop starts. On CPU: the peak resident set size of the
-  worker process (``resource.getrusage(RUSAGE_SELF).ru_maxrss``) since the process started -- everything the
-  process holds, not only tensors (an in-process trial counts its host process, e.g. pytest's).
-The peak never decreases within a trial's process; a trial resumed from a checkpoint starts a new interval (and, on
-a GPU, a new peak).
-"""
+- ``sys/examples_per_s``: training examples of the interval (``steps x batch_size``, the global batch; under a
+  batch-size schedule the sum of each step's stage batch size) over the training seconds of the interval as the
+  trial's `trainables.timing.StepTimer` counts them (the clock of ``train_seconds``: ``time.perf_counter`` around
+  each step on CPU, CUDA events on the trial's stream on a GPU; per-bin GNS included; evaluation, checkpoints and
+  reports excluded), on the reporting rank (rank 0).
+- ``sys/peak_mem_gb``: peak memory in GiB of the reporting rank: on a GPU ``torch.cuda.max_memory_allocated``
+  (tensors, not the caching allocator's reserve), reset when the training loop starts; on CPU the process's peak
+  resident set size (``ru_maxrss``) since it started, everything it holds (an in-process trial counts its host
+  process, e.g. pytest's). It never decreases within a process; a resumed trial starts a new interval (and, on a GPU,
+  a new peak)."""
 
 from __future__ import annotations
 

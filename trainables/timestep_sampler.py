@@ -1,22 +1,17 @@
 """Non-uniform training timesteps with importance weights (config ``timestep_sampling``; docs/allocation.md).
 
-``uniform`` (the default) is not handled here at all: the step keeps its original draws bit for bit. ``noise`` and
-``loss`` draw each example's bin ``k`` from an allocation ``p`` and its timestep uniformly within the bin, and weight
-its loss by ``w_k = q_k / p_k`` (``analysis.core.allocation``) so the gradient stays an unbiased estimate of the uniform
-objective's. The allocation is re-estimated every ``alloc_every`` optimizer steps, mixed with a uniform floor
-``alloc_floor``:
+``uniform`` (the default) is not handled here: the step keeps its original draws bit for bit. ``noise`` and ``loss``
+draw each example's bin ``k`` from an allocation ``p``, its timestep uniformly within the bin, and weight its loss by
+``w_k = q_k / p_k`` (``analysis.core.allocation``), so the gradient stays unbiased for the uniform objective. ``p`` is
+re-estimated every ``alloc_every`` steps and mixed with a uniform floor ``alloc_floor``: ``noise``: ``p_k ∝ q_k
+sqrt(m_k)``, ``m_k = mean tr Sigma_k + mean |G_k|^2`` over the per-bin GNS window (Neyman allocation); ``loss``: ``p_k
+∝ q_k sqrt(E[L^2]_k)`` over the last ``alloc_history`` steps that drew bin k (improved-diffusion's
+``LossSecondMomentResampler``, per bin), uniform until every bin has that history.
 
-- ``noise``: ``p_k ∝ q_k sqrt(m_k)``, ``m_k = mean tr Sigma_k + mean |G_k|^2`` over the per-bin GNS window
-  (``trainables.gns_bins``, its own uniform-within-bin stream), i.e. Neyman allocation on measured gradient noise;
-- ``loss``: ``p_k ∝ q_k sqrt(E[L^2]_k)`` over the last ``alloc_history`` steps that drew bin k (improved-diffusion's
-  ``LossSecondMomentResampler``, per bin), uniform until every bin has that history.
-
-Draws: after the step's usual ``(t, u, noise)`` (``trainables.randomness.step_draws``: the label drops and noise
-are therefore the same as a uniform trial's), the same keyed generator draws two float64 uniforms per position of
-the global batch: the first picks the bin by the inverse CDF of ``p``, the second the timestep within it. Every rank
-draws the whole global batch and slices its positions, so the draws are split-invariant. The allocation and the loss
-history are plain lists (checkpoint state, JSON-able: checkpoints load with ``weights_only``).
-"""
+Draws: after the step's usual ``(t, u, noise)`` (``trainables.randomness.step_draws``: label drops and noise as a
+uniform trial's), the same keyed generator draws two float64 uniforms per global-batch position (bin by the inverse
+CDF of ``p``, then the timestep); every rank draws the whole batch and slices its positions (split-invariant). The
+allocation and loss history are plain lists (checkpoints load with ``weights_only``)."""
 
 from __future__ import annotations
 

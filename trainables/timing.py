@@ -12,7 +12,7 @@ import time
 
 import torch
 
-CLOCK = time.perf_counter  # the CPU-side clock (benchmarks on a shared machine swap in time.process_time)
+CLOCK = time.perf_counter  # the CPU-side clock (a measurement on a shared machine may swap in time.process_time)
 
 
 class StepTimer:

@@ -277,7 +277,7 @@ STORE_ENV = ("AWS_ENDPOINT_URL_S3", "AWS_ENDPOINT_URL", "AWS_REGION", "AWS_DEFAU
 
 def ensure_ray(num_cpus: int | None = None, quiet: bool = False) -> None:
     """Connect to ``RAY_ADDRESS`` when set, else start a local Ray (embedded default). On small machines the
-    logical CPUs are over-subscribed: each Tune driver takes a CPU besides its workers (REFERENCE.md). ``quiet``:
+    logical CPUs are over-subscribed: each Tune driver takes a CPU besides its workers (docs/design.md). ``quiet``:
     the driver's own Ray logger says only errors (not its start-up INFO and token-auth notice)."""
     import logging
 

@@ -1,26 +1,16 @@
 """Timestep allocation by measured gradient noise: the allocations, their importance weights, and the predicted
 per-example noise, B_simple and steps-to-target ratio under any allocation (pure numpy; docs/allocation.md).
 
-The trial optimises the uniform-timestep objective ``L = sum_k q_k L_k`` over K timestep bins, ``q_k`` the bin's
-share of the T timesteps (``1/K`` for equal widths) and ``L_k`` the mean loss over ``t`` uniform in bin k -- the loss
-whose per-example gradient statistics the per-bin GNS pass measures (``trainables.gns_bins``: ``G_k``, ``tr Sigma_k``
-of ``L_k`` itself, not of ``q_k L_k``). Draw bin k with probability ``p_k`` (then ``t`` uniform within it) and weight
-the example by ``w_k = q_k / p_k``: ``E[w grad l] = sum_k p_k (q_k/p_k) G_k = G`` (unbiased), and the weighted
-per-example gradient has second moment
+The trial optimises ``L = sum_k q_k L_k`` over K timestep bins (``q_k`` the bin's share of the timesteps, ``L_k`` the
+mean loss over ``t`` uniform in bin k, whose ``G_k`` and ``tr Sigma_k`` the per-bin GNS pass measures). Drawing bin k
+with probability ``p_k`` and weighting by ``w_k = q_k / p_k`` keeps the gradient unbiased; its per-example second
+moment is ``M(p) = sum_k q_k^2 m_k / p_k`` with ``m_k = tr Sigma_k + |G_k|^2``, so ``tr Sigma(p) = M(p) - |G|^2``,
+least at ``p_k ∝ q_k sqrt(m_k)`` (Neyman allocation), and the steps at batch size ``B`` change by ``S_p(B) / S_u(B) =
+(B + B_simple(p)) / (B + B_simple(uniform))`` (derivation: docs/design.md).
 
-    M(p) = sum_k p_k w_k^2 m_k = sum_k q_k^2 m_k / p_k,      m_k = E|grad l|^2 within bin k = tr Sigma_k + |G_k|^2
-
-so its covariance trace is ``tr Sigma(p) = M(p) - |G|^2`` (``G`` is unchanged by unbiased reweighting). By
-Cauchy-Schwarz ``M`` is minimised by ``p_k ∝ q_k sqrt(m_k)`` (Neyman allocation), where ``M = (sum_k q_k
-sqrt(m_k))^2``. With ``B_simple(p) = tr Sigma(p) / |G|^2`` and McCandlish et al. 2018 (``S = S_min (1 +
-B_noise/B)``, ``B_noise ~ B_simple``, ``S_min`` unchanged because ``G`` is) the steps at batch size ``B`` change by
-
-    S_p(B) / S_u(B) = (B + B_simple(p)) / (B + B_simple(uniform)).
-
-Inputs are the logged window measurements: per bin, the unbiased per-measurement ``|G_k|^2`` and ``tr Sigma_k``
-(so ``m_k`` samples), and the global per-step ``|G|^2`` samples. Standard errors are the first-order delta method
-over the sample means (bins and the global series are independent draws), with the allocation ``p`` held fixed.
-"""
+Inputs are the logged window measurements: per bin, the unbiased per-measurement ``|G_k|^2`` and ``tr Sigma_k``, and
+the global per-step ``|G|^2``. Standard errors are the first-order delta method over the sample means (bins and the
+global series independent), with the allocation ``p`` held fixed."""
 
 from __future__ import annotations
 

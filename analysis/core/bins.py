@@ -1,7 +1,7 @@
 """Timestep bins: K contiguous, inclusive ranges that partition 0..T-1 with no gaps and no overlaps.
 
-The seed repo used ``(0,100),(101,200),...`` with an exclusive upper bound, so timesteps 100, 200, ... were never
-sampled (REFERENCE.md, mistake 5). Here bin ``k`` is ``[lo_k, hi_k]`` inclusive with ``lo_{k+1} = hi_k + 1``.
+Bin ``k`` is ``[lo_k, hi_k]`` inclusive with ``lo_{k+1} = hi_k + 1``, so every timestep is sampled (bins written
+``(0,100),(101,200),...`` with an exclusive upper bound never sample 100, 200, ...: docs/design.md).
 """
 
 from __future__ import annotations

@@ -1,26 +1,17 @@
 """Gradient noise scale (GNS) estimators: pure functions over numbers and numpy arrays (no torch, no ray).
 
-Reference: McCandlish, Kaplan, Amodei et al. 2018, "An Empirical Model of Large-Batch Training",
-arXiv 1812.06162, Appendix A.1 ("the two-batch estimators"). With true gradient ``G``, per-example
-covariance ``Sigma`` and ``G_b`` the mean gradient of ``b`` iid examples,
-
-    E[|G_b|^2] = |G|^2 + tr(Sigma) / b,
-
-so two batch sizes ``b < B`` (same parameters, iid examples) give the unbiased estimators
+McCandlish et al. 2018 (arXiv 1812.06162, App. A.1): ``E[|G_b|^2] = |G|^2 + tr(Sigma) / b``, so two batch sizes
+``b < B`` (same parameters, iid examples) give the unbiased estimators
 
     |G|^2     ~= (B |G_B|^2 - b |G_b|^2) / (B - b)
     tr(Sigma) ~= (|G_b|^2 - |G_B|^2) / (1/b - 1/B)      (the paper's S)
 
-and the simple noise scale ``B_simple = tr(Sigma) / |G|^2``. Each estimate is unbiased; their ratio is
-not, so B_simple is formed from numerator and denominator averaged *separately*, then divided: over the
-measurements of the last ``window`` optimizer steps (``GNSWindow``, ``window_b_simple``: the one smoothing rule
-of the live values, globally and per bin, of the offline re-smoothing and of the report), or over independent
-repetitions (``b_simple_with_se``, the probe). Every B_simple comes with a delta-method standard error.
-
-Conventions: ``g2_small`` is ``|G_b|^2`` (the mean over the small-batch gradients of one step is fine:
-it has the same expectation), ``g2_big`` is ``|G_B|^2``. Single-step ``|G|^2`` estimates are noisy and
-may be negative; they are kept, never dropped (dropping them biases the mean upwards).
-"""
+and ``B_simple = tr(Sigma) / |G|^2``. The ratio of unbiased estimates is not unbiased, so B_simple is formed from
+numerator and denominator averaged *separately*, then divided: over the last ``window`` optimizer steps
+(``GNSWindow``, ``window_b_simple``: one rule for the live, per-bin, re-smoothed and reported values), or over
+independent repetitions (``b_simple_with_se``, the probe), with a delta-method standard error. ``g2_small`` is
+``|G_b|^2`` (or the mean over a step's small batches: same expectation), ``g2_big`` is ``|G_B|^2``. Negative
+single-step ``|G|^2`` estimates are kept, never dropped (dropping them biases the mean upwards; docs/design.md)."""
 
 from __future__ import annotations
 
@@ -137,8 +128,7 @@ def window_span(step: ArrayLike, window: int, half: bool = False) -> NDArray[np.
     ``(step - span, step]``. ``span = window``; with ``half`` (config ``gns_window_half``) at most ``ceil(step / 2)``
     too, i.e. never the first half of the steps so far: ``|G|^2`` falls by orders of magnitude during the first tens
     of steps, and a window reaching back to them in a short trial reads B_simple several times too low (the
-    window means are dominated by the transient) with a wide SE (measured: 1.7 ± 0.8 instead of ~10 at step 60 of
-    a B = 32 demo trial, whose first 60 steps a 100-step window holds). Long trials (``step >= 2 window``) are
+    window means are dominated by the transient) with a wide SE. Long trials (``step >= 2 window``) are
     unaffected. The trial applies it to the global window only (per-bin measurements are too sparse)."""
     s = np.asarray(step, dtype=np.int64)
     return np.minimum(window, (s + 1) // 2) if half else np.full_like(s, window)
@@ -231,22 +221,13 @@ def stratified_b_simple(g2_groups: list[ArrayLike], trace_groups: list[ArrayLike
 class GNSWindow:
     """Live B_simple ± SE: means of ``tr(Sigma)`` and ``|G|^2`` over the last ``window`` optimizer steps, divided.
 
-    The rule, one for the global value, every per-bin value, the offline re-smoothing and the report: at step
-    ``s`` the window holds every measurement taken at a step in ``(s - window, s]`` -- every step for the global
-    statistics, every ``gns_every`` steps for a bin, so both forget a measurement at the same age in *steps*
-    (``window`` is the time constant); with ``half`` it never reaches back past ``s - ceil(s / 2)`` either
-    (``window_span``: a short trial's early transient is forgotten). ``window_estimate`` forms the ratio of the
-    window means and its SE.
-
-    Why a window and not an EMA: McCandlish et al. 2018 (arXiv 1812.06162, App. A.1) smooth ``|G|^2`` and
-    ``tr(Sigma)`` separately, then divide (so do we: the ratio of two noisy estimates is biased, the ratio of
-    their means much less). But ``|G|^2`` falls ~600x during the first ~20 steps of a DiT, and an EMA weighs
-    that past forever: a bias-corrected EMA with beta 0.95 gave B_simple 10x low at step 60 (the first 20 steps
-    held 9% of the weight and 88% of the smoothed ``|G|^2``); even after 3 time constants, ``e^-3 x 600 = 30x``
-    the settled value remains. A window forgets it *exactly* after ``window`` steps, and its means are plain
-    sample means of independent measurements, so their spread gives an honest SE (an EMA's unequal weights and
-    unbounded memory make that awkward). The price is a lag of about ``window / 2`` steps, the same everywhere.
-    """
+    The one rule for the global value, every per-bin value, the offline re-smoothing and the report: at step ``s`` the
+    window holds every measurement taken at a step in ``(s - window, s]`` -- every step for the global statistics, every
+    ``gns_every`` steps for a bin, so both forget a measurement at the same age in *steps*; with ``half`` it never
+    reaches back past ``s - ceil(s / 2)`` either (``window_span``). ``window_estimate`` forms the ratio of the window
+    means and its SE. A window, not an EMA: ``|G|^2`` falls by orders of magnitude in the first steps and an EMA
+    remembers that transient forever, while a window forgets it exactly and its plain means give an honest SE, at a lag
+    of about ``window / 2`` steps (docs/design.md)."""
 
     def __init__(self, window: int = DEFAULT_WINDOW, half: bool = False) -> None:
         if int(window) != window or window < 1:

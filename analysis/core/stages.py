@@ -3,18 +3,14 @@ given optimizer step.
 
 A trial's ``batch_schedule`` is a list of ``[step, batch_size]`` (or ``[step, batch_size, lr]``) entries: the trial
 starts at its ``batch_size`` and, once ``step`` optimizer steps are done, every later step uses the new batch size
-(Merrill et al. 2025, arXiv 2505.23971: raise B as the local critical batch size grows; Smith et al. 2018, arXiv
-1711.00489). The trial realises a stage's ``B`` by its gradient accumulation ``A = B / (micro x W)`` (micro-batch
-and workers stay fixed), so every stage's B must be a multiple of ``unit = micro x W``. The learning rate of a
-stage is the entry's own ``lr`` if it gives one (a proposal from a sweep knows each batch size's tuned lr,
-``analysis.decisions.schedule``), else the trial's lr times ``analysis.core.lr_rules.lr_factor(rule, B / B_0)`` -- the
-rule a
-branched study uses for its branches (``sqrt`` for Adam, ``linear`` for SGD).
+(raise B as the local critical batch size grows: docs/schedule.md). A stage's ``B`` is reached by gradient
+accumulation ``A = B / (micro x W)`` (micro-batch and workers fixed), so every B must be a multiple of ``unit = micro
+x W``. A stage's learning rate is the entry's own ``lr`` if given, else the trial's lr times
+``analysis.core.lr_rules.lr_factor(rule, B / B_0)`` (``sqrt`` for Adam, ``linear`` for SGD, as for branches).
 
-Counters (``REFERENCE.md``): after ``n`` steps the trial has consumed ``examples(n) = sum over steps i < n of
-B(i)`` examples and done ``examples(n) / unit`` micro-steps per worker. Pure Python (used by the trainables, the
-NQM closed form and the proposal in ``analysis.decisions.schedule``).
-"""
+Counters: after ``n`` steps the trial has consumed ``examples(n) = sum over steps i < n of B(i)`` examples and done
+``examples(n) / unit`` micro-steps per worker. Pure Python (the trainables, the NQM closed form,
+``analysis.decisions.schedule``)."""
 
 from __future__ import annotations
 

@@ -2,19 +2,14 @@
 and global GNS measurements, ``analysis.core.allocation``) beside the gain measured in steps-to-target
 (docs/allocation.md).
 
-1. the sweep's trials are split by their ``timestep_sampling`` column (absent: every trial ``uniform``);
-2. prediction: the uniform trials' GNS measurements in the window that ends where each reached the target (their
-   last step otherwise; the trial's window, at most half its steps so far) are pooled -- per bin ``m_k = |G_k|^2 +
-   tr Sigma_k`` per measurement, globally ``|G|^2`` per step -- and ``analysis.core.allocation.predict`` gives
-   ``tr Sigma``, ``B_simple`` and ``S_p / S_u`` per batch size for the uniform allocation, the Neyman allocation of
-   those means (``noise``, with the floor) and, for a sampler the sweep ran, the allocation its trials logged last
-   (``alloc/bin{k}/p``, mean over trials);
-3. measurement: ``analysis.fits.sweep_fit.analyze_metric`` per sampler (best lr per batch size, seeds averaged, B_crit
-   with its bootstrap interval) and the ratio of best steps per batch size, with an SE from the seeds' scatter of the
-   two best settings (``log`` steps, delta method); where a sampler's fit is impossible (fewer than 3 batch sizes
-   reach the target), its trials paired with the uniform ones by seed and setting
-   (``analysis.decisions.allocation_pairs``).
-"""
+Trials are split by their ``timestep_sampling`` column (absent: ``uniform``). **Predicted**: the uniform trials' GNS
+measurements in the window ending where each reached the target are pooled (per bin ``m_k = |G_k|^2 + tr Sigma_k``,
+globally ``|G|^2``) and ``analysis.core.allocation.predict`` gives ``tr Sigma``, ``B_simple`` and ``S_p / S_u`` per
+batch size for the uniform allocation, the Neyman allocation (``noise``, with the floor) and each sampler's last logged
+allocation. **Measured**: ``analysis.fits.sweep_fit.analyze_metric`` per sampler and the ratio of best steps per batch
+size, with a delta-method SE from the seeds' scatter; where a sampler's fit is impossible (fewer than 3 batch sizes
+reach the target), its trials paired with the uniform ones by seed and setting
+(``analysis.decisions.allocation_pairs``)."""
 
 from __future__ import annotations
 
@@ -87,7 +82,7 @@ def uniform_statistics(
         # one span for the global and the per-bin samples, never reaching back past half the steps so far (the
         # global live rule, analysis.core.gns.window_span): |G|^2 falls ~600x in the first tens of steps, and a global
         # window holding them (every step) beside per-bin measurements that do not (every gns_every steps) mixes
-        # two different |G|^2 (measured on the demo-like sweep: uniform B_simple predicted 0.7 vs 3.0 measured)
+        # two different |G|^2, and the predicted uniform B_simple then falls far below the measured one
         window = int(gns.window_span(int(end), gns_view.window_of(runs, int(row)), half=True))
         g2, tr = _window(runs, int(row), None, end, window)
         per_bin = [_window(runs, int(row), k, end, window) for k in ks]

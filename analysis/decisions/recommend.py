@@ -1,28 +1,17 @@
 """How to train: the fastest and the cheapest split ``(micro, A, W)`` to reach a target loss (``bcrit recommend``).
 
-For every candidate split, with ``B = micro·A·W``:
+For every candidate split, with ``B = micro·A·W``: steps to the target ``S(B) = S_min + E_min/B`` from the sweep's own
+fit (:mod:`analysis.fits.pareto`, as ``bcrit analyze``); seconds per step from the sweep's ``sys/`` measurements, or
+the fitted throughput model for a split nobody ran (:mod:`analysis.fits.throughput`); **time-to-target** ``S(B) ·
+T_step`` (training seconds) and **cost** ``time · W`` in device-hours. Intervals are percentiles of the product of
+paired replicates of the steps fit's and the step time's bootstraps. Excluded: a predicted peak memory per worker
+above ``gpus_per_worker · device_mem_gb``, or more than one worker with ``gpus_per_worker < 1``
+(trainables.config.check_gpu_share). *Extrapolated*: a batch size outside the fitted ones or, not measured itself, a
+micro-batch, accumulation or worker count outside the measured ones.
 
-- steps to the target ``S(B) = S_min + E_min/B``, the sweep's own fit at that target (:mod:`analysis.fits.pareto`,
-  the same best-setting points and bootstrap as ``bcrit analyze``, lack of fit included);
-- seconds per step from the sweep's ``sys/`` measurements, or the fitted throughput model for a split nobody ran
-  (:mod:`analysis.fits.throughput`);
-- **time-to-target** ``S(B) · T_step`` (training seconds: start-up and evaluation excluded) and **cost**
-  ``time · W`` in device-hours (GPU-hours on GPUs, CPU-worker-hours on CPUs).
-
-Intervals are percentiles of the product of paired replicates: the steps fit's bootstrap (R replicates of
-``(S_min, E_min)``) times the step time's bootstrap (over trials of the split, or the refitted model with its
-residual scatter). The fastest, the cheapest and the Pareto front between them are taken among candidates that
-are not excluded (predicted peak memory per worker above ``gpus_per_worker · device_mem_gb``, the share of the
-device a packed worker may hold; with ``gpus_per_worker < 1``, more than one worker, which a packed trial cannot
-have: trainables.config.check_gpu_share). A candidate is *extrapolated* when its batch size
-lies outside the fitted batch sizes or, not measured itself, its micro-batch, accumulation or workers lie outside
-the measured ones.
-
-The Pollux comparison (Qiao et al. OSDI 2021): Pollux maximises goodput ``= B/T_step · (φ + M₀)/(φ + B)`` with
-``φ`` the gradient noise scale (here ``B_simple`` at the target, :mod:`analysis.fits.gns_view`). That is the time model
-above with ``S(B) ∝ 1 + φ/B``, i.e. ``B_crit`` replaced by ``B_simple``; :func:`pollux_times` anchors it to the
-measured steps (one scale, fitted in log space) so both predictions can be set against measured times.
-"""
+The Pollux comparison (Qiao et al. OSDI 2021): goodput ``= B/T_step · (φ + M₀)/(φ + B)`` with ``φ`` the gradient
+noise scale (``B_simple`` at the target, :mod:`analysis.fits.gns_view`) is this time model with ``B_crit`` replaced by
+``B_simple``; :func:`pollux_times` anchors it to the measured steps (one scale, fitted in log space)."""
 
 from __future__ import annotations
 

@@ -1,29 +1,16 @@
-"""Propose a batch-size schedule from the critical batch size measured along training (issue 20 B).
+"""Propose a batch-size schedule from the critical batch size measured along training.
 
-A sweep's analysis (``bcrit.json``) gives, per target loss ``y``, the fit ``S(B; y) = S_min(y) + E_min(y)/B`` of the
-fewest steps to ``y`` at batch size ``B``, and per band ``hi -> lo`` between consecutive targets the fit of the
-extra steps ``ΔS(B) = ΔS_min + ΔE_min/B`` (analysis.fits.band; McCandlish et al. 2018). Training is cut into
-**segments**: initialisation -> first target, then each band. Assumption (the one behind a band's B_crit and
-behind Merrill et al. 2025's local critical batch size): the steps a segment takes depend only on the batch size
-used *in that segment* (with that batch size's tuned learning rate), not on how the run got to its start. Then a
-schedule ``B_j`` per segment takes
+From a sweep's analysis (``bcrit.json``): the fit ``S(B; y) = S_min(y) + E_min(y)/B`` per target and the band fits
+``ΔS(B) = ΔS_min + ΔE_min/B`` between consecutive targets (analysis.fits.band). Training is cut into segments
+(initialisation -> first target, then each band), each assumed to take steps that depend only on the batch size used
+in it, so a schedule ``B_j`` per segment takes ``Σ_j ΔS_min,j + ΔE_min,j / B_j`` steps and ``Σ_j B_j ΔS_min,j +
+ΔE_min,j`` examples. The proposal is the plan with the fewest steps among those whose batch size never decreases
+(:func:`pareto_front`) and that use at most the examples of a **reference constant batch size** (default: the
+allowed one nearest the last target's B_crit); it reports the steps and examples saved against it and against every
+constant batch size, with time from ``sys/examples_per_s`` where the sweep measured it. Why non-decreasing, and how
+the batch follows the local critical batch size: docs/design.md.
 
-    steps = Σ_j ΔS_min,j + ΔE_min,j / B_j,      examples = Σ_j B_j ΔS_min,j + ΔE_min,j
-
-and the schedule with the **fewest steps for a budget of examples** is read off the exact Pareto front of all
-plans whose batch size never decreases (:func:`pareto_front`; B_crit grows during training, and a plan allowed to
-go down chases the noise of the per-segment fits). Intuition: minimising
-``steps + λ·examples`` splits into one choice per segment, and without the integer constraint gives
-``B_j = sqrt(B_local,j / λ)``, ``B_local,j = ΔE_min,j / ΔS_min,j``: the batch follows the local critical batch size
-(as its square root: a segment whose B_local is 4x larger gets 2x the batch). The proposal takes the plan with
-the fewest steps among those using at most the examples of a **reference constant batch size** (default: the
-allowed batch size nearest the critical batch size of the last target, the usual operating point: 2 S_min steps,
-2 E_min examples) and reports the steps and examples saved against it and against every constant batch size, with time
-from ``sys/examples_per_s`` where the sweep measured it. The Merrill et al. rule (double B when the local critical
-batch size exceeds 2B) is the same idea with hand-picked thresholds.
-
-Pure numpy; printed by ``bcrit schedule`` (orchestrator/cli/schedule_cmd.py).
-"""
+Pure numpy; printed by ``bcrit schedule`` (orchestrator/cli/schedule_cmd.py)."""
 
 from __future__ import annotations
 

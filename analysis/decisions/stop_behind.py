@@ -1,52 +1,14 @@
-"""Which running trials the fit only needs to know are slower, and may stop now (``stopping.behind``; issue 44).
+"""Which running trials the fit only needs to know are slower, and may stop now (``stopping.behind``).
 
 The fit uses each batch size's *best* setting (:func:`analysis.fits.steps.best_per_batch`); a trial at another
-setting matters only as evidence that it is slower. Once it is behind by more than the seed noise can undo, the rest
-of its run buys nothing: it stops, with the status ``stopped_behind``, and enters the analysis as every trial that
-has not reached a target does, *right-censored* at its last evaluated step (a lower bound on its steps).
-
-**The rule, per batch size** (seeds of one setting resampled, the bootstrap's ``"seeds"`` mode,
-:func:`analysis.fits.pareto.bootstrap_best`):
-
-1. The *comparator* ``C``: among the settings whose every seed -- every one the sweep will run (`Seeds`: a seed
-   still to come could raise the bound) -- reached the trials' target (``reached_target``), the one with the least
-   bound ``U`` below. With ``X_i`` the log of seed ``i``'s last evaluated step (a crossing of any
-   target the trial reached lies at or before it: :mod:`analysis.fits.crossing` takes its root among the
-   evaluations) and ``k`` seeds, ``U = max X + (r - 1)(max X - min X)``, ``r = sqrt(k/(k-1))``: the largest value
-   a bootstrap replicate of ``C`` can take (the replicate is a mean of draws of the adjusted residuals
-   ``mean + r (X_i - mean)``, so it is at most ``mean + r (max X - mean)``, which is at most ``U``).
-2. A running seed ``j`` of another setting ``A`` at step ``s`` is *behind* when, for every metric the analysis fits
-   (``eval/loss`` and each ``eval/loss/bin{k}``), it has not yet reached the level every seed of ``C`` reached (the
-   highest of their lowest values: a target it has not reached lies below it), ``log s - MARGIN >= U``, and every
-   other seed of ``A`` has not reached that level either and reached ``j``'s lowest value only at a log step
-   ``>= U`` (or has not yet, at such a step). ``MARGIN`` allows the local crossing fit to place ``j``'s crossing a
-   little before its first evaluation below a target.
-3. Then no replicate of ``A`` -- whichever of its seeds it draws -- takes fewer steps than ``U`` at a target ``j``
-   has not reached, and every replicate picks ``C`` (or better) over ``A`` whether ``j`` ran on or not: the best
-   setting per replicate, the answer and its interval are those of the full run. The one difference is second
-   order: a setting whose every seed reached is resampled with adjusted residuals and a censored one is not, so a
-   replicate of ``A``'s other seeds is a little lower unstopped (by ``(r - 1)`` times their spread) and could then
-   edge past ``C`` where stopped it cannot. The censored lower bound lies above ``C``'s value, so it never censors
-   the batch size. Tested in ``tests/analysis/test_stop_behind.py`` against the full curves.
-
-With one seed per setting (Optuna's one-seed studies: the bootstrap resamples *settings*, ``"trials"`` mode) a
-replicate may miss ``C``; ``U`` is then the slowest of the known settings' steps, and at least 3 settings must be
-known at the batch size (a replicate that draws only stopped settings, probability ``(1/n)^n``, is left censored).
-
-**What is never stopped**: the comparator's seeds; a setting with a running or finished seed ahead of the rule; a
-setting whose seeds pool several splits (:func:`analysis.fits.steps.pool_splits`); and the learning-rate
-neighbours of every setting that can still be the best (its lower bound below ``U``): the checks of the learning-rate
-grid (:mod:`analysis.fits.lr_grid`: ``lr_at_edge``, ``lr_at_divergence``, the curvature; ``b_crit_refined``) read
-their steps, or their divergence, at every target. So a sweep saves on the learning rates two or more grid points
-from the best, where a fixed budget costs most.
-
-What it cannot promise: below the comparator's level in a timestep bin, a stopped trial might have gone on to be the
-only one of its batch size to get there. A batch size no setting reached where a trial was stopped therefore counts
-as censored at that target (`analysis.fits.trust.PointChecks.stopped_unreached`: the flag ``censored_batch_sizes``),
-not as unreached -- so the stopped sweep can add that flag where the full one had none, never remove one -- and the
-per-bin automatic targets, whose low end is the lowest level each batch size reaches, can move a little. Measured,
-with the savings, in benchmarks/RESULTS.md.
-"""
+setting matters only as evidence that it is slower. Once it is behind by more than the seed noise can undo (per
+batch size: a *comparator* setting whose every seed reached the target, and a running seed of another setting past
+the comparator's largest bootstrap value ``U`` by ``MARGIN`` in log steps at every fitted metric), the rest of its run
+buys nothing: it stops with the status ``stopped_behind`` and enters the analysis right-censored at its last
+evaluated step, so every bootstrap replicate picks the same best setting as the full run would. Never stopped: the
+comparator's seeds, pooled splits, and the learning-rate neighbours of any setting that can still be the best (the
+lr-grid checks read them). A batch size no setting reached where a trial was stopped counts as censored at that
+target (flag ``censored_batch_sizes``). The rule, its bound and what it cannot promise: docs/design.md."""
 
 from __future__ import annotations
 

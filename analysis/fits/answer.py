@@ -3,16 +3,12 @@
 1. "How large a batch before extra GPUs stop buying fewer steps?" -- the trustworthy global targets' B_crit with
    their intervals (:func:`analysis.fits.trust.headline`).
 2. "Does that differ across diffusion timesteps?" -- per timestep bin, B_crit at **one common point of training**:
-   for a trustworthy global target ``y``, bin ``k``'s matched target is the bin-``k`` eval loss that the global
-   target's fitted trials (every seed of each batch size's best setting) have when their global eval loss
-   crosses ``y`` (median over those trials, each interpolated at its crossing step). Every bin is then analysed at
-   its matched target exactly as the global loss is (steps-to-target, best setting, fit, bootstrap, flags), beside
-   the bin's B_simple at the crossings. Of the trustworthy global targets, the one with the most trustworthy bins
-   is quoted (the lowest target on a tie: further into training).
+   for a trustworthy global target ``y``, bin ``k``'s matched target is the median bin-``k`` eval loss of the global
+   target's fitted trials (every seed of each batch size's best setting) where their global eval loss crosses ``y``.
+   Each bin is analysed at its matched target as the global loss is, beside its B_simple at the crossings. The
+   global target with the most trustworthy bins is quoted (the lowest on a tie: further into training).
 
-The sentence compares the trustworthy bins' intervals: two bins "differ beyond their intervals" when one's lower
-end lies above the other's upper end.
-"""
+Two bins "differ beyond their intervals" when one's lower end lies above the other's upper end."""
 
 from __future__ import annotations
 

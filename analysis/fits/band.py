@@ -1,22 +1,15 @@
 """The critical batch size of a *band* of the loss curve, from the grid of trials: how B_crit changes along training.
 
-``bcrit analyze`` reports ``B_crit(y) = E_min(y)/S_min(y)`` at a target ``y``: it counts every step from
-initialisation, so it averages the whole path down to ``y`` (the early phase, where the critical batch is small,
-included). The branched measurement (analysis.fits.branched, Merrill et al. 2025) is *local*: it starts from a point
-of a run. The like-for-like quantity from the grid is the critical batch size of the band between two targets
-``hi > lo``: with the best setting per batch size at each target, ``S*(y; B) = S_min(y) + E_min(y)/B`` at both
-targets (McCandlish et al. 2018), so the extra steps from ``hi`` to ``lo``
+``B_crit(y) = E_min(y)/S_min(y)`` counts every step from initialisation, so it averages the whole path down to ``y``;
+the branched measurement (analysis.fits.branched) is *local*. The like-for-like quantity from the grid is the band
+between two targets ``hi > lo``: with the best setting per batch size at each target, ``S*(y; B) = S_min(y) +
+E_min(y)/B``, so the extra steps ``ΔS(B) = S*(lo; B) - S*(hi; B) = ΔS_min + ΔE_min / B`` follow the same hyperbola,
+fitted the same way (analysis.fits.pareto, log space), and ``B_band = ΔE_min / ΔS_min`` is the examples-weighted local
+critical batch size over the band (above ``B_crit(lo)``: the critical batch grows during training).
 
-    ΔS(B) = S*(lo; B) - S*(hi; B) = ΔS_min + ΔE_min / B,     B_band = ΔE_min / ΔS_min
-
-follow the same hyperbola, fitted the same way (analysis.fits.pareto, log space) to the per-batch-size differences.
-``B_band`` is the examples-weighted local critical batch size over the band; ``B_crit(lo)`` is the same average
-over ``[start, lo]``, so a ``B_band`` above ``B_crit(lo)`` says the critical batch grows during training.
-
-The best setting per batch size is censoring-aware at each target (analysis.fits.steps.best_per_batch): a batch size
-enters the fit only where both minima are known. The interval is the percentile bootstrap of
-analysis.fits.pareto.bootstrap_best with the same draws for both targets (paired), refitted per replicate.
-"""
+A batch size enters the fit only where both targets' minima are known (censoring-aware,
+analysis.fits.steps.best_per_batch). The interval is the percentile bootstrap of
+analysis.fits.pareto.bootstrap_best with the same draws for both targets (paired), refitted per replicate."""
 
 from __future__ import annotations
 

@@ -1,32 +1,17 @@
 """Critical batch size *during* training, from branches of one run (Merrill et al. 2025, arXiv 2505.23971, Sec. 3).
 
-A reference trial trains at batch size ``B0`` and keeps checkpoints at branch points. From each, branches train
-at ``k·B0`` (learning rate scaled by a rule, optimizer state kept) for the same number of *examples* ``Δ``. The
-critical batch size at that point is the largest ``k·B0`` whose smoothed held-out loss after ``Δ`` examples is
-within a tolerance ``ε`` of the comparator's:
-
-    excess(k) = L_k / L_cmp - 1 <= ε          (relative: per-bin losses have their own scales)
-
-Choices (each explicit, each recorded in the result):
-- **comparator** ``compare="reference"`` (default): the reference continued at ``B0`` from the same checkpoint for
-  the same ``Δ`` examples, i.e. the ``k = 1`` branch of the same seed (branches and comparator then have the same
-  kinds of noise); ``compare="best"``: the lowest loss over the multipliers.
-- **smoothing** ``window``: the loss is the mean of the evaluations whose branch examples lie in
-  ``[(1 - window)·Δ, Δ]`` (``window = 0``: the evaluation at ``Δ``). Every branch evaluates at the same example
-  counts (the study sets each branch's ``eval_every`` so), so the comparison is like for like.
-- **seeds** are repeats: losses are averaged over seeds per ``k`` first, then the rule is applied (taking the
-  minimum over seeds would bias low). The interval is a percentile bootstrap over seeds (resampled with
-  replacement), and the per-seed answers are listed too.
-- **between multipliers**: ``excess`` is interpolated linearly in ``log k`` between the largest ``k`` within
-  tolerance and the next one (``b_crit``); ``b_crit_grid`` is the plain grid answer. When the largest multiplier
-  is within tolerance the answer is a lower bound (``bound="lower"``), when no multiplier is, an upper bound at the
-  smallest (``bound="upper"``). A diverged branch has ``L = inf`` (never within tolerance), a failed or unfinished
-  one is missing (left out of its seed's average for that ``k``).
-
-Rows: ``trials.parquet`` of a branched study carries :data:`BRANCH_COLUMNS` (null on the reference's row); the
-branches' metric rows count ``step`` and ``examples`` from the branch point. Training progress of a branch point
-is the reference's examples there, ``branch_step · B0``.
-"""
+A reference trial at batch size ``B0`` keeps checkpoints at branch points; from each, branches train at ``k·B0``
+(lr scaled by a rule, optimizer state kept) for the same ``Δ`` examples. The critical batch size there is the largest
+``k·B0`` with ``excess(k) = L_k / L_cmp - 1 <= ε`` (relative: per-bin losses have their own scales). Choices, each
+recorded in the result: ``compare`` (``"reference"``: the ``k = 1`` branch of the same seed, same kinds of noise;
+``"best"``: the lowest loss over the multipliers); ``window`` (the loss is the mean of the evaluations in ``[(1 -
+window)·Δ, Δ]``; every branch evaluates at the same example counts); **seeds** are averaged per ``k`` before the rule
+(a minimum over seeds biases low), the interval a percentile bootstrap over seeds; ``b_crit`` interpolates ``excess``
+linearly in ``log k`` past the largest ``k`` within tolerance (``b_crit_grid``: the grid answer), a lower bound
+(``bound="lower"``) when the largest multiplier is within, an upper one at the smallest when none is. A diverged branch
+has ``L = inf``; a failed or unfinished one is left out of its seed's average for that ``k``. Rows: a branched
+study's ``trials.parquet`` carries :data:`BRANCH_COLUMNS` (null on the reference's row); branch rows count ``step``
+and ``examples`` from the branch point, whose training progress is ``branch_step · B0``."""
 
 from __future__ import annotations
 

@@ -1,29 +1,14 @@
-"""Calibration of the B_crit interval's level from the sweep itself: a parametric double bootstrap (issue 30).
+"""Calibration of the B_crit interval's level from the sweep itself: a parametric double bootstrap.
 
-The percentile interval of :func:`analysis.fits.sweep_fit.analyze_metric` takes each batch size's per-point
-variance ``v_i`` (what the seed bootstrap shows) and the lack-of-fit ``tau²``
-(:func:`analysis.fits.pareto.lack_of_fit_var`) as if they were known. They are estimated: ``v_i`` from a handful of
-seeds, ``tau²`` from ``n - 2`` residual degrees of freedom (5 with 7 batch sizes), so the nominal 90% interval holds
-the truth less often (0.84 on an independent simulator), as a z-interval with an estimated variance does where a
-t-interval is due. This module measures that shortfall on the fitted model and returns the level that restores it
-(Hall 1986; Beran 1987 "prepivoting"; Davison & Hinkley 1997, section 5.6):
-
-1. **Outer draws** (``outer``): sweeps' points from the fitted model: ``y*_i = log(S_min + E_min/B_i) + N(0, v_i +
-   tau²)``, each with its own estimate of the per-point variance ``v*_i = v_i·chi²_d_i/d_i`` (``d_i`` = seeds at
-   point i's best setting - 1: the bootstrap's variance of a mean of ``d_i + 1`` seeds is itself an
-   estimate on ``d_i`` degrees of freedom).
-2. On each, the interval procedure as ``analyze_metric`` runs it: refit, ``tau²*`` by the same method of moments,
-   **inner replicates** (``inner``) ``y*_i + N(0, v*_i + tau²*)``, refitted.
-3. Where the fitted model's ``B_crit`` (the truth of this parametric world) falls among each outer draw's inner
-   replicates: ``u = |2F - 1|`` with ``F`` its empirical CDF there. The nominal interval at level ``a`` holds the
-   truth iff ``u <= a``; the calibrated level is the ``level``-quantile of ``u`` (clipped to ``[MIN_LEVEL,
-   MAX_LEVEL]``): the level at which the interval held the truth ``level`` of the time.
-
-Approximations (documented in docs/intervals.md): the points' errors are Gaussian in log steps and independent
-between batch sizes; the selection of the best learning rate and censoring are not re-simulated (the real bootstrap
-does them; this step only measures how much the estimated variances understate the real ones); the calibrated
-level is then applied to the real bootstrap's replicates.
-"""
+The percentile interval of :func:`analysis.fits.sweep_fit.analyze_metric` treats each batch size's per-point
+variance ``v_i`` and the lack of fit ``tau²`` (:func:`analysis.fits.pareto.lack_of_fit_var`) as known; they are
+estimated from a handful of seeds and ``n - 2`` residual degrees of freedom, so the nominal interval holds the truth
+less often than its level says. :func:`calibrated_level` simulates sweeps from the fitted model (``outer`` draws,
+each with its own variance estimates), runs the interval procedure on each (``inner`` replicates), and returns the
+level at which those intervals held the model's own ``B_crit`` ``level`` of the time, clipped to ``[MIN_LEVEL,
+MAX_LEVEL]``; the real bootstrap's replicates are then read at that level. The procedure and its approximations
+(Gaussian, independent errors in log steps; lr selection and censoring not re-simulated): docs/design.md and
+docs/intervals.md."""
 
 from __future__ import annotations
 
@@ -31,13 +16,13 @@ import numpy as np
 
 from analysis.fits.pareto import fit_pareto_batched
 
-OUTER = 600  # simulated sweeps per target: at 200 the level's sd was 0.033 and the tiny grid's width moved by 13%
-# from one seed to the next, at 600 0.018 and 4% (benchmarks/RESULTS.md, "replayed")
+OUTER = 600  # simulated sweeps per target: enough that the calibrated level and the interval's width vary little
+# from one seed to the next (fewer left them visibly seed-dependent; benchmarks/RESULTS.md)
 INNER = 100  # bootstrap replicates per simulated sweep
 MIN_LEVEL = 0.5
 MAX_LEVEL = 0.99  # beyond this the percentile of 1000 replicates rests on fewer than 5 of them
 ITERS = 8  # Levenberg-Marquardt steps per fit: from the fitted point a few suffice (B_crit within 1e-6 / 1e-5 of 60
-# steps' at 5% / 20% noise per point, tests/analysis/test_calibration.py); 600 x 8 costs about 200 x 20 did
+# steps' at 5% / 20% noise per point, tests/analysis/test_calibration.py), which pays for the larger OUTER
 
 
 def _leverages_batched(b: np.ndarray, s_min: np.ndarray, e_min: np.ndarray) -> np.ndarray:

@@ -1,31 +1,13 @@
-"""Where a trial's loss curve crosses a target, from its noisy evaluations: a local quadratic fit (issue 45).
+"""Where a trial's loss curve crosses a target, from its noisy evaluations: a local quadratic fit.
 
-The first evaluation at or below the target, with the crossing interpolated linearly from the evaluation before it
-(:func:`analysis.fits.steps.steps_to_target`'s *first passage*), is biased in two ways that depend on the batch size,
-so they do not cancel in ``B_crit = E_min/S_min``:
-
-- **Early by noise** where many evaluations fall within the noise band around the crossing: the first of many noisy
-  values to dip below the target does so before the curve does (the minimum of several noisy draws). With one
-  evaluation every ``eval_every`` steps at every batch size, the small batch sizes (many steps to the target, a
-  shallow descent per evaluation) cross among many evaluations, the large ones among few: small-B steps come out
-  low, ``E_min`` low, ``B_crit`` low.
-- **Late by curvature** where few evaluations precede the crossing: on a convex curve the chord between two
-  evaluations lies above the curve and crosses the target later than the curve does, by up to ``h²·f''/(8|f'|)``
-  (``h`` the interval); relative to the crossing step, about ``(a + 1)/(8 n²)`` for a power law of exponent ``a``
-  reached in ``n`` intervals. The large batch sizes, with the fewest intervals, come out slow: ``S_min`` high,
-  ``B_crit`` low again.
-
-The estimate here fits ``loss ≈ c0 + c1·x + c2·x²`` with ``x = log(step/s0)`` by least squares to the evaluations
-around the first passage ``s0`` (those within ``±WINDOW`` in log step, at least ``MIN_POINTS`` of the nearest;
-step 0 left out) and solves it for the target: the noise is averaged over the window instead of selected by it, and
-the quadratic in log step follows a power-law-like curve's bend (its error is third order in the window). The root
-taken is the one where the fitted curve descends (a quadratic has at most one), within the window's range; where
-there is none (the fitted curve does not descend through the target there, too few evaluations, a crossing at the
-first evaluation) the first passage stands. The fit is exact for a curve quadratic in log step, not for a straight line
-in step (on one it differs from the linear interpolation by the line's bend in log step over the window). Measured
-in benchmarks/RESULTS.md ("Crossings"), tested against float64 curves with known crossings in
-tests/analysis/test_crossing.py.
-"""
+The first passage (:func:`analysis.fits.steps.steps_to_target`: the first evaluation at or below the target,
+interpolated linearly from the one before) is early by noise at small batch sizes and late by curvature at large
+ones, both biasing ``B_crit`` low (docs/design.md). Here ``loss ≈ c0 + c1·x + c2·x²`` with ``x = log(step/s0)`` is
+fitted by least squares to the evaluations around the first passage ``s0`` (within ``±WINDOW`` in log step, at least
+``MIN_POINTS`` of the nearest; step 0 left out) and solved for the target: the root where the fitted curve descends,
+within the window's range. Where there is none (no descent through the target there, too few evaluations, a
+crossing at the first evaluation) the first passage stands. Exact for a curve quadratic in log step; tested against
+float64 curves with known crossings in tests/analysis/test_crossing.py."""
 
 from __future__ import annotations
 

@@ -16,8 +16,8 @@ LR_AT_EDGE = "lr_at_edge"
 LR_AT_DIVERGENCE = "lr_at_divergence"
 
 # a fitted point is coarse when its crossing comes after fewer than this many evaluation intervals: the crossing then
-# rests on few evaluations. The local fit (analysis.fits.crossing) is within 0.2% of a power law's exact crossing
-# from 10 intervals on (exponents 0.3-2), up to 0.7% at 6 and 6% at 3; the first passage's chord was 0.4% late at 10
+# rests on few evaluations. From 10 intervals on, the local fit (analysis.fits.crossing) places a power law's
+# crossing within a fraction of a percent of the exact one; below that its error grows quickly
 # (tests/analysis/test_crossing.py)
 COARSE_MIN_INTERVALS = 10
 # near the floor: the best trial's loss, around its crossing, fluctuates so much relative to its descent that
@@ -27,7 +27,7 @@ NEAR_FLOOR_FRAC = 0.12
 # at the divergence edge: the steps a fitted point would gain at its learning-rate optimum, interpolated between its
 # best lr and a neighbour that diverged (analysis.fits.lr_grid), exceed LR_DIVERGENCE_GAP (in log steps: 1%) and
 # LR_DIVERGENCE_FRAC of the B_crit interval's half-width (in log B: a point's gap moves B_crit about as much or
-# more, so such a gap shifts the answer by a good part of its interval; measured in benchmarks/RESULTS.md)
+# more, so such a gap shifts the answer by a good part of its interval: docs/design.md)
 LR_DIVERGENCE_GAP = 0.01
 LR_DIVERGENCE_FRAC = 0.25
 

@@ -141,11 +141,11 @@ def pooled_b_simple(
     seeds, ``trial_ids``) in the window ending at the point's crossing step pooled; then the points weighted equally
     (``gns.stratified_b_simple``: means of numerator and denominator, divided).
 
-    One trial's window holds few measurements per bin (every ``gns_every`` steps, on ``gns_bin_examples``), so the
-    median of per-trial ratios that this replaces swung with the one trial's noise (the demo's t=0-249 bin: 5.8, 17
-    and 131 over three sets of seeds); averaging numerators and denominators before dividing is McCandlish et al.'s
-    rule and carries a standard error. Equal weights keep what the median over points had: every batch size of the
-    fit counts once, not by how many steps its trials took."""
+    One trial's window holds few measurements per bin (every ``gns_every`` steps, on ``gns_bin_examples``), so a
+    median of per-trial ratios would swing with single trials' noise by large factors between sets of seeds;
+    averaging numerators and denominators before dividing is McCandlish et al.'s rule and carries a standard error.
+    Equal weights keep what the median over points had: every batch size of the fit counts once, not by how many
+    steps its trials took."""
     row_of = {t: i for i, t in enumerate(runs.trial_ids)}
     g2, tr = [], []
     for p in points:

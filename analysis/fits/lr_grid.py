@@ -1,32 +1,16 @@
 """Whether a batch size's best learning rate sits just below divergence while its optimum lies past it: the check
 behind the ``lr_at_divergence`` flag (:mod:`analysis.fits.flags`).
 
-A batch size's fitted point is its best *grid* setting. ``lr_at_edge`` catches a best lr at the end of what was
-tried; a diverged trial counts as tried, so a best lr whose neighbour diverged is not at the edge. Yet when the
-steps still fall towards the diverged neighbour, the optimum lies between the two, where the grid measured nothing,
-and the point is slower than at the optimum by an amount that grows with B where the optimum moves up with B
-(``quiet3`` of ``tests/analysis/synth_shapes.py``: 3 learning rates an octave apart, the largest diverging from
-B = 512, the optimum moving towards it: B_crit 14% low, the 90% interval held the truth in 0.41-0.45 of the
-trusted targets). Measured from the sweep's own data:
-
-1. **Curvature** shared by the batch sizes: ``S = C (1 + kappa (x - x_v)²)`` in ``x = log lr`` (a parabola in
-   steps, the steps penalty relative to the optimum's), ``kappa`` the median over the batch sizes whose best setting
-   has known neighbours on both sides of the parabola through those three. Shared, because one batch size's three
-   points locate its vertex but estimate its curvature poorly, and a batch size with one known neighbour needs it.
-2. **Vertex** where the best setting's neighbour on one side diverged (every trial there) and the other is known:
-   that curve least-squares fitted in log steps through the two points (:func:`vertex_fit`, brute force over the
-   vertex), the vertex clipped to the bracket (between the known neighbour and the diverged one). When it lies on
-   the diverged side of the best, the *gap* ``log S_best - log C >= 0`` is what the batch size would gain at its
-   optimum (:func:`divergence_gaps`); the point is flagged when the gap exceeds
-   :data:`analysis.fits.flags.LR_DIVERGENCE_GAP` and :data:`analysis.fits.flags.LR_DIVERGENCE_FRAC` of the
-   interval's log half-width (:func:`analysis.fits.sweep_fit.analyze_metric`).
-
-Where a target's own points give no curvature (no batch size with both neighbours known and convex: its slower
-settings censored, say), the metric's is used, the median over its targets; nothing is judged without one. A flag on
-the sign of the slope alone (best next to a diverged lr) took out most trusted targets of every simulator shape; a
-flag on how far the gap-corrected fit moves B_crit against its interval (tried first) left the targets whose
-correction the noise had hidden, which then missed (benchmarks/RESULTS.md).
-"""
+``lr_at_edge`` catches a best lr at the end of what was tried, but a diverged trial counts as tried. When the steps
+still fall towards a diverged neighbour, the optimum lies between the two, where the grid measured nothing, and the
+point is slower than at its optimum by an amount that grows with B (the optimum moves up with B): B_crit comes out
+low. From the sweep's own data: a **curvature** ``kappa`` of ``S = C (1 + kappa (x - x_v)²)`` in ``x = log lr``
+shared by the batch sizes (the median over those with known neighbours on both sides; else the metric's median over
+its targets; nothing is judged without one), then per batch size whose best setting has a diverged neighbour the
+**vertex** fitted through the best and its known neighbour (:func:`vertex_fit`). The *gap* ``log S_best - log C`` is
+what the batch size would gain at its optimum (:func:`divergence_gaps`); the point is flagged when it exceeds
+:data:`analysis.fits.flags.LR_DIVERGENCE_GAP` and :data:`analysis.fits.flags.LR_DIVERGENCE_FRAC` of the interval's
+log half-width. Why shared, and the simpler rules this replaced: docs/design.md."""
 
 from __future__ import annotations
 
@@ -165,7 +149,7 @@ def refined_optima(
     (no point, settings that differ in more than lr, no neighbour known, no shared curvature). Every batch size with
     a known neighbour is refined the same way, so the refined points share one model: a parabola through three
     points of each batch size alone leaves the edges and the diverged neighbours' batch sizes unrefined, and the
-    mixture tilts ``B_crit`` (benchmarks/RESULTS.md, "The lean that is left")."""
+    mixture tilts ``B_crit`` (docs/design.md)."""
     steps = best.steps.copy()
     lr = np.where(best.setting >= 0, st.lr[np.maximum(best.setting, 0)], np.nan)
     if not np.isfinite(kappa):

@@ -1,25 +1,14 @@
 """Pareto fit of steps vs examples and the critical batch size (McCandlish et al. 2018, arXiv 1812.06162).
 
-The empirical trade-off ``(S/S_min - 1)(E/E_min - 1) = 1`` with ``E = B·S`` is ``S(B) = S_min + E_min/B``;
-the critical batch size is ``B_crit = E_min / S_min``. Steps-to-target scatter is multiplicative, so the fit
-minimises ``Σ (log S_i - log(S_min + E_min/B_i))²`` over ``(log S_min, log E_min)``: both stay positive.
-The confidence interval is a percentile bootstrap of what varies between repeats of the sweep: with several seeds
-per (batch size, nuisance setting), resample seeds within each setting, re-average, re-take the best setting per
-batch size (censoring-aware) and refit; with one seed per setting, resample the settings (trials) within each
-batch size: that interval does not contain seed-to-seed noise, and the result says so (``ci_resamples``).
-
-What resampling seeds leaves out (issue 17): how far each batch size's best grid learning rate sits from its
-optimum. A grid point an octave off costs the same share of steps in every seed, so the best setting's steps are
-biased by an amount that changes from batch size to batch size (the optimum moves with B) but not from seed to seed;
-the points then scatter about the hyperbola more than the seeds say, and the interval undercovered (0.82 per bin on
-``tests/analysis/synth_sweeps.py``, 0.78 without seed-to-seed variation of the optimum). The interval therefore adds
-that between-point scatter: :func:`lack_of_fit_var` estimates it by the method of moments from the fit's residuals
-and the replicates' own per-point variances (zero when the points scatter no more than the seeds explain) and
-:func:`with_lack_of_fit` adds it to every replicate's points before the refit: a random-effects bootstrap in which
-the lack of fit counts as point-level error (as it does for B_crit: a different grid would move each point
-differently). Measured in ``benchmarks/RESULTS.md`` (issue 17): coverage of the trusted targets >= 0.85 on both
-simulators, globally and per bin.
-"""
+The trade-off ``(S/S_min - 1)(E/E_min - 1) = 1`` with ``E = B·S`` is ``S(B) = S_min + E_min/B``; ``B_crit = E_min /
+S_min``. Steps-to-target scatter is multiplicative, so the fit minimises ``Σ (log S_i - log(S_min + E_min/B_i))²``
+over ``(log S_min, log E_min)``: both stay positive. The interval is a percentile bootstrap of what varies between
+repeats of the sweep: with several seeds per setting, seeds are resampled within each setting, re-averaged, the best
+setting per batch size re-taken (censoring-aware) and the fit redone; with one seed per setting, the settings within
+each batch size are resampled, an interval without seed-to-seed noise (``ci_resamples`` says which). Every
+replicate's points also get the between-point scatter that seeds do not show -- how far each batch size's best grid
+learning rate sits from its optimum -- estimated by :func:`lack_of_fit_var` and added by :func:`with_lack_of_fit`
+(why: docs/design.md; coverage: docs/intervals.md)."""
 
 from __future__ import annotations
 

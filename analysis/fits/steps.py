@@ -1,23 +1,16 @@
 """Steps-to-target per trial, and the best trial per batch size (Shallue et al. 2018, arXiv 1811.03600).
 
-For a target loss, a trial's steps-to-target is the first step at which its (low-noise) eval metric is at
-or below the target, linearly interpolated between the two evaluations that bracket the crossing. A trial
-that never reaches the target is *censored* (``inf``) at its last evaluated step; diverged and failed trials, and
-trials an adaptive sweep ended when its goal was met (``ended_at_goal``: stopped part-way by a decision taken
-without them, so neither a lower bound on a setting's steps nor part of the answer), are *excluded* (``nan``) and
-counted.
+A trial's steps-to-target is the first step at which its (low-noise) eval metric is at or below the target, linearly
+interpolated between the two evaluations that bracket the crossing. A trial that never reaches the target is
+*censored* (``inf``) at its last evaluated step; diverged and failed trials, and trials an adaptive sweep ended at its
+goal (``ended_at_goal``: neither a lower bound on a setting's steps nor part of the answer), are *excluded* (``nan``)
+and counted.
 
-Per batch size the nuisance hyper-parameters are tuned in two stages (:func:`best_per_batch`):
-
-1. the seeds of each *setting* (batch size, split and :data:`analysis.sources.schema.NUISANCE_COLUMNS`) are averaged:
-   the geometric mean of their steps (the fit's noise is multiplicative, so this is the mean in the space the
-   fit works in, the median of a symmetric log-scatter, and not biased low like the minimum over seeds, which
-   is best-of-k). A setting with a seed that has not reached the target is known only as a lower bound: the
-   geometric mean with that seed's last evaluated step in place of its (unknown, larger) steps;
-2. the best setting is the one with the fewest (averaged) steps, and that minimum is *known* only if every
-   other setting's lower bound is at least as large. Otherwise the batch size is *censored* for that target: a
-   setting that stopped early (global target, budget, still running) might have been faster.
-"""
+:func:`best_per_batch` tunes per batch size in two stages: (1) the seeds of each *setting* (batch size, split and
+:data:`analysis.sources.schema.NUISANCE_COLUMNS`) are averaged as the geometric mean of their steps (a seed that has
+not reached counts with its last evaluated step, making the mean a lower bound); (2) the best setting is the one with
+the fewest averaged steps, *known* only if every other setting's lower bound is at least as large, else the batch
+size is *censored* at that target. Why a geometric mean and not the minimum over seeds: docs/design.md."""
 
 from __future__ import annotations
 
@@ -191,8 +184,8 @@ def pool_splits(runs: Runs, steps: np.ndarray, last: np.ndarray, ok: np.ndarray)
     one batch size run with the same seed take the same steps up to numerics (same examples, same draws: the demo's
     splits of B = 64 cross its targets at the same step), so they are one repeat, not several. Left as separate
     settings, the bootstrap resampled each split's seeds independently and took the minimum over the splits:
-    replicates biased low and intervals too narrow (the S(B) interval covered 0.58-0.63 instead of 0.9 on
-    tests/analysis/synth_splits.py with several splits per batch size; 0.91-0.93 with one). Pooled, a group's steps
+    replicates biased low and intervals too narrow (they held the truth far less often than their level with
+    several splits per batch size, and as often as stated with one). Pooled, a group's steps
     at each target are the geometric mean of its splits' (``inf`` unless every split reached; ``last'`` the same
     mean with the last evaluated step of those that did not, else the largest last step), kept on its first usable
     trial; the others leave ``ok'``. The trials table's split columns are set to ``(B, 1, 1)`` so that the settings

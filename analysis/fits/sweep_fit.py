@@ -31,21 +31,17 @@ def analyze_metric(
     """Per target: ``{"target", "b_crit", "b_crit_ci", "s_min", "e_min", "flags", "ci_resamples",
     "b_crit_refined", "points", "censored", "censored_batch_sizes", "unreached_batch_sizes", "ci_level"}``.
 
-    ``refined_interval``: also the refined estimate's own interval (keys ``b_crit_refined_ci`` and
-    ``b_crit_refined_ci_level``; analysis.fits.refined_boot): a measured alternative, not the headline. On 60 sweeps
-    of ``new`` it held the truth 0.895 globally and 0.875 per bin where the plain interval held 0.969 and 0.951, and
-    it triples the analysis's time (benchmarks/RESULTS.md, "Misses counted by sweep").
+    ``refined_interval``: also the refined estimate's own interval (``b_crit_refined_ci``, ``..._ci_level``;
+    analysis.fits.refined_boot): not the headline, it holds the truth less often and triples the analysis's time.
 
     ``calibrate``: the interval's percentile level is calibrated by a parametric double bootstrap
     (:mod:`analysis.fits.calibration`) so that it holds ``level``; ``ci_level`` is the level used (``level`` itself
-    when not calibrated; ``bcrit analyze --no-calibration`` passes False through
-    :func:`analysis.reporting.report.analyze`).
+    when not calibrated, as with ``bcrit analyze --no-calibration``).
 
     ``flags`` (names from :mod:`analysis.fits.flags`; empty = trustworthy) say why a number should not be taken at
     face value. ``strict``: a given target with fewer than 3 known batch sizes raises
     :class:`pareto.TooFewBatchSizesError`; otherwise (and for automatic targets: the lowest can fall below where
-    trials stopped at the sweep's own target) it is skipped with a line in ``notes``.
-    """
+    trials stopped at the sweep's own target) it is skipped with a line in ``notes``."""
     series = runs.series(metric)
     n = len(runs.trial_ids)
     ok, bs = usable(runs), runs.batch_size

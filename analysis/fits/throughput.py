@@ -1,25 +1,14 @@
 """Step time and peak memory per split ``(micro, A, W)``, measured and modelled (for ``bcrit recommend``).
 
-**Measured.** Every trial reports ``sys/examples_per_s`` (examples over training seconds of each report interval)
-and ``sys/peak_mem_gb``. A trial's step time is ``B / median(examples_per_s)`` over its reports (the median: the
-first interval holds warm-up); a split's step time is the mean over its trials (every learning rate and seed:
-throughput does not depend on them), its scatter the bootstrap of that mean over trials (over one trial's reports
-when the split has a single trial).
+**Measured.** A trial's step time is ``B / median(sys/examples_per_s)`` over its reports (the median: the first
+interval holds warm-up); a split's is the mean over its trials (throughput does not depend on lr or seed), its scatter
+the bootstrap of that mean over trials (over one trial's reports when the split has one).
 
-**Modelled** (in the spirit of Pollux, Qiao et al. OSDI 2021, ``adaptdl/goodput.py``, without its overlap of
-compute and communication): one optimizer step is a fixed cost (optimizer update, gradient statistics), ``A``
-micro-steps of ``α + β·micro`` seconds each, and one gradient all-reduce whose ring volume grows as ``2(W-1)/W``::
-
-    T_step(micro, A, W) = γ + A·(α + β·micro) + κ·2(W-1)/W
-
-fitted by non-negative least squares on the relative error (step-time noise is multiplicative; no cost is
-negative, so no prediction is): ``min Σ ((x·c - t)/t)²`` over ``c >= 0`` on the measured splits. The measured
-splits need not identify every coefficient (no accumulation measured: ``γ`` and ``α`` are not apart; no
-multi-worker split: ``κ`` is unknown); a split's step time is then predicted only when it is *estimable*, i.e. its
-features lie in the span of the measured splits' (every least-squares solution predicts it alike there):
-:meth:`ThroughputModel.estimable`. Peak memory is modelled as ``m0 + m1·micro`` (activations grow
-with the micro-batch; accumulation and workers do not change one worker's memory) over the trials' peaks.
-"""
+**Modelled**: ``T_step(micro, A, W) = γ + A·(α + β·micro) + κ·2(W-1)/W`` (a fixed step cost, ``A`` micro-steps, one
+ring all-reduce), fitted by non-negative least squares on the relative error. A split is predicted only when it is
+*estimable* (:meth:`ThroughputModel.estimable`: its features lie in the span of the measured splits', where every
+least-squares solution predicts alike). Peak memory is ``m0 + m1·micro`` over the trials' ``sys/peak_mem_gb``. Why
+this model and these choices: docs/design.md."""
 
 from __future__ import annotations
 

@@ -6,8 +6,7 @@
 - ``bcrit_vs_target.png``: ``B_crit`` vs target loss with the bootstrap band;
 - ``bins.png``: per timestep bin, ``B_crit`` and ``B_simple`` vs target side by side;
 - ``gns_training.png``: re-smoothed ``B_simple`` over training, globally and per bin;
-- ``answer.png``: the answer (`answer`): steps vs B at the trustworthy targets with B_crit and its interval, and
-  per timestep bin B_crit with its interval beside B_simple at one common point of training.
+- ``answer.png``: the answer (`answer`): steps vs B at the trustworthy targets, and per bin B_crit beside B_simple.
 
 Flagged targets (``analysis.fits.flags``) are drawn hollow with dashed fits and "(flagged)" in the legend; points
 with a flag of their own (``lr_at_edge``, ``lr_at_divergence``, ``coarse_steps``, ``near_floor``) get a black cross; a

@@ -10,10 +10,8 @@
     ``trial_id`` string, ``step`` int64 (optimizer steps), ``examples`` int64, ``metric`` string (names from
     :mod:`analysis.core.metrics`), ``value`` float64; optional ``wall_time`` float64 (seconds since trial start).
 
-Writers should build their tables with :data:`TRIALS_SCHEMA` / :data:`METRICS_SCHEMA` (see
-:func:`trials_table`,
-:func:`metrics_table`) and, for fast loading, write metrics rows sorted by ``(trial_id, step, metric)``.
-"""
+Writers should build their tables with :data:`TRIALS_SCHEMA` / :data:`METRICS_SCHEMA` (see :func:`trials_table`,
+:func:`metrics_table`) and, for fast loading, write metrics rows sorted by ``(trial_id, step, metric)``."""
 
 from __future__ import annotations
 

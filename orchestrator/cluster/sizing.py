@@ -71,9 +71,8 @@ def compute_slots(configs: list[dict]) -> int:
     (an in-process trial's own, or its Train workers'; a Tune driver idles while its workers train). The embedded
     local Ray holds twice the cores (:func:`local_cpus`), so :func:`max_concurrent` runs up to twice this many,
     each slower: the same throughput. An adaptive sweep runs this many instead (orchestrator.execution.tuner): a trial
-    started while others run is chosen without their results, and on 14 replayed tiny-DiT sweeps 4 in flight
-    cost more of the grid's examples than 2 (benchmarks/RESULTS.md, "What the goal waits for first, and an
-    adaptive sweep's concurrency")."""
+    started while others run is chosen without their results, so more trials in flight cost more of the grid's
+    examples (benchmarks/RESULTS.md)."""
     need = 1.0
     for c in configs:
         w = int(c.get("num_workers", 0))
@@ -83,7 +82,7 @@ def compute_slots(configs: list[dict]) -> int:
 
 def local_cpus(spec: SweepSpec | None = None) -> int:
     """Logical CPUs of the embedded local Ray: this machine's cores over-subscribed twice (each Tune driver takes
-    a CPU besides its workers; REFERENCE.md), at least 4. Not grown to fit the spec: a trial larger than the
+    a CPU besides its workers: docs/design.md), at least 4. Not grown to fit the spec: a trial larger than the
     machine is refused by `check_spec` (say what the machine has), not run at a crawl."""
     return max(4, 2 * (os.cpu_count() or 1))
 

@@ -5,7 +5,7 @@ It keeps every trial's evaluations of the fitted metrics (from each result's ``r
 finishes) asks :func:`analysis.decisions.stop_behind.behind` which running trials are behind their batch size's best
 setting by more than the seed noise can undo. It names them to the sweep's `trainables.sweep_signal.GoalSignal`
 actor; each ends itself at its next evaluation with the status ``stopped_behind`` (a final report and checkpoint, as
-every trial ends: REFERENCE.md on stopping trials from Tune). The trial's last result then gets a ``stop_reason``,
+every trial ends: Tune never stops a trial, docs/design.md). The trial's last result then gets a ``stop_reason``,
 which the tables (``trials.parquet``), the MLflow run (tag ``stop_reason``) and the terminal show: it comes first
 among bcrit's callbacks so that they see it.
 

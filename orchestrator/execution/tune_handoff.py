@@ -1,19 +1,14 @@
 """Hand a Ray Train run's last results to Tune before the function trainable returns (a Ray 2.60 deadlock).
 
-With Ray Train V2 inside a Tune function trainable, `TuneReportCallback` (running in the Train controller) puts
-each report into the Tune session's *inter-actor queue*; Tune's main thread moves each item into the session's
-``result_queue`` (size 1) in `_TrainSession.get_next` (``ray/train/_internal/session.py``). When the function
-returns, Tune's wrapper reports ``{RESULT_DUPLICATE: True}`` from the training thread into that same
-``result_queue`` (``ray/tune/trainable/function_trainable.py``). If the Train run's final report is still in the
-inter-actor queue at that moment, the main thread takes it, releases the training thread, and blocks forever
-putting it into the full ``result_queue``: the trial hangs with no worker running (seen in `make demo`: a 2-worker
-trial that diverged at step 1, reporting twice in quick succession, hung the sweep).
-
-`hand_off_pending_results` runs in the training thread after ``TorchTrainer.fit()`` returns: it reports every item
-still in the inter-actor queue itself (the normal path of a function trainable's report, which waits until Tune
-has taken the result), then waits until both queues have stayed empty for a moment, so the wrapper's duplicate
-result never races one of ours.
-"""
+With Ray Train V2 inside a Tune function trainable, `TuneReportCallback` puts each report into the Tune session's
+*inter-actor queue*, and Tune's main thread moves each item into the session's ``result_queue`` (size 1) in
+`_TrainSession.get_next` (``ray/train/_internal/session.py``). When the function returns, Tune's wrapper reports
+``{RESULT_DUPLICATE: True}`` into that same ``result_queue`` (``ray/tune/trainable/function_trainable.py``); a final
+report still in the inter-actor queue then makes the main thread block forever on the full queue and the trial hang
+(docs/design.md). `hand_off_pending_results` runs in the training thread after ``TorchTrainer.fit()`` returns: it
+reports every item still in the inter-actor queue itself (the normal report path, which waits until Tune has taken
+the result), then waits until both queues have stayed empty for a moment, so the wrapper's duplicate never races one
+of ours."""
 
 from __future__ import annotations
 

@@ -1,4 +1,4 @@
-"""The Tune *function* trainable of a sweep: one call = one trial (Ray Train V2 pattern, REFERENCE.md).
+"""The Tune *function* trainable of a sweep: one call = one trial (Ray Train V2 pattern: docs/design.md).
 
 - ``num_workers >= 1``: build a ``TorchTrainer`` named after the Tune trial id (so a retried or restored trial
   resumes from its latest Train checkpoint) and fit it; rank 0's reports reach Tune via `ObjectiveReportCallback`
@@ -7,7 +7,7 @@
   ``TorchTrainer`` in local mode cannot report to Tune). This is the fast path of tests and the quadratic workload.
 
 A trial always ends itself (target, budget, divergence, its adaptive sweep's goal met: trainables.sweep_signal),
-never by Tune: the placement-group leak of ray#54305.
+never by Tune: the placement-group leak of ray#54305 (docs/design.md).
 """
 
 from __future__ import annotations

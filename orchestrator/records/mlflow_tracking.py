@@ -1,20 +1,16 @@
-"""MLflow tracking of a sweep: a Ray Tune callback running in the driver, the ONLY MLflow writer (REFERENCE.md:
-one SQLite writer; ``MLflowLoggerCallback`` duplicates runs after restore and does not nest).
+"""MLflow tracking of a sweep: a Ray Tune callback running in the driver, the ONLY MLflow writer (many processes
+writing one SQLite store race, and ``MLflowLoggerCallback`` duplicates runs after restore and does not nest:
+docs/design.md).
 
-- One parent run per sweep (found again through ``<sweep_dir>/mlflow_parent.json`` on resume): the resolved spec
-  as an artifact and flattened params, the environment (ray/torch/diffusers/mlflow versions, host), and at the
-  end a summary (trial counts per status, ``summary.json``).
-- Exactly one nested child run per trial (tags ``mlflow.parentRunId``, ``trial_id``, ``status``): params = the
-  flattened trial config, every row of every result logged as a metric with its ``step`` (``log_batch``), the trial
-  config as ``trial_config.json``. A retried or restored trial finds its child again by tag ``trial_id`` and
-  continues it; rows at or below the child's ``bcrit.watermark`` tag (set in the same ``log_batch`` as the rows)
-  are not logged again.
-- Every run ends terminal: FINISHED (trial ended itself), FAILED (trial error), KILLED (driver interrupted).
-- What else each run carries (sortable numeric copies, ``examples``/``wall_time`` per step at the time of the
-  measurement, outcome metrics, trial-dir/checkpoint/git tags, dataset input, description):
-  orchestrator.records.run_fields.
-- A new experiment keeps its artifacts beside its SQLite store (in the sweep directory for the embedded store).
-"""
+- One parent run per sweep (found again through ``<sweep_dir>/mlflow_parent.json`` on resume): the resolved spec,
+  flattened params, the environment, and at the end a summary (trial counts per status, ``summary.json``).
+- One nested child run per trial (tags ``mlflow.parentRunId``, ``trial_id``, ``status``): the flattened trial config,
+  every row of every result as a metric with its ``step``. A retried or restored trial finds its child again by tag
+  ``trial_id``; rows at or below the child's ``bcrit.watermark`` tag (set in the same ``log_batch``) are not logged
+  again.
+- Every run ends terminal: FINISHED (trial ended itself), FAILED (trial error), KILLED (driver interrupted). What
+  else each run carries: orchestrator.records.run_fields. A new experiment keeps its artifacts beside its SQLite
+  store."""
 
 from __future__ import annotations
 

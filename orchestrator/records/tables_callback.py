@@ -1,7 +1,7 @@
 """The Ray Tune callback (driver side) that keeps a sweep's ``trials.parquet`` / ``metrics.parquet`` current as
 results arrive, and mirrors the sweep directory to a URI storage after each compaction (orchestrator.storage.uri).
 (orchestrator.records.runs_tables writes them; that module needs no Ray, so a process without Ray can write a
-sweep directory too, e.g. benchmarks/gpu_study.py on a device whose image has no Ray)."""
+sweep directory too, e.g. a script on a device whose image has no Ray)."""
 
 from __future__ import annotations
 

@@ -1,30 +1,17 @@
 """``nuisance.search: adaptive``: a Tune ``Searcher`` that spends trials where the B_crit interval needs them.
 
 The decision rule is the analysis's (:func:`analysis.decisions.next_trials.next_trials`, docs/sweeps.md "Adaptive
-search"); this module only feeds it: at each refit it reads the sweep's own tables (``trials.parquet`` /
-``metrics.parquet``, what ``bcrit analyze`` reads; the finished trials only), passes the trials suggested but not
-finished as pending, and asks for as many trials as the sweep runs at once (Tune's ``max_concurrent_trials``), so
-concurrency stays full. The chosen trials are queued and handed out one per ``suggest``; a refit happens when a
-trial has finished since the last one (or the queue is empty), never while the answer cannot have changed. When the
-rule says stop (``goal_met``, ``budget_trials``, ``budget_examples``, ``space_exhausted``) ``suggest`` returns
-``Searcher.FINISHED`` and the reason is recorded.
-
-Every refit and every trial handed out is written as data to `DECISIONS_FILE` in the sweep directory (JSON, atomic
-replace): the progress line, the MLflow metric ``adaptive/rel_ci`` and ``bcrit analyze``'s report read it
-(orchestrator.search.adaptive_view, analysis.reporting.adaptive_report).
-
-**State as data**: ``save``/``restore`` (Tune's ``searcher-state-*.pkl``) hold JSON only -- the trials handed out
-(trial id -> batch size, lr, seed index), the queue, the refit count, the stop reason -- so a resumed sweep continues
-exactly where the driver was killed. After a restore the trials handed out are reconciled with the trials Tune
-itself restores (its experiment state beside the searcher state; the two files are saved at different moments,
-`reconcile`): one Tune restores that this state never handed out is adopted as handed out; one this state handed
-out that Tune lost (started after Tune's last save of its trial list) counts as finished when the tables hold its
-final row (it ended before the kill; Tune never runs it again), else it was lost while running -- Tune never runs
-it again and its records are removed (orchestrator.records.lost_trials) -- so it is no longer pending and its setting is
-handed out again first (listed under ``lost`` in `DECISIONS_FILE`).
-The goal and budget are the spec's, not the saved ones: ``bcrit sweep --resume --set nuisance.goal.rel_ci=0.1``
-continues from the trials already run towards the new goal.
-"""
+search"); this module feeds it: at each refit (when a trial has finished since the last one, or the queue is empty)
+it reads the sweep's own tables (finished trials only), passes the trials suggested but not finished as pending, and
+asks for as many trials as the sweep runs at once, queued and handed out one per ``suggest``. When the rule says stop
+(``goal_met``, ``budget_trials``, ``budget_examples``, ``space_exhausted``) ``suggest`` returns ``Searcher.FINISHED``.
+Every refit and every trial handed out is written to `DECISIONS_FILE` (JSON, atomic replace), which the progress line,
+MLflow's ``adaptive/rel_ci`` and ``bcrit analyze``'s report read. **State as data**: ``save``/``restore`` hold JSON only
+(the trials handed out, the queue, the refit count, the stop reason). After a restore `reconcile` squares them with the
+trials Tune restores: one Tune restores that this state never handed out is adopted; one Tune lost counts as finished
+when the tables hold its final row, else it was lost while running, its records are removed
+(orchestrator.records.lost_trials) and its setting is handed out again first (listed under ``lost``). The goal and
+budget are the spec's, not the saved ones."""
 
 from __future__ import annotations
 

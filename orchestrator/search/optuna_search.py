@@ -1,33 +1,17 @@
 """Optuna (TPE) search of the nuisance hyper-parameters, re-tuned separately for every group of a sweep.
 
-OptunaSearch refuses ``grid_search`` in the param space (REFERENCE.md), and one study over all batch sizes would
-mix the scientific variable into the nuisance search. `GroupedOptunaSearch` therefore holds one ``OptunaSearch``
-per group of ``SweepSpec.groups()`` (batch size x split x seed) and issues exactly ``trials_per_batch_size``
-trials to each, round-robin over the groups with quota left (so every batch size's study gets feedback at the same
-pace), then ``Searcher.FINISHED``. A suggestion is the group's fixed trial config with the sampled values merged
-in, under the ``"trial"`` key the trainable reads. Results are routed back to the group's study by trial id; the
-value minimised is the trainable's ``objective`` (steps to target; censored and diverged trials ranked behind).
-
-Ranges (spec ``nuisance.<name>: {low, high}``): ``lr`` and ``weight_decay`` log-uniform, ``beta2`` uniform,
-``warmup_steps`` uniform integer (both ends included). Every group's TPE sampler gets the spec's
-``nuisance.seed``, so the random start-up points coincide across groups (paired comparisons between batch sizes).
-**Search state as data** (docs/security.md): every group's study lives in Optuna's own journal storage, the file
-`SEARCH_FILE` in the sweep directory (``JournalStorage`` + ``JournalFileBackend``: one JSON line per operation,
-written as each trial is asked and told), and each suggestion's sampler is a fresh TPE sampler seeded from
-``(nuisance.seed, the trial's number in its study)``: what is suggested is a function of the seed and the stored
-history alone, so a resumed sweep continues exactly as an uninterrupted one would, with no sampler state to
-restore. ``save``/``restore`` (what Tune writes with its experiment checkpoint, under Tune's name
-``searcher-state-*.pkl``) hold JSON -- quotas issued, round-robin position, trial -> group -- never a pickle;
-``restore`` refuses a file that is not such JSON. Tune's trial list (``experiment_state-*.json``) and the searcher
-state are uploaded from the driver's staging directory one after the other by a background syncer, so a driver
-killed mid-upload can leave a searcher state older (or newer) than the trial list Tune restores: after restoring,
-the quotas are therefore recounted from the trials Tune actually restores (`reconcile`). ``Tuner.restore`` thus
-neither re-issues nor loses trials; a restored trial still running is found again in its study by its Tune trial
-id (a user attribute of the Optuna trial), and one the study never saw is told to it when it completes
-(``add_trial``). Tune also loses the trials started after its last save of the trial list: one its study holds as
-ended still counts (its result is in the study and the tables); one lost while running is never completed, another
-trial takes its place, and its rows and MLflow run are removed (orchestrator.records.lost_trials).
-"""
+OptunaSearch refuses ``grid_search`` in the param space, and one study over all batch sizes would mix the scientific
+variable into the nuisance search (docs/design.md). `GroupedOptunaSearch` therefore holds one ``OptunaSearch`` per
+group of ``SweepSpec.groups()`` (batch size x split x seed) and issues exactly ``trials_per_batch_size`` trials to
+each, round-robin over the groups with quota left, then ``Searcher.FINISHED``. A suggestion is the group's fixed
+trial config with the sampled values merged in, under the ``"trial"`` key the trainable reads; results go back to
+the group's study by trial id; the value minimised is the trainable's ``objective`` (steps to target; censored and
+diverged trials ranked behind). Ranges (``nuisance.<name>: {low, high}``): ``lr`` and ``weight_decay`` log-uniform,
+``beta2`` uniform, ``warmup_steps`` uniform integer; every group's sampler gets ``nuisance.seed``. **Search state as
+data** (docs/security.md): the studies live in Optuna's journal file `SEARCH_FILE` in the sweep directory, each
+suggestion's TPE sampler is seeded from ``(nuisance.seed, the trial's number in its study)``, and ``save``/``restore``
+hold JSON only (``restore`` refuses anything else); after a restore `reconcile` recounts the quotas from the trials Tune
+restores, so a resume neither re-issues nor loses trials (docs/design.md)."""
 
 from __future__ import annotations
 

@@ -1,30 +1,15 @@
-"""The ``nuisance`` keys of ``search: adaptive`` (orchestrator.search.adaptive_search; docs/sweeps.md "Adaptive
-search"):
+"""The ``nuisance`` keys of ``search: adaptive`` (orchestrator.search.adaptive_search; every key: docs/sweeps.md,
+"Adaptive search"; an example: examples/adaptive-tiny.yaml).
 
-```yaml
-nuisance:
-  search: adaptive
-  lr: [0.2, 0.5, 0.8, 1.2, 1.6, 1.95]   # the learning-rate grid the design may draw from (every batch size)
-  goal: {rel_ci: 0.15, targets: auto, bins: false, min_seeds: 2, running: wait, hold: true}
-  budget: {trials: 40}                # and/or {examples: 2.0e6}
-```
-
-``goal.rel_ci``: stop when the relative half-width ``(hi - lo) / (2 B_crit)`` of the 90% B_crit interval is at
-most this at every target; ``targets``: a list of loss values, or ``auto`` (the sweep's ``stopping.target_loss``,
-the one loss every trial that reaches its target crosses); ``bins``: ``true`` also requires every timestep bin's
-B_crit that the analysis trusts (no flags) at every target within ``rel_ci``, with ``min_seeds`` at the bin's own
-best settings (analysis.decisions.bin_goals; the workload must report >= 2 per-bin eval losses, checked before
-launch by orchestrator.execution.preflight.check_bins); ``min_seeds``: seeds of every fitted batch size's best setting
-before the goal counts (default 2); ``running``: what a goal met on the finished trials does with the trials still
-running -- ``wait`` (default) for them, no new trial starting, and check the goal again with them in; ``end`` them
-at once (status ``ended_at_goal``, kept, not fitted: trainables.sweep_signal), cheaper with many trials at once,
-its intervals less often holding the truth (docs/sweeps.md, "Adaptive search"); ``hold``: ``true`` (default) starts
-no trial while the running ones are expected to meet the goal (fewer examples; fewer trials at once near the end),
-``false`` keeps every place busy (a reserved cluster pays for idle GPUs; analysis.decisions.next_trials,
-"Holding"). ``budget``: the most trials
-and/or examples the sweep may spend. The seeds of ``fixed.seeds`` are the seeds a setting may get. Each mistake is
-one UserError line, raised before any compute.
-"""
+``lr``: the learning-rate grid the design may draw from. ``goal``: ``rel_ci`` (stop when the relative half-width
+``(hi - lo) / (2 B_crit)`` of the 90% interval is at most this at every target), ``targets`` (loss values, or ``auto``:
+the sweep's ``stopping.target_loss``), ``bins`` (also every trusted timestep bin's B_crit; the workload must report
+>= 2 per-bin eval losses, checked before launch by orchestrator.execution.preflight.check_bins), ``min_seeds``
+(default 2: seeds of every fitted batch size's best setting before the goal counts), ``running`` (``wait``, the
+default, for the running trials; or ``end`` them at the goal: status ``ended_at_goal``, trainables.sweep_signal),
+``hold`` (default ``true``: start no trial while the running ones are expected to meet the goal; ``false`` keeps every
+place busy). ``budget``: the most ``trials`` and/or ``examples``. The seeds of ``fixed.seeds`` are the seeds a setting
+may get. Each mistake is one UserError line, raised before any compute."""
 
 from __future__ import annotations
 

@@ -1,33 +1,17 @@
 """The branched-study spec (Merrill et al. 2025; analysis.fits.branched), validated before anything runs; the trial
 configs of its reference and branches. Run by orchestrator.execution.branch_study (``bcrit branch SPEC.yaml``).
 
-```yaml
-kind: branched                    # marks the spec (bcrit sweep refuses it and points here)
-name: branched-quadratic
-workload: quadratic               # dit (default) | quadratic | module:attr (orchestrator.specs.sweep_spec)
-reference:                        # the trial branched from, trained first (one Tune trial)
-  batch_size: 8                   # B0
-  lr: 0.1
-  seed: 0
-  split: {grad_accum: 1, num_workers: 0}   # optional; micro_batch_size = B0 / (A x W) when omitted
-  # checkpoints: DIR              # instead of training it: an earlier study's reference_checkpoints/ directory
-branches:
-  points: [100, 200, 400, 800]    # reference steps to branch from (multiples of its eval/report cadence)
-  multipliers: [2, 4, 8, 16]      # k; 1 is always added (the reference continued: the comparator)
-  lr_rule: linear                 # sqrt (Adam, default for dit) | linear (SGD, default for quadratic) | constant
-  examples: 2304                  # Δ: examples each branch trains (divisible by every k x B0)
-  evals: 12                       # evaluations per branch, at the same example counts for every k
-  seeds: [0, 1, 2]                # repeats of every branch
-  scale_by: micro_batch_size      # how k x B0 is reached: micro_batch_size | grad_accum | num_workers
-analysis: {epsilons: [0.02, 0.01, 0.05], compare: reference, window: 0.25}
-fixed: {dim: 1000, h_decay: 0.5, eval_every: 25}   # trial-config keys shared by the reference and branches
-stopping: {divergence_factor: 10.0}
-tracking: {mlflow_uri: null, experiment: bcrit}
-storage: ./runs/branched-quadratic
-```
+``kind: branched`` marks the spec (``bcrit sweep`` refuses it and points here). ``reference``: the trial branched
+from (``batch_size`` = B0, ``lr``, ``seed``, optional ``split``; or ``checkpoints``: an earlier study's
+``reference_checkpoints/``). ``branches``: ``points`` (reference steps, multiples of its eval/report cadence),
+``multipliers`` k (1, the comparator, is always added), ``lr_rule`` (``sqrt``: Adam, the dit default; ``linear``:
+SGD, the quadratic default; ``constant``), ``examples`` Δ (divisible by every k x B0), ``evals`` per branch (at the
+same example counts for every k), ``seeds``, ``scale_by`` (``micro_batch_size``, ``grad_accum`` or ``num_workers``:
+how k x B0 is reached). ``analysis`` (``epsilons``, ``compare``, ``window``), ``fixed``, ``stopping``, ``tracking``,
+``storage`` as in a sweep spec. Every key: docs/branched.md; examples: examples/branched-quadratic.yaml,
+examples/branched-tiny.yaml.
 
-Every mistake raises one `UserError` line naming the key and the fix.
-"""
+Every mistake raises one `UserError` line naming the key and the fix."""
 
 from __future__ import annotations
 

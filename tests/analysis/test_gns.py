@@ -171,12 +171,13 @@ def test_unbiased_per_bin() -> None:
 
 
 # --------------------------------------------------------------------------------------------------------
-# the seed repo's defects are biased where ours is not (REFERENCE.md mistakes 1 and 2)
+# the defects ours avoid are biased where ours is not: an unsquared |G_b| in the |G|^2 estimator, and sub-batches of
+# unequal size averaged with equal weights (docs/design.md)
 # --------------------------------------------------------------------------------------------------------
 
 
 def test_seed_unsquared_norm_is_biased(population: np.ndarray) -> None:
-    """Mistake 1: |G_b| instead of |G_b|^2 in the |G|^2 estimator, on the very same draws as ours."""
+    """An unsquared norm: |G_b| instead of |G_b|^2 in the |G|^2 estimator, on the very same draws as ours."""
     rng = np.random.default_rng(21)
     g2_true, _ = _truth(population)
     b, m, reps = B_SMALL, M, 4000
@@ -195,7 +196,7 @@ def test_seed_unsquared_norm_is_biased(population: np.ndarray) -> None:
 
 
 def test_seed_equal_weight_subbatches_is_biased(population: np.ndarray) -> None:
-    """Mistake 2: b=100 as sub-batches 32,32,32,4 averaged with equal weights (effective b ~ 46.5)."""
+    """Unequal sub-batches: b=100 as sub-batches 32,32,32,4 averaged with equal weights (effective b ~ 46.5)."""
     rng = np.random.default_rng(22)
     g2_true, tr_true = _truth(population)
     b, w, reps = 100, 4, 2000  # four "ranks" of b = 100 -> B = 400
