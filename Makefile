@@ -5,7 +5,7 @@ PY     := $(VENV)/bin/python
 BCRIT  := $(VENV)/bin/bcrit
 STAMP  := $(VENV)/.installed
 
-.PHONY: install demo demo-figure test test-kernels test-all lint bench bench-gpu clean mutate cluster-up cluster-local
+.PHONY: install demo demo-figure test test-heavy test-kernels test-all lint bench bench-gpu clean mutate cluster-up cluster-local
 
 # torch first, pinned to the local CPU wheel: an unpinned torch pulls a multi-GB CUDA build. On a GPU machine:
 # `make install TORCH_INDEX=https://download.pytorch.org/whl/cu128` (the same torch version, built for CUDA).
@@ -30,10 +30,16 @@ demo: $(STAMP)
 demo-figure:
 	cp runs/tiny/analysis/answer.png docs/demo-answer.png
 
-# Default suite: everything but @pytest.mark.slow. pytest's exit 5 (no tests collected) is a failure here.
+# Default suite: everything but @pytest.mark.slow and `heavy`. pytest's exit 5 (no tests collected) is a failure here.
 test: $(STAMP)
-	$(PY) -m pytest -m "not slow" -q; rc=$$?; \
+	$(PY) -m pytest -m "not slow and not heavy" -q; rc=$$?; \
 	if [ $$rc -eq 5 ]; then echo "make test: pytest collected no tests" >&2; exit 1; fi; exit $$rc
+
+# The `heavy` tests (HEAVY in tests/conftest.py: coverage simulations, the demo spec's answer, the Ray fault tests,
+# the longest Ray sweeps) that `make test` leaves out; CI runs both.
+test-heavy: $(STAMP)
+	$(PY) -m pytest -m "heavy and not slow" -q; rc=$$?; \
+	if [ $$rc -eq 5 ]; then echo "make test-heavy: pytest collected no tests" >&2; exit 1; fi; exit $$rc
 
 # The `numerics` tests (floats compared after torch/numpy kernels) once more under other kernels than `make test`
 # picked: ATen's portable code path (no AVX2/AVX-512/NEON), one intra-op thread, oneDNN off, MKL's BLAS held to

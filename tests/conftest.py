@@ -1,4 +1,5 @@
 import os
+import re
 from pathlib import Path
 
 import pytest
@@ -20,6 +21,9 @@ def pytest_configure(config):
     missing = sorted(str(p.relative_to(CHECKOUT)) for p in NUMERICS_FILES if not p.is_file())
     if missing:  # a renamed file would silently leave `make test-kernels`
         raise pytest.UsageError(f"tests/conftest.py NUMERICS names missing files {missing}: update the list")
+    missing = unlisted(HEAVY)
+    if missing:  # a renamed file or test would silently fall back into `make test`
+        raise pytest.UsageError(f"tests/conftest.py HEAVY names missing tests {missing}: update the list")
     threads, mkldnn = os.environ.get("BCRIT_TEST_THREADS"), os.environ.get("BCRIT_TEST_MKLDNN")
     if threads is None and mkldnn is None:
         return
@@ -102,14 +106,58 @@ NUMERICS = {
 }
 NUMERICS_FILES = {CHECKOUT / "tests" / d / f for d, names in NUMERICS.items() for f in names.split()}
 
+# Oracle-heavy, simulation and long end-to-end tests (docs/testing.md, "Where the time goes"): marked
+# `heavy`, so `make test` leaves them out and `make test-heavy` runs them (CI runs both). An entry is a file (all of
+# its tests) or ``file::function`` (every parametrization of that function). A renamed file or test fails every run.
+HEAVY = {
+    "analysis": (
+        "test_pareto.py::test_bootstrap_interval_two_sided_coverage_and_width "
+        "test_calibration.py::test_calibrated_coverage_on_two_shapes "
+        "test_interval_coverage.py::test_trusted_intervals_cover_on_the_second_simulator"
+    ),
+    "orchestrator": (
+        "test_demo_answer.py test_faults.py "
+        "test_sweep_quadratic.py::test_mlflow_nesting_and_tables "
+        "test_search.py::test_bcrit_sweep_optuna_end_to_end "
+        "test_goal_signal.py::test_a_trial_ends_itself_when_its_sweep_says_so"
+    ),
+    "trainables": "test_trial_ray.py::test_two_workers_give_the_same_update_as_one",
+}
+
+
+def heavy_entries(listed: dict[str, str], root: Path = CHECKOUT) -> list[tuple[Path, str | None]]:
+    """``(file, function or None)`` for each entry of a HEAVY-shaped table; None: the whole file."""
+    out = []
+    for d, names in listed.items():
+        for entry in names.split():
+            f, _, fn = entry.partition("::")
+            out.append((root / "tests" / d / f, fn or None))
+    return out
+
+
+def unlisted(listed: dict[str, str], root: Path = CHECKOUT) -> list[str]:
+    """The entries of a HEAVY-shaped table whose file is gone or defines no such test function."""
+    missing = []
+    for path, fn in heavy_entries(listed, root):
+        if not path.is_file() or (fn and not re.search(rf"^def {re.escape(fn)}\(", path.read_text(), re.M)):
+            missing.append(str(path.relative_to(root)) + (f"::{fn}" if fn else ""))
+    return missing
+
+
+HEAVY_FILES = {path for path, fn in heavy_entries(HEAVY) if fn is None}
+HEAVY_TESTS = {(path, fn) for path, fn in heavy_entries(HEAVY) if fn is not None}
+
 
 def pytest_collection_modifyitems(config, items):
-    """Tests of the NUMERICS files are marked `numerics`. Tests marked `gpu` need CUDA: skipped (and said so) on
-    CPU-only machines such as CI."""
-    numerics = pytest.mark.numerics
+    """Tests of the NUMERICS files are marked `numerics`, those HEAVY names `heavy`. Tests marked `gpu` need CUDA:
+    skipped (and said so) on CPU-only machines such as CI."""
+    numerics, heavy = pytest.mark.numerics, pytest.mark.heavy
     for item in items:
-        if Path(str(item.fspath)) in NUMERICS_FILES:
+        path = Path(str(item.fspath))
+        if path in NUMERICS_FILES:
             item.add_marker(numerics)
+        if path in HEAVY_FILES or (path, getattr(item, "originalname", None)) in HEAVY_TESTS:
+            item.add_marker(heavy)
     import torch
 
     if torch.cuda.is_available():
