@@ -49,13 +49,11 @@ def run(args) -> int:
 
 def _saved_spec(study_dir: str):
     """The spec a study directory was started with (what ``--resume`` continues)."""
-    import yaml
-
     from orchestrator.errors import UserError
     from orchestrator.specs.branch_spec import STUDY_FILE, parse_branch_spec
+    from orchestrator.specs.yaml_overrides import load_yaml
 
     path = os.path.join(study_dir, STUDY_FILE)
     if not os.path.exists(path):
         raise UserError(f"{study_dir}: not a branched study directory (no {STUDY_FILE})")
-    with open(path) as f:
-        return parse_branch_spec(yaml.safe_load(f), sweep_dir=study_dir, source=path)
+    return parse_branch_spec(load_yaml(path), sweep_dir=study_dir, source=path)

@@ -142,7 +142,7 @@ def load_config(path: str) -> dict:
     except OSError as e:
         raise UserError(f"cannot read {path}: {e.strerror}") from None
     try:
-        cfg = yaml.safe_load(text)
+        cfg = yaml.safe_load(text)  # as `ray up` reads it (YAML 1.1), not as bcrit reads specs (yaml_overrides)
     except yaml.YAMLError as e:
         raise UserError(f"{path} is not valid YAML ({str(e).splitlines()[0]})") from None
     if not isinstance(cfg, dict):

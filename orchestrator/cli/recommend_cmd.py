@@ -78,10 +78,9 @@ def cost_unit(sweep_dir: str) -> str:
     """``GPU-hours`` / ``CPU-worker-hours`` from the sweep's spec (``scientific.use_gpu``), else ``device-hours``."""
     path = os.path.join(sweep_dir, SPEC_FILE)
     try:
-        import yaml
+        from orchestrator.specs.yaml_overrides import load_yaml
 
-        with open(path, encoding="utf-8") as f:
-            spec = yaml.safe_load(f) or {}
+        spec = load_yaml(path)
         use_gpu = (spec.get("scientific") or {}).get("use_gpu")
     except (OSError, ValueError, AttributeError):
         return "device-hours"

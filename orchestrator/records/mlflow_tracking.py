@@ -134,6 +134,7 @@ class MLflowTracking(Callback):
         if self.spec_yaml:
             import yaml
 
+            # spec_yaml is SweepSpec.to_yaml(), which plain PyYAML reads as bcrit's loader does (yaml_overrides)
             spec = flatten(yaml.safe_load(self.spec_yaml) or {}, "spec.")
             params += [Param(k, str(v)[:6000]) for k, v in spec.items()]
             self.client.log_text(self.parent_id, self.spec_yaml, SPEC_FILE)
