@@ -69,7 +69,7 @@ def register(sub) -> None:
         metavar="SPEC",
         help="also check that this sweep or branched-study spec's storage is on a mount every node shares (repeatable)",
     )
-    p.set_defaults(func=check_cluster_command)
+    p.set_defaults(func=check_cluster_command, uses_ray=True)
 
 
 def check_cluster_command(args) -> int:

@@ -50,6 +50,12 @@ def build_parser() -> argparse.ArgumentParser:
 def main(argv: list[str] | None = None) -> int:
     parser = build_parser()
     args = parser.parse_args(argv)
+    if getattr(args, "uses_ray", False):  # train, sweep, branch, check-cluster: set by their register()
+        from orchestrator.cluster.ray_version import ray_version_warning
+
+        warning = ray_version_warning()
+        if warning:
+            print(warning, file=sys.stderr)
     try:
         return int(args.func(args) or 0)
     except BcritError as e:  # every user mistake, whichever package raised it: one line, exit 2

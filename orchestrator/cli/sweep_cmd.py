@@ -17,7 +17,7 @@ def register(sub) -> None:
     options.overrides(p)
     options.resume(p)
     options.verbose(p)
-    p.set_defaults(func=run)
+    p.set_defaults(func=run, uses_ray=True)
 
 
 def run(args) -> int:

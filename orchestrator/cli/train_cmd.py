@@ -17,7 +17,7 @@ def register(sub) -> None:
     p.add_argument("--name", default=None, help="run name (a run of the same name in --storage resumes)")
     p.add_argument("--storage", default="runs", help="Ray Train storage path for checkpoints (default: ./runs)")
     options.verbose(p)
-    p.set_defaults(func=train_command)
+    p.set_defaults(func=train_command, uses_ray=True)
 
 
 def _b_simple(last: dict, k: int | None = None) -> str:
