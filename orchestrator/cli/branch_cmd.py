@@ -9,12 +9,20 @@ from orchestrator.cli import inputs, options
 
 
 def register(sub) -> None:
-    p = sub.add_parser(
+    p = options.command(
+        sub,
         "branch",
-        help="critical batch size during training from branches of one run (Merrill et al. 2025)",
-        description="Run a branched study (see examples/branched-quadratic.yaml), or continue an interrupted one.",
+        "B_crit along training from branches of one run",
+        "Run a branched study: B_crit along training from branches of one run.",
+        [
+            "bcrit branch examples/branched-quadratic.yaml",
+            "bcrit analyze runs/branched-quadratic            # then: the answer",
+            "bcrit branch runs/branched-quadratic --resume    # continue it after an interruption",
+        ],
     )
-    p.add_argument("spec", help="branched-study spec YAML (kind: branched), or with --resume the study directory")
+    p.add_argument(
+        "spec", metavar="SPEC", help="branched-study spec YAML (kind: branched), or with --resume the study directory"
+    )
     options.overrides(p)
     options.resume(p)
     options.verbose(p)

@@ -31,6 +31,7 @@ from pathlib import Path
 
 import yaml
 
+from orchestrator.cli import options
 from orchestrator.errors import UserError
 
 SSH_PORT = 22
@@ -51,12 +52,19 @@ FIX_SG = "create a security group with SSH (22) from your CIDR and all traffic w
 
 def register(sub) -> None:
     """Add the ``check-cluster`` sub-command to ``bcrit``'s sub-parsers."""
-    p = sub.add_parser(
+    p = options.command(
+        sub,
         "check-cluster",
-        help="check a Ray cluster config offline before `ray up` (Ray's validation, SSH ingress, loopback ports)",
-        description="Offline: runs Ray's own config validation and bcrit's network checks; talks to no cloud API.",
+        "check a Ray cluster config before ray up",
+        "Check a Ray cluster config offline before ray up (validation, SSH, ports).",
+        [
+            "bcrit check-cluster                              # ./cluster.yaml",
+            "bcrit check-cluster cluster.yaml --spec examples/dit-s2-imagenet.yaml",
+        ],
     )
-    p.add_argument("config", nargs="?", default="cluster.yaml", help="cluster config (default: ./cluster.yaml)")
+    p.add_argument(
+        "config", metavar="CONFIG", nargs="?", default="cluster.yaml", help="cluster config (default: ./cluster.yaml)"
+    )
     p.add_argument(
         "--allow-world-ssh",
         action="store_true",
