@@ -9,12 +9,13 @@ STAMP  := $(VENV)/.installed
 
 # torch first, pinned to the local CPU wheel: an unpinned torch pulls a multi-GB CUDA build. On a GPU machine:
 # `make install TORCH_INDEX=https://download.pytorch.org/whl/cu128` (the same torch version, built for CUDA).
+# constraints.txt: the caps of this machine's package index (pyproject.toml keeps plain lower bounds).
 TORCH_INDEX ?=
-$(STAMP): pyproject.toml
+$(STAMP): pyproject.toml constraints.txt
 	@test -x $(PY) || $(PYTHON) -m venv $(VENV)
 	$(PY) -m pip install -q --upgrade pip
-	$(PY) -m pip install -q "torch==2.13.0" $(if $(TORCH_INDEX),--index-url $(TORCH_INDEX))
-	$(PY) -m pip install -q -e ".[test]"
+	$(PY) -m pip install -q -c constraints.txt "torch==2.13.0" $(if $(TORCH_INDEX),--index-url $(TORCH_INDEX))
+	$(PY) -m pip install -q -c constraints.txt -e ".[test]"
 	@touch $(STAMP)
 
 install: $(STAMP)
@@ -103,7 +104,7 @@ lint: $(STAMP)
 MUTATE      ?=
 MUTATE_JOBS ?= 1
 mutate: $(STAMP)
-	@test -x $(VENV)/bin/mutmut || $(PY) -m pip install -q -e ".[test,mutate]"
+	@test -x $(VENV)/bin/mutmut || $(PY) -m pip install -q -c constraints.txt -e ".[test,mutate]"
 	$(VENV)/bin/mutmut run --max-children $(MUTATE_JOBS) $(MUTATE)
 	$(PY) -m tests.mutation_scores
 

@@ -270,8 +270,9 @@ def config_from_dict(cls, data: dict[str, Any], what: str = "config"):
 
 
 def _coerce(key: str, kind: str, value: Any) -> Any:
-    """Coerce YAML / ``--set`` values to the field's type, with a clear error. Numbers may come as strings
-    (YAML reads ``1e-3`` as a string); booleans are never numbers and numbers never booleans."""
+    """Coerce YAML / ``--set`` values to the field's type, with a clear error. bcrit's YAML reads ``1e-3`` as a
+    number (orchestrator/specs/yaml_overrides.py); a quoted number (``lr: "3e-4"``, or one from a plain YAML 1.1
+    reader) is still read as one. Booleans are never numbers and numbers never booleans."""
     if value is None or key == "extra":
         return value
     base = kind.split(" ")[0]

@@ -22,10 +22,25 @@ from orchestrator.errors import UserError
 
 
 def register(subparsers) -> argparse.ArgumentParser:
-    p = subparsers.add_parser("allocate", help="predicted and measured gain of timestep samplers", description=__doc__)
+    p = options.command(
+        subparsers,
+        "allocate",
+        "predicted and measured gain of timestep samplers",
+        "The timestep allocation a sweep predicts, and the measured gain of samplers.",
+        [
+            "bcrit allocate runs/alloc-tiny --target 0.2",
+            "bcrit allocate runs/alloc-quadratic --target 0.3 --floor 0.2 --out /tmp/allocation",
+        ],
+    )
     options.mlflow_source(p)
     options.target(p)
-    p.add_argument("--floor", type=float, default=0.1, help="uniform share mixed into the noise allocation")
+    p.add_argument(
+        "--floor",
+        type=float,
+        default=0.1,
+        metavar="SHARE",
+        help="uniform share mixed into the noise allocation (default 0.1)",
+    )
     options.bootstrap(p)
     options.seed(p)
     options.out(p)

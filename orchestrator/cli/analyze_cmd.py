@@ -19,7 +19,6 @@ import tempfile
 
 from orchestrator.cli import inputs, options
 from orchestrator.errors import UserError
-from orchestrator.storage.layout import MLFLOW_DB
 
 DEFAULT_OUT = "analysis"  # SWEEP_DIR/analysis when --out is not given
 
@@ -42,7 +41,7 @@ def parse_targets(text: str) -> list[float]:
 def add_arguments(p: argparse.ArgumentParser) -> None:
     options.mlflow_source(p)
     options.metric(p)
-    p.add_argument("--targets", help="comma-separated target values (default: automatic)")
+    p.add_argument("--targets", metavar="LOSSES", help="comma-separated target losses (default: automatic)")
     options.bootstrap(p)
     p.add_argument("--no-calibration", action="store_true",
                    help="take the intervals at the nominal 90%% level, not the level calibrated by a parametric "
@@ -55,7 +54,17 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
 
 def register(subparsers) -> argparse.ArgumentParser:
     """Add the ``analyze`` sub-command to a ``bcrit`` parser's subparsers; returns the sub-parser."""
-    p = subparsers.add_parser("analyze", help="critical batch size from a sweep", description=__doc__)
+    p = options.command(
+        subparsers,
+        "analyze",
+        "the critical batch size of a sweep",
+        "The critical batch size of a sweep: bcrit.json, report.md/html and figures.",
+        [
+            "bcrit analyze runs/tiny                          # writes runs/tiny/analysis",
+            "bcrit analyze runs/tiny --targets 0.2,0.18 --bootstrap 2000 --out /tmp/tiny-analysis",
+            "bcrit analyze --mlflow-experiment bcrit-tiny --tracking-uri sqlite:///$PWD/runs/tiny/mlflow.db --out out",
+        ],
+    )
     add_arguments(p)
     p.set_defaults(func=run)
     return p
@@ -88,6 +97,7 @@ def check_own_store(sweep_dir: str, tracking_uri: str | None) -> None:
     sweep's SQLite store (and that store's artifact location is absolute): logging the copy's results would write
     them into the original sweep's run. Refused in one line, naming both, before any compute."""
     from analysis.sources.loaders import SWEEP_PARENT_FILE
+    from orchestrator.storage.layout import MLFLOW_DB  # not at the top: it loads numpy and pyarrow (bcrit --help)
 
     prefix = "sqlite:///"
     if not tracking_uri or not tracking_uri.startswith(prefix):

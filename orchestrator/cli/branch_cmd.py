@@ -9,16 +9,24 @@ from orchestrator.cli import inputs, options
 
 
 def register(sub) -> None:
-    p = sub.add_parser(
+    p = options.command(
+        sub,
         "branch",
-        help="critical batch size during training from branches of one run (Merrill et al. 2025)",
-        description="Run a branched study (see examples/branched-quadratic.yaml), or continue an interrupted one.",
+        "B_crit along training from branches of one run",
+        "Run a branched study: B_crit along training from branches of one run.",
+        [
+            "bcrit branch examples/branched-quadratic.yaml",
+            "bcrit analyze runs/branched-quadratic            # then: the answer",
+            "bcrit branch runs/branched-quadratic --resume    # continue it after an interruption",
+        ],
     )
-    p.add_argument("spec", help="branched-study spec YAML (kind: branched), or with --resume the study directory")
+    p.add_argument(
+        "spec", metavar="SPEC", help="branched-study spec YAML (kind: branched), or with --resume the study directory"
+    )
     options.overrides(p)
     options.resume(p)
     options.verbose(p)
-    p.set_defaults(func=run)
+    p.set_defaults(func=run, uses_ray=True)
 
 
 def run(args) -> int:
@@ -49,13 +57,11 @@ def run(args) -> int:
 
 def _saved_spec(study_dir: str):
     """The spec a study directory was started with (what ``--resume`` continues)."""
-    import yaml
-
     from orchestrator.errors import UserError
     from orchestrator.specs.branch_spec import STUDY_FILE, parse_branch_spec
+    from orchestrator.specs.yaml_overrides import load_yaml
 
     path = os.path.join(study_dir, STUDY_FILE)
     if not os.path.exists(path):
         raise UserError(f"{study_dir}: not a branched study directory (no {STUDY_FILE})")
-    with open(path) as f:
-        return parse_branch_spec(yaml.safe_load(f), sweep_dir=study_dir, source=path)
+    return parse_branch_spec(load_yaml(path), sweep_dir=study_dir, source=path)

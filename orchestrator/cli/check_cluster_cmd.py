@@ -31,6 +31,7 @@ from pathlib import Path
 
 import yaml
 
+from orchestrator.cli import options
 from orchestrator.errors import UserError
 
 SSH_PORT = 22
@@ -51,12 +52,19 @@ FIX_SG = "create a security group with SSH (22) from your CIDR and all traffic w
 
 def register(sub) -> None:
     """Add the ``check-cluster`` sub-command to ``bcrit``'s sub-parsers."""
-    p = sub.add_parser(
+    p = options.command(
+        sub,
         "check-cluster",
-        help="check a Ray cluster config offline before `ray up` (Ray's validation, SSH ingress, loopback ports)",
-        description="Offline: runs Ray's own config validation and bcrit's network checks; talks to no cloud API.",
+        "check a Ray cluster config before ray up",
+        "Check a Ray cluster config offline before ray up (validation, SSH, ports).",
+        [
+            "bcrit check-cluster                              # ./cluster.yaml",
+            "bcrit check-cluster cluster.yaml --spec examples/dit-s2-imagenet.yaml",
+        ],
     )
-    p.add_argument("config", nargs="?", default="cluster.yaml", help="cluster config (default: ./cluster.yaml)")
+    p.add_argument(
+        "config", metavar="CONFIG", nargs="?", default="cluster.yaml", help="cluster config (default: ./cluster.yaml)"
+    )
     p.add_argument(
         "--allow-world-ssh",
         action="store_true",
@@ -69,7 +77,7 @@ def register(sub) -> None:
         metavar="SPEC",
         help="also check that this sweep or branched-study spec's storage is on a mount every node shares (repeatable)",
     )
-    p.set_defaults(func=check_cluster_command)
+    p.set_defaults(func=check_cluster_command, uses_ray=True)
 
 
 def check_cluster_command(args) -> int:
@@ -142,7 +150,7 @@ def load_config(path: str) -> dict:
     except OSError as e:
         raise UserError(f"cannot read {path}: {e.strerror}") from None
     try:
-        cfg = yaml.safe_load(text)
+        cfg = yaml.safe_load(text)  # as `ray up` reads it (YAML 1.1), not as bcrit reads specs (yaml_overrides)
     except yaml.YAMLError as e:
         raise UserError(f"{path} is not valid YAML ({str(e).splitlines()[0]})") from None
     if not isinstance(cfg, dict):

@@ -9,18 +9,24 @@ from __future__ import annotations
 
 import os
 
+from orchestrator.cli import options
 from orchestrator.errors import UserError
 
 
 def register(sub) -> None:
     """Add the ``migrate-checkpoint`` sub-command to ``bcrit``'s sub-parsers."""
-    p = sub.add_parser(
+    p = options.command(
+        sub,
         "migrate-checkpoint",
-        help="convert a trusted checkpoint of an older bcrit into the data-only format",
-        description="Unpickles OLD fully (runs any code it holds): only for checkpoints whose source you trust.",
+        "convert a trusted old checkpoint to data only",
+        "Convert a trusted checkpoint of an older bcrit into the data-only format.",
+        [
+            "bcrit migrate-checkpoint runs/base/checkpoint_step00000100 /tmp/ckpt-new --trust",
+            "bcrit probe /tmp/ckpt-new                        # then read like any checkpoint",
+        ],
     )
-    p.add_argument("old", help="trial checkpoint directory of an older bcrit (holds state.pt)")
-    p.add_argument("new", help="directory to create with the converted checkpoint (must not exist)")
+    p.add_argument("old", metavar="OLD", help="trial checkpoint directory of an older bcrit (holds state.pt)")
+    p.add_argument("new", metavar="NEW", help="directory to create with the converted checkpoint (must not exist)")
     p.add_argument("--trust", action="store_true", help="required: you trust OLD's source (it will be unpickled)")
     p.set_defaults(func=migrate_command)
 

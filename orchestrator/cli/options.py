@@ -14,6 +14,18 @@ from orchestrator.errors import UserError
 DEFAULT_BOOTSTRAP = 1000
 
 
+def command(sub, name: str, summary: str, description: str, examples: list[str]) -> argparse.ArgumentParser:
+    """A sub-command's parser: ``summary`` (a few words) in ``bcrit --help``, ``description`` (one sentence) atop
+    its own ``--help``, then its options, then ``examples`` (each a command line, optionally with a ``# comment``)."""
+    return sub.add_parser(
+        name,
+        help=summary,
+        description=description,
+        epilog="examples:\n" + "\n".join(f"  {e}" for e in examples),
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
+
+
 def sweep_dir(p: argparse.ArgumentParser, *, optional: bool = False) -> None:
     """The positional ``SWEEP_DIR`` of the commands that read a finished sweep."""
     p.add_argument(
@@ -29,9 +41,9 @@ def mlflow_source(p: argparse.ArgumentParser) -> None:
     """The optional ``SWEEP_DIR`` or ``--mlflow-experiment NAME`` (with ``--tracking-uri``, ``--parent-run-id``) of the
     commands that read a finished sweep's runs: ``bcrit analyze``, ``recommend``, ``allocate``."""
     sweep_dir(p, optional=True)
-    p.add_argument("--mlflow-experiment", help="read the sweep from this MLflow experiment instead")
-    p.add_argument("--tracking-uri", help="MLflow tracking URI (default: MLflow's own default)")
-    p.add_argument("--parent-run-id", help="the sweep's parent run (default: newest run with child runs)")
+    p.add_argument("--mlflow-experiment", metavar="NAME", help="read the sweep from this MLflow experiment instead")
+    p.add_argument("--tracking-uri", metavar="URI", help="MLflow tracking URI (default: MLflow's own default)")
+    p.add_argument("--parent-run-id", metavar="ID", help="the sweep's parent run (default: newest run with child runs)")
 
 
 def target(p: argparse.ArgumentParser) -> None:
@@ -92,7 +104,7 @@ def overrides(p: argparse.ArgumentParser) -> None:
         action="append",
         default=[],
         metavar="KEY=VALUE",
-        help="override a key of the YAML, dotted, e.g. --set fixed.seeds=[3,4,5] (repeatable; on `sweep --resume` "
+        help="override a key of the YAML, dotted, e.g. --set fixed.seeds=[3,4,5] (repeatable; with sweep --resume "
         "only an adaptive sweep's nuisance.goal.* and nuisance.budget.*)",
     )
 

@@ -4,22 +4,34 @@ missing folder, a wrong-shaped file, a label out of range, an OUT holding someth
 
 from __future__ import annotations
 
+from orchestrator.cli import options
 from orchestrator.errors import UserError
 
 
 def register(sub) -> None:
     """Add the ``pack-latents`` sub-command to ``bcrit``'s sub-parsers."""
-    p = sub.add_parser("pack-latents", help="pack a fast-DiT latent folder into one memory-mapped store")
-    p.add_argument("folder", help="folder holding imagenet256_features/ and imagenet256_labels/")
-    p.add_argument("out", help="store directory to create (or to continue, after an interrupted pack)")
+    p = options.command(
+        sub,
+        "pack-latents",
+        "pack a fast-DiT latent folder into one store",
+        "Pack a fast-DiT latent folder into one memory-mapped store that trials read.",
+        [
+            "bcrit pack-latents /data/imagenet256-features /data/imagenet256-store       # float32, exact",
+            "bcrit pack-latents /data/imagenet256-features /data/imagenet256-store-bf16 --dtype bfloat16",
+        ],
+    )
+    p.add_argument("folder", metavar="FOLDER", help="folder holding imagenet256_features/ and imagenet256_labels/")
+    p.add_argument("out", metavar="OUT", help="store directory to create (or to continue, after an interrupted pack)")
     p.add_argument(
         "--dtype",
         default="float32",
         choices=["float32", "float16", "bfloat16"],
         help="storage precision (default float32, exact); the relative error of the others is measured and printed",
     )
-    p.add_argument("--num-classes", type=int, default=1000, help="labels must lie in 0..N-1 (default 1000)")
-    p.add_argument("--chunk", type=int, default=1024, help="latents per committed chunk (default 1024)")
+    p.add_argument(
+        "--num-classes", type=int, default=1000, metavar="N", help="labels must lie in 0..N-1 (default 1000)"
+    )
+    p.add_argument("--chunk", type=int, default=1024, metavar="N", help="latents per committed chunk (default 1024)")
     p.add_argument("--no-progress", action="store_true", help="no progress bar")
     p.set_defaults(func=pack_command)
 

@@ -14,13 +14,22 @@ from orchestrator.errors import UserError
 
 def register(sub) -> None:
     """Add the ``probe`` sub-command to ``bcrit``'s sub-parsers."""
-    p = sub.add_parser("probe", help="per-timestep-bin GNS (|G|^2, tr Sigma, B_simple) of a trial checkpoint")
-    p.add_argument("checkpoint", help="trial checkpoint directory (holds state.pt)")
+    p = options.command(
+        sub,
+        "probe",
+        "gradient noise scale per timestep bin of a checkpoint",
+        "The gradient noise scale per timestep bin of a trial checkpoint, with its SE.",
+        [
+            "bcrit probe CHECKPOINT                 # the directory on bcrit train's last line",
+            "bcrit probe CHECKPOINT --bins 1 --reps 32 --ema --json probe.json",
+        ],
+    )
+    p.add_argument("checkpoint", metavar="CHECKPOINT", help="trial checkpoint directory (holds state.pt)")
     p.add_argument("--bins", type=int, default=None, metavar="K", help="timestep bins (default: the trial's)")
     p.add_argument("--b", type=int, default=16, dest="b", help="small batch size b (default 16)")
     p.add_argument("--B", type=int, default=64, dest="B", help="big batch size B, a multiple of b (default 64)")
     p.add_argument(  # = trainables.probe.DEFAULT_REPS (not imported: the CLI starts without torch)
-        "--reps", type=int, default=16, help="independent repetitions, >= 2 (default 16: an honest SE)"
+        "--reps", type=int, default=16, metavar="N", help="independent repetitions, >= 2 (default 16: an honest SE)"
     )
     p.add_argument("--ema", action="store_true", help="probe the EMA weights instead of the training weights")
     options.seed(p)

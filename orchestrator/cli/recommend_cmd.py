@@ -20,7 +20,6 @@ import os
 from analysis.core.device_share import share_error
 from orchestrator.cli import inputs, options
 from orchestrator.errors import UserError
-from orchestrator.storage.layout import SPEC_FILE
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
@@ -28,18 +27,28 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     options.target(p)
     options.metric(p)
     p.add_argument(
-        "--device-mem-gb", type=float, help="memory of one device (GiB): splits predicted above it are excluded"
+        "--device-mem-gb",
+        type=float,
+        metavar="GIB",
+        help="memory of one device (GiB): splits predicted above it are excluded",
     )
     p.add_argument(
         "--gpus-per-worker",
         type=float,
         default=1.0,
+        metavar="SHARE",
         help="share of one device a worker holds (scientific.gpus_per_worker, (0, 1]): with --device-mem-gb, splits "
         "predicted above that share of it are excluded, and packed trials run one worker (default: 1)",
     )
-    p.add_argument("--max-workers", type=int, help="largest number of workers to consider (default: largest measured)")
-    p.add_argument("--max-accum", type=int, help="largest accumulation to consider (default: largest measured)")
-    p.add_argument("--max-batch", type=int, help="largest batch size (default: largest fitted; above is extrapolated)")
+    p.add_argument(
+        "--max-workers", type=int, metavar="W", help="largest number of workers to consider (default: largest measured)"
+    )
+    p.add_argument(
+        "--max-accum", type=int, metavar="A", help="largest accumulation to consider (default: largest measured)"
+    )
+    p.add_argument(
+        "--max-batch", type=int, metavar="B", help="largest batch size (default: largest fitted; above is extrapolated)"
+    )
     options.bootstrap(p)
     options.seed(p)
     options.no_mlflow(p)
@@ -47,7 +56,17 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
 
 
 def register(subparsers) -> argparse.ArgumentParser:
-    p = subparsers.add_parser("recommend", help="fastest and cheapest way to reach a target", description=__doc__)
+    p = options.command(
+        subparsers,
+        "recommend",
+        "the fastest and cheapest way to a target loss",
+        "The fastest and the cheapest split (micro x A x W) to reach a target loss.",
+        [
+            "bcrit recommend runs/tiny                        # at the target bcrit analyze quotes",
+            "bcrit recommend runs/tiny-splits --target 0.2",
+            "bcrit recommend runs/tiny --device-mem-gb 80 --gpus-per-worker 0.25 --max-workers 8",
+        ],
+    )
     add_arguments(p)
     p.set_defaults(func=run)
     return p
@@ -76,12 +95,13 @@ def check_args(args: argparse.Namespace) -> None:
 
 def cost_unit(sweep_dir: str) -> str:
     """``GPU-hours`` / ``CPU-worker-hours`` from the sweep's spec (``scientific.use_gpu``), else ``device-hours``."""
+    from orchestrator.storage.layout import SPEC_FILE  # not at the top: it loads numpy and pyarrow (bcrit --help)
+
     path = os.path.join(sweep_dir, SPEC_FILE)
     try:
-        import yaml
+        from orchestrator.specs.yaml_overrides import load_yaml
 
-        with open(path, encoding="utf-8") as f:
-            spec = yaml.safe_load(f) or {}
+        spec = load_yaml(path)
         use_gpu = (spec.get("scientific") or {}).get("use_gpu")
     except (OSError, ValueError, AttributeError):
         return "device-hours"

@@ -31,16 +31,22 @@ SCHEDULE_FILE = "schedule.json"
 
 def register(sub) -> None:
     """Add the ``schedule`` sub-command to ``bcrit``'s sub-parsers."""
-    p = sub.add_parser(
+    p = options.command(
+        sub,
         "schedule",
-        help="propose a batch-size schedule that follows the measured B_crit along training",
-        description="Step-minimising batch size per target segment within the examples of a constant batch size "
-        f"(docs/schedule.md). SWEEP_DIR must have been analysed (bcrit analyze); a bcrit.json may be given instead. "
-        f"Writes {SCHEDULE_FILE} to --out.",
+        "a batch-size schedule that follows B_crit",
+        "Propose a batch-size schedule that follows the measured B_crit along training.",
+        [
+            f"bcrit schedule runs/schedule-quadratic            # after bcrit analyze; writes analysis/{SCHEDULE_FILE}",
+            "bcrit schedule runs/tiny --reference 32 --batch-sizes 8,16,32,64,128",
+            "bcrit schedule runs/tiny/analysis/bcrit.json --out /tmp/schedule",
+        ],
     )
     options.mlflow_source(p)
-    p.add_argument("--reference", type=int, help="the constant batch size to beat (default: nearest B_crit)")
-    p.add_argument("--batch-sizes", help="allowed batch sizes, comma-separated (default: the sweep's)")
+    p.add_argument(
+        "--reference", type=int, metavar="B", help="the constant batch size to beat (default: nearest B_crit)"
+    )
+    p.add_argument("--batch-sizes", metavar="LIST", help="allowed batch sizes, comma-separated (default: the sweep's)")
     options.out(p)
     p.set_defaults(func=schedule_command)
 

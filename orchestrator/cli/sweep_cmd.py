@@ -8,16 +8,22 @@ from orchestrator.cli import inputs, options
 
 
 def register(sub) -> None:
-    p = sub.add_parser(
+    p = options.command(
+        sub,
         "sweep",
-        help="run a critical-batch-size sweep (Ray Tune; MLflow; Parquet tables)",
-        description="Run the sweep of a spec YAML (see examples/tiny.yaml), or continue an interrupted one.",
+        "run a critical-batch-size sweep, or continue one",
+        "Run the critical-batch-size sweep of a spec YAML, or continue one.",
+        [
+            "bcrit sweep examples/tiny.yaml                   # the demo: a few minutes on a CPU",
+            "bcrit sweep examples/quadratic.yaml --set stopping.max_steps=500 --set nuisance.lr=[0.5,1.2]",
+            "bcrit sweep runs/tiny --resume                   # continue it after an interruption",
+        ],
     )
-    p.add_argument("spec", help="sweep spec YAML, or with --resume the sweep directory")
+    p.add_argument("spec", metavar="SPEC", help="sweep spec YAML, or with --resume the sweep directory")
     options.overrides(p)
     options.resume(p)
     options.verbose(p)
-    p.set_defaults(func=run)
+    p.set_defaults(func=run, uses_ray=True)
 
 
 def run(args) -> int:

@@ -11,13 +11,25 @@ from orchestrator.specs.yaml_overrides import apply_overrides, load_yaml
 
 
 def register(sub) -> None:
-    p = sub.add_parser("train", help="run one DiT trial outside any sweep and print its summary")
-    p.add_argument("config", help="trial config YAML (keys of trainables.config.TrialConfig)")
+    p = options.command(
+        sub,
+        "train",
+        "run one DiT trial outside any sweep",
+        "Run one DiT trial outside any sweep and print its summary.",
+        [
+            "bcrit train examples/trial.yaml",
+            "bcrit train examples/trial.yaml --set lr=3e-4 --set max_steps=200 --name lr3e-4",
+            "bcrit train examples/trial.yaml --name base       # again: continues ./runs/base from its checkpoint",
+        ],
+    )
+    p.add_argument("config", metavar="CONFIG", help="trial config YAML (the keys of docs/trial.md)")
     options.overrides(p)
     p.add_argument("--name", default=None, help="run name (a run of the same name in --storage resumes)")
-    p.add_argument("--storage", default="runs", help="Ray Train storage path for checkpoints (default: ./runs)")
+    p.add_argument(
+        "--storage", default="runs", metavar="DIR", help="where the run's checkpoints are written (default: ./runs)"
+    )
     options.verbose(p)
-    p.set_defaults(func=train_command)
+    p.set_defaults(func=train_command, uses_ray=True)
 
 
 def _b_simple(last: dict, k: int | None = None) -> str:

@@ -90,7 +90,7 @@ def _config_node_types(path: str | None = None) -> tuple[str, list[tuple[dict[st
     explicit = bool(os.environ.get(CONFIG_ENV))
     try:
         with open(path) as f:
-            config = yaml.safe_load(f)
+            config = yaml.safe_load(f)  # as Ray's autoscaler reads it (YAML 1.1), not as bcrit reads specs
     except (OSError, yaml.YAMLError) as e:
         if explicit:
             raise UserError(f"{CONFIG_ENV}={path}: cannot read the cluster config ({e}); fix or unset it") from None

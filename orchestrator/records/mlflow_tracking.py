@@ -10,10 +10,12 @@ docs/design.md).
   again.
 - Every run ends terminal: FINISHED (trial ended itself), FAILED (trial error), KILLED (driver interrupted). What
   else each run carries: orchestrator.records.run_fields. A new experiment keeps its artifacts beside its SQLite
-  store."""
+  store. MLflow's "View run ..." lines are not printed for these runs (`quiet_end`); ``bcrit sweep`` prints the
+  parent run's link once."""
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import platform
@@ -45,6 +47,31 @@ def flatten(d: dict, prefix: str = "") -> dict[str, Any]:
         else:
             out[key] = v
     return out
+
+
+# mlflow.environment_variables.MLFLOW_SUPPRESS_PRINTING_URL_TO_STDOUT, read by MLflow each time it ends a run
+# (TrackingServiceClient._log_url, only for an http(s):// tracking server)
+QUIET_URLS_ENV = "MLFLOW_SUPPRESS_PRINTING_URL_TO_STDOUT"
+
+
+@contextlib.contextmanager
+def _no_run_links():
+    """MLflow's two stdout lines per ended run held back for the ``with`` block; the variable restored after."""
+    was = os.environ.get(QUIET_URLS_ENV)
+    os.environ[QUIET_URLS_ENV] = "true"
+    try:
+        yield
+    finally:
+        if was is None:
+            os.environ.pop(QUIET_URLS_ENV, None)
+        else:
+            os.environ[QUIET_URLS_ENV] = was
+
+
+def quiet_end(client, run_id: str, status: str) -> None:
+    """``client.set_terminated(run_id, status)`` without MLflow's "View run / View experiment" lines."""
+    with _no_run_links():
+        client.set_terminated(run_id, status=status)
 
 
 def environment() -> dict[str, str]:
@@ -130,6 +157,7 @@ class MLflowTracking(Callback):
         if self.spec_yaml:
             import yaml
 
+            # spec_yaml is SweepSpec.to_yaml(), which plain PyYAML reads as bcrit's loader does (yaml_overrides)
             spec = flatten(yaml.safe_load(self.spec_yaml) or {}, "spec.")
             params += [Param(k, str(v)[:6000]) for k, v in spec.items()]
             self.client.log_text(self.parent_id, self.spec_yaml, SPEC_FILE)
@@ -282,7 +310,7 @@ class MLflowTracking(Callback):
         if run_id is None:
             return
         self.client.set_tag(run_id, "status", status)
-        self.client.set_terminated(run_id, status=run_status)
+        quiet_end(self.client, run_id, run_status)
         self._status[trial_id] = status
 
     def forget_lost(self, known: set[str]) -> list[str]:
@@ -343,9 +371,9 @@ class MLflowTracking(Callback):
             return
         for tid, run_id in self._children.items():
             if self._status.get(tid) not in M.FINAL_STATUSES:
-                self.client.set_terminated(run_id, status=run_status)
+                quiet_end(self.client, run_id, run_status)
         if summary is not None:
             self.client.log_dict(self.parent_id, summary, "summary.json")
             for k, v in summary.get("status_counts", {}).items():
                 self.client.log_metric(self.parent_id, f"trials/{k}", v)
-        self.client.set_terminated(self.parent_id, status=run_status)
+        quiet_end(self.client, self.parent_id, run_status)

@@ -37,7 +37,7 @@ from orchestrator.specs.sweep_spec import (
     local_mlflow_uri,
     name_and_workload,
 )
-from orchestrator.specs.yaml_overrides import apply_overrides, load_yaml
+from orchestrator.specs.yaml_overrides import apply_overrides, dump_yaml, load_yaml
 from trainables.config import ConfigError
 from trainables.workloads import get_workload
 
@@ -109,9 +109,7 @@ class BranchSpec:
         return self.checkpoints or os.path.join(self.sweep_dir, KEEP_DIR)
 
     def to_yaml(self) -> str:
-        import yaml
-
-        return yaml.safe_dump(self.raw, sort_keys=False)
+        return dump_yaml(self.raw)
 
     # --- trial configs -----------------------------------------------------------------------------------
     def _common(self) -> dict[str, Any]:

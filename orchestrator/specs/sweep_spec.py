@@ -39,7 +39,7 @@ from typing import Any
 from analysis.core.device_share import share_error
 from orchestrator.errors import UserError
 from orchestrator.specs.adaptive_spec import Adaptive, parse_adaptive
-from orchestrator.specs.yaml_overrides import apply_overrides, load_yaml
+from orchestrator.specs.yaml_overrides import apply_overrides, dump_yaml, load_yaml
 from orchestrator.storage.layout import MLFLOW_DB, SweepLayout
 from trainables import workloads
 
@@ -209,9 +209,7 @@ class SweepSpec:
         return len(self.groups()) * self.trials_per_batch_size  # one study per group (batch size x split x seed)
 
     def to_yaml(self) -> str:
-        import yaml
-
-        return yaml.safe_dump(self.raw, sort_keys=False)
+        return dump_yaml(self.raw)
 
 
 # --- parsing ----------------------------------------------------------------------------------------------------

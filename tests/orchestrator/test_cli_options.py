@@ -8,6 +8,7 @@ from __future__ import annotations
 import argparse
 import json
 from collections import defaultdict
+from pathlib import Path
 
 import pytest
 import yaml
@@ -114,3 +115,55 @@ def test_branch_resume_refuses_a_changed_spec_like_sweep(tmp_path, capsys, how):
     assert words in err and err.count("\n") == 1
     assert (study / STUDY_FILE).read_text() == before
     assert _saved_spec(str(study)).to_yaml() == spec.to_yaml()
+
+
+# --- the help texts ---------------------------------------------------------------------------------------------
+def _helps(parser: argparse.ArgumentParser) -> list[str]:
+    return [parser.description or "", parser.epilog or ""] + [a.help or "" for a in parser._actions]
+
+
+def test_usage_names_the_command_once_and_version_prints_the_installed_one(capsys):
+    from importlib import metadata
+
+    assert build_parser().format_usage() == "usage: bcrit [-h] [--version] COMMAND ...\n"
+    with pytest.raises(SystemExit) as e:
+        main(["--version"])
+    assert e.value.code == 0
+    assert capsys.readouterr().out == f"bcrit {metadata.version('bcrit')}\n"
+
+
+def test_every_sub_command_has_a_one_line_description_and_examples():
+    import shlex
+
+    for name, parser in subparsers().items():
+        d = parser.description or ""
+        assert d and "\n" not in d and len(d) <= 79 and d.endswith("."), f"bcrit {name}: description {d!r}"
+        head, *examples = (parser.epilog or "").split("\n")
+        assert head == "examples:" and 2 <= len(examples) <= 3, f"bcrit {name}: epilog {parser.epilog!r}"
+        assert parser.formatter_class is argparse.RawDescriptionHelpFormatter, name  # the examples as written
+        for line in examples:
+            argv = shlex.split(line.split("#")[0])
+            assert line.startswith("  bcrit ") and argv[0] == "bcrit", line
+            build_parser().parse_args(argv[1:])  # SystemExit (argparse's error) on a wrong example
+        assert any(e.split()[1] == name for e in examples), f"bcrit {name}: no example of itself"
+
+
+def test_no_rst_or_markdown_backticks_in_any_help():
+    texts = _helps(build_parser()) + [t for p in subparsers().values() for t in _helps(p)]
+    (sub,) = [a for a in build_parser()._actions if isinstance(a, argparse._SubParsersAction)]
+    texts += [c.help for c in sub._choices_actions]
+    assert [t for t in texts if "`" in t] == []
+
+
+def test_bcrit_help_starts_without_the_heavy_libraries():
+    """``bcrit --help`` builds every sub-command's parser: no numpy, pyarrow, torch, ray or mlflow is imported."""
+    import subprocess
+    import sys
+
+    code = (
+        "import sys, orchestrator.cli.main as m; m.build_parser().format_help();"
+        "print(sorted({k.split('.')[0] for k in sys.modules} & {'numpy', 'pyarrow', 'torch', 'ray', 'mlflow'}))"
+    )
+    root = Path(__file__).resolve().parents[2]
+    out = subprocess.run([sys.executable, "-c", code], cwd=root, capture_output=True, text=True, check=True)
+    assert out.stdout.strip() == "[]"
