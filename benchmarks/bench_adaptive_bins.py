@@ -1,7 +1,7 @@
 """Coverage of the adaptive sweep's per-bin intervals under its own stopping rule (``goal.bins: true``).
 
 The noisy quadratic model has no per-bin losses, so this runs on the independent simulator with four timestep bins
-(``tests/analysis/synth_sweeps.py``, ``Sweep()`` defaults: 7 batch sizes 32-2048, 5 learning rates, up to 3 seeds,
+(``tests/oracles/synth_sweeps.py``, ``Sweep()`` defaults: 7 batch sizes 32-2048, 5 learning rates, up to 3 seeds,
 bins with B_crit about 64, 160, 420 and 1100, trials stopped at a global target). Per repeat (a sweep seed) the
 whole grid is drawn once and each trial the decision rule chooses is revealed from it (trials are independent
 draws given the sweep's own draw of where the grid falls, so this is the same as drawing them on demand). The rule
@@ -28,7 +28,7 @@ import numpy as np
 from analysis.core import metrics as m
 from analysis.decisions import next_trials as nt
 from analysis.sources.loaders import runs_subset
-from tests.analysis.synth_sweeps import Sweep, simulate
+from tests.oracles.synth_sweeps import Sweep, simulate
 
 
 def subset(grid, ids: list[str]):

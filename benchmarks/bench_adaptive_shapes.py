@@ -1,7 +1,7 @@
 """The adaptive sweep under its own stopping rule on the synthetic simulator shapes: coverage and saving (issue 30).
 
 The noisy quadratic model (benchmarks/bench_adaptive.py) gives conservative intervals (the grid's hold the truth
-30/30), so it cannot show an optional-stopping bias. The shapes of ``tests/analysis/synth_shapes.py`` give
+30/30), so it cannot show an optional-stopping bias. The shapes of ``tests/oracles/synth_shapes.py`` give
 near-nominal calibrated intervals (benchmarks/RESULTS.md), with a known B_crit globally and in four timestep bins.
 
 Per sweep (seed ``--first-seed + d``): the shape's full grid is drawn (``synth_sweeps.simulate``: every trial is
@@ -43,10 +43,9 @@ from analysis.fits.sweep_fit import analyze_metric
 from analysis.sources.loaders import Runs
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tests" / "analysis"))
-from synth_shapes import SHAPES  # noqa: E402
-from synth_sweeps import simulate, truth  # noqa: E402
-
 from benchmarks.bench_adaptive_bins import grid_index, subset, trial_id  # noqa: E402  (the grid revealed trial by trial)
+from tests.oracles.synth_shapes import SHAPES  # noqa: E402
+from tests.oracles.synth_sweeps import simulate, truth  # noqa: E402
 
 
 def _hits(runs: Runs, sw, metric: str, targets, bootstrap: int, seed: int) -> list[dict]:

@@ -4,7 +4,7 @@ For a sweep of ``examples/alloc-quadratic.yaml`` (``bcrit sweep``), per batch si
 
 - ``measured``: best-lr steps-to-target of the ``noise`` trials over the ``uniform`` trials' (seeds averaged, the
   sweep's own lr subsets; ``analysis.decisions.allocation_report.measured``), with the seeds' SE;
-- ``exact``: the same ratio from the closed-form expected loss (``analysis.quadratic.nqm_alloc``) over the same lr
+- ``exact``: the same ratio from the closed-form expected loss (``tests.oracles.nqm_alloc``) over the same lr
 subset;
 - ``predicted``: McCandlish's ``(B + B_simple(p)) / (B + B_simple(u))`` with ``B_simple`` of the exact per-bin
   statistics (``m_k = |G|^2 + s_k tr C``, ``E|G|^2 = sum h^2 E theta^2``) at the uniform best lr's crossing
@@ -23,10 +23,10 @@ import numpy as np
 from analysis.core import nqm_noise as nn
 from analysis.core.allocation import second_moment, steps_ratio
 from analysis.decisions.allocation_report import measured
-from analysis.quadratic import nqm_alloc as na
-from analysis.quadratic.nqm import _arrays
 from analysis.sources.loaders import load_sweep_dir
 from orchestrator.specs.sweep_spec import load_spec
+from tests.oracles import nqm_alloc as na
+from tests.oracles.nqm import _arrays
 
 
 def main() -> None:

@@ -2,7 +2,7 @@
 known answer, analysed with the first passage (the crossing interpolated linearly after the first evaluation at or
 below the target) and with the local quadratic fit (:mod:`analysis.fits.crossing`), on the same sweeps.
 
-Per simulator shape (``tests/analysis/synth_shapes.py``; ``evals10`` is issue 45's description: an evaluation every
+Per simulator shape (``tests/oracles/synth_shapes.py``; ``evals10`` is issue 45's description: an evaluation every
 10 steps at every batch size, 0.4% noise on the loss, trials stopped at the first evaluation at or below a global
 target) and per crossing: at the trusted targets the coverage of the (calibrated) 90% interval, the misses by side
 (the truth below the interval / above it), the mean and median signed error of B_crit in log; and per batch size the
@@ -32,8 +32,8 @@ from analysis.fits import sweep_fit  # noqa: E402
 
 def records(shape: str, draws: int, bootstrap: int, first_seed: int, local: bool, calibrate: bool) -> dict:
     """Per analysed target: scope, trusted, log error, miss side; per fitted point: batch size, log error, evals."""
-    from synth_shapes import SHAPES
-    from synth_sweeps import simulate, truth
+    from tests.oracles.synth_shapes import SHAPES
+    from tests.oracles.synth_sweeps import simulate, truth
 
     sw = SHAPES[shape]
     tgt, pts = [], []

@@ -29,8 +29,8 @@ IGNORED = {"lr_at_divergence"}  # a flag the bootstrap's limit sets, absent with
 
 def errors(shape: str, draws: int, first_seed: int, noise_free: bool) -> dict:
     """{(scope, flags): [(log error plain, log error refined), ...]} over ``draws`` sweeps of ``shape``."""
-    from synth_shapes import SHAPES
-    from synth_sweeps import simulate, truth
+    from tests.oracles.synth_shapes import SHAPES
+    from tests.oracles.synth_sweeps import simulate, truth
 
     sw = SHAPES[shape]
     if noise_free:

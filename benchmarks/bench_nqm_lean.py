@@ -1,5 +1,5 @@
 """Does the noisy quadratic model's B_crit lean low (issue 45), and does the local crossing fit change it? Grid sweeps
-of ``examples/quadratic.yaml`` simulated in-process (``analysis.quadratic.nqm.simulate_sweep``, 3 seeds per setting)
+of ``examples/quadratic.yaml`` simulated in-process (``tests.oracles.nqm.simulate_sweep``, 3 seeds per setting)
 analysed at automatic targets with the first passage and with the local fit (:mod:`analysis.fits.crossing`), against
 the closed form over the same learning rates (``closed_form_b_crit``): per target the ratio estimate / closed form,
 and at the trusted targets the interval's misses by side. ``stopping.behind`` replays each sweep with the rule on
@@ -31,9 +31,9 @@ VARIANTS = {  # name, local crossing fit, stopping.behind replayed
 
 
 def main() -> None:
-    from analysis.quadratic.nqm import closed_form_b_crit, simulate_sweep
     from analysis.reporting.report import analyze
     from orchestrator.specs.sweep_spec import load_spec
+    from tests.oracles.nqm import closed_form_b_crit, simulate_sweep
     from trainables.nqm_trial import QuadraticConfig
 
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])

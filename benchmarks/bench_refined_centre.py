@@ -33,7 +33,7 @@ from statistics import NormalDist
 import numpy as np
 
 sys.path.insert(0, "tests/analysis")
-from coverage_sims import coverage_records, misses_by_sweep, signed_error_by_sweep  # noqa: E402
+from tests.oracles.coverage_sims import coverage_records, misses_by_sweep, signed_error_by_sweep  # noqa: E402
 
 Z90 = NormalDist().inv_cdf(0.95)  # a 90% interval's half-width over its sd (the analysis's default level)
 

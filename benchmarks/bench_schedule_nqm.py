@@ -1,7 +1,7 @@
 """A proposed batch-size schedule against constant batch sizes on the noisy quadratic model: predicted (from the
 sweep's fits, analysis.decisions.schedule), measured (the trials' own steps and ``examples`` column at the target) and
 exact
-(the NQM closed form of analysis.quadratic.nqm / analysis.quadratic.nqm_schedule), side by side.
+(the NQM closed form of tests.oracles.nqm / tests.oracles.nqm_schedule), side by side.
 
     bcrit sweep examples/schedule-quadratic.yaml
     bcrit analyze runs/schedule-quadratic --targets 9.27,3.09,0.927,0.309
@@ -33,9 +33,9 @@ import yaml
 from analysis.core import metrics as M
 from analysis.core.stages import BatchStages
 from analysis.decisions.schedule import measured_to_target, plan, propose, segments_of
-from analysis.quadratic.nqm_schedule import expected_to_target_staged
 from analysis.sources.loaders import load_sweep_dir
 from orchestrator.cli.schedule_plan import tuned_lrs
+from tests.oracles.nqm_schedule import expected_to_target_staged
 from trainables.nqm_trial import QuadraticConfig
 
 

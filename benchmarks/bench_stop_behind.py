@@ -1,6 +1,6 @@
 """stopping.behind, side by side: the examples a sweep spends with the rule on and off, and whether its answer moves.
 
-Each sweep -- a simulated one (``--shapes``, tests/analysis/synth_shapes.py) or a recorded one (``--dirs``, e.g. runs
+Each sweep -- a simulated one (``--shapes``, tests/oracles/synth_shapes.py) or a recorded one (``--dirs``, e.g. runs
 of examples/tiny.yaml) -- is replayed on a clock (analysis.decisions.stop_behind_replay: ``--concurrency`` trials at
 once, each its recorded seconds, or its examples; the rule deciding after every evaluation), in the table's order or
 centre-out in learning rate per batch size (``--order centre``: the grid's middle lr first, then outwards, as a grid
@@ -85,8 +85,8 @@ def main() -> None:
     for d in a.dirs:
         out.append(one(d, load_sweep_dir(d), a.concurrency, a.order, tiny=True))
     if a.shapes:
-        from synth_shapes import SHAPES
-        from synth_sweeps import simulate
+        from tests.oracles.synth_shapes import SHAPES
+        from tests.oracles.synth_sweeps import simulate
 
         for shape in a.shapes:
             for k in range(a.sweeps):

@@ -3,11 +3,11 @@ coverage it restores at the trusted targets of a second, independent simulator (
 
 import numpy as np
 import pytest
-from coverage_sims import coverage_records, summary
-from synth_sweeps import BIN_CURVES, Curve, Sweep, simulate, truth
 
 from analysis.core import metrics as m
 from analysis.fits import pareto
+from tests.oracles.coverage_sims import coverage_records, summary
+from tests.oracles.synth_sweeps import BIN_CURVES, Curve, Sweep, simulate, truth
 
 BS = np.array([16, 32, 64, 128, 256, 512, 1024, 2048], dtype=np.float64)
 
@@ -127,7 +127,7 @@ def test_synth_sweeps_stops_at_the_global_target_and_diverges_the_largest_lr_at_
 def test_misses_by_sweep_counts_sweeps_not_targets():
     """Seven misses above in one sweep and one below in another are 1 / 1 sweeps, an even split (p = 1); a sweep
     missing on both sides counts on both and is left out of the test."""
-    from coverage_sims import misses_by_sweep
+    from tests.oracles.coverage_sims import misses_by_sweep
 
     draw = np.array([0] * 7 + [1, 2, 3, 3])
     truth = np.ones(11)
@@ -142,7 +142,7 @@ def test_misses_by_sweep_counts_sweeps_not_targets():
 def test_signed_error_by_sweep_is_the_plain_se_with_one_target_a_sweep_and_ignores_copies():
     """One target per sweep: the cluster SE is the ordinary SE of the mean (ddof 1). Every target copied 5 times
     within its sweep: the same mean and the same SE (copies carry no new information), not 1/sqrt(5) of it."""
-    from coverage_sims import signed_error_by_sweep
+    from tests.oracles.coverage_sims import signed_error_by_sweep
 
     e = np.random.default_rng(3).normal(-0.01, 0.03, 40)
     mean, se = signed_error_by_sweep(np.arange(40), e)

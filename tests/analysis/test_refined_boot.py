@@ -4,13 +4,13 @@ give the exact optimum in every replicate."""
 
 import numpy as np
 import pytest
-from synth_shapes import SHAPES
-from synth_sweeps import simulate
 
 from analysis.core import metrics as m
 from analysis.fits import lr_grid, pareto, refined_boot
 from analysis.fits.steps import aggregate_seeds, best_per_batch, final_losses, pooled_steps, usable
 from analysis.fits.trust import PointChecks
+from tests.oracles.synth_shapes import SHAPES
+from tests.oracles.synth_sweeps import simulate
 
 
 def test_vertex_fit_batched_is_the_scalar_fit_per_replicate():

@@ -1,7 +1,7 @@
 """The schedule proposal (analysis.decisions.schedule): segments from an analysis, the step-minimising plans against
 brute
-force, and the known answer on the noisy quadratic model (closed forms of analysis.quadratic.nqm and
-analysis.quadratic.nqm_schedule)."""
+force, and the known answer on the noisy quadratic model (closed forms of tests.oracles.nqm and
+tests.oracles.nqm_schedule)."""
 
 from __future__ import annotations
 
@@ -11,8 +11,8 @@ import numpy as np
 import pytest
 
 from analysis.decisions.schedule import Segment, measured_to_target, pareto_front, plan, propose, segments_of
-from analysis.quadratic.nqm import closed_form_b_crit
-from analysis.quadratic.nqm_schedule import expected_to_target_staged
+from tests.oracles.nqm import closed_form_b_crit
+from tests.oracles.nqm_schedule import expected_to_target_staged
 
 
 def result_from(s_min, e_min, targets=(1.0, 0.5, 0.25, 0.125), bands=()) -> dict:

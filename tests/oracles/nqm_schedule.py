@@ -1,8 +1,8 @@
 """The noisy quadratic model's expected loss under a batch-size schedule, in closed form (extends
-analysis.quadratic.nqm).
+tests.oracles.nqm).
 
 Within a stage of batch size ``B_k`` and learning rate ``lr_k`` the second moments follow the linear recursion of
-:mod:`analysis.quadratic.nqm` (``m' = r m + q``, ``r = (1 - lr_k h)²``, ``q = lr_k² c / B_k``), so from the stage's
+:mod:`tests.oracles.nqm` (``m' = r m + q``, ``r = (1 - lr_k h)²``, ``q = lr_k² c / B_k``), so from the stage's
 first step
 ``s_k`` on
 

@@ -12,7 +12,7 @@ from __future__ import annotations
 
 from dataclasses import replace
 
-from synth_sweeps import Sweep
+from tests.oracles.synth_sweeps import Sweep
 
 SHAPES: dict[str, Sweep] = {
     # like the unseen simulator: 3 seeds, ~3% jitter, 0.4% evaluation noise, 5 lrs best in the middle

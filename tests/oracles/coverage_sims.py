@@ -13,17 +13,17 @@ from __future__ import annotations
 from functools import partial
 
 import numpy as np
-from synth_runs import map_draws
 
 from analysis.core import metrics as m
 from analysis.fits import flags as fl
 from analysis.fits.sweep_fit import analyze_metric
+from tests.oracles.synth_runs import map_draws
 
 OLD_BIN_E_MIN = (200.0 * 128, 200.0 * 1024)  # synth_runs bins: true B_crit = bin_e_min / s_min (s_min = 200)
 
 
 def _old_sweep(rng: np.random.Generator, **kw):
-    from synth_runs import COVERAGE_SWEEP, COVERAGE_TARGETS, synth_runs
+    from tests.oracles.synth_runs import COVERAGE_SWEEP, COVERAGE_TARGETS, synth_runs
 
     runs = synth_runs(rng, **{**COVERAGE_SWEEP, **kw}, bins=2, bin_e_min=OLD_BIN_E_MIN)
     truths = {m.EVAL_LOSS: lambda y: 256.0}
@@ -33,7 +33,7 @@ def _old_sweep(rng: np.random.Generator, **kw):
 
 
 def _new_sweep(rng: np.random.Generator, **kw):
-    from synth_sweeps import Sweep, simulate, truth
+    from tests.oracles.synth_sweeps import Sweep, simulate, truth
 
     sw = Sweep(**kw)
     runs = simulate(rng, sw)
@@ -42,7 +42,7 @@ def _new_sweep(rng: np.random.Generator, **kw):
 
 
 def _shape_sweep(name: str):
-    from synth_shapes import SHAPES
+    from tests.oracles.synth_shapes import SHAPES
 
     def draw(rng: np.random.Generator, **kw):
         return _new_sweep(rng, **{**SHAPES[name].__dict__, **kw})
@@ -51,7 +51,7 @@ def _shape_sweep(name: str):
 
 
 def _simulators() -> dict:
-    from synth_shapes import SHAPES
+    from tests.oracles.synth_shapes import SHAPES
 
     return {"old": _old_sweep, "new": _new_sweep, **{f"shape:{k}": _shape_sweep(k) for k in SHAPES}}
 
