@@ -9,8 +9,8 @@ import shutil
 
 import numpy as np
 
-from analysis.sources.loaders import write_sweep_dir
 from orchestrator.cli.main import main
+from tests.oracles.sweep_dir import write_sweep_dir
 from tests.oracles.synth_splits import synth_split_runs
 
 

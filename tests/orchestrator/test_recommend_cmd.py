@@ -8,8 +8,8 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from analysis.sources.loaders import write_sweep_dir
 from orchestrator.cli import main as cli
+from tests.oracles.sweep_dir import write_sweep_dir
 from tests.oracles.synth_splits import synth_split_runs
 
 

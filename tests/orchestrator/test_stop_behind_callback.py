@@ -58,7 +58,7 @@ def test_the_callback_names_trials_behind_once_and_records_why(tmp_path, marked)
 
 
 def test_a_resumed_sweep_reads_its_finished_trials_back(tmp_path, marked):
-    from analysis.sources.loaders import write_sweep_dir
+    from tests.oracles.sweep_dir import write_sweep_dir
     from tests.oracles.synth_shapes import SHAPES
     from tests.oracles.synth_sweeps import simulate
 
