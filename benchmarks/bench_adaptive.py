@@ -2,13 +2,13 @@
 
 Problem (``examples/quadratic.yaml``'s): dim 1000, ``h_i = i^-0.5``, ``c = h``, ``theta0 = 1``, batch sizes
 16/64/256/1024, the 9-point lr grid, 3 seeds, trials stopped at loss 0.3 (or 2000 steps, or diverged); B_crit at
-the goal target (default 0.5), truth from ``analysis.quadratic.nqm.closed_form_b_crit`` on the same lr grid.
+the goal target (default 0.5), truth from ``tests.oracles.nqm.closed_form_b_crit`` on the same lr grid.
 
 Per repeat (a sweep seed):
 
 - **grid**: every (batch size, lr, seed) trial (``simulate_sweep``, 108 trials), analysed by ``analyze_metric``;
 - **adaptive**: the decision rule of ``analysis.decisions.next_trials`` choosing one trial at a time
-  (``analysis.decisions.nqm_adaptive``), goal ``rel_ci`` (default: the grid's median relative half-width over the
+  (``tests.oracles.nqm_adaptive``), goal ``rel_ci`` (default: the grid's median relative half-width over the
   repeats, measured first) at the target, budget the grid's trial count, ``--max-seeds`` per setting;
   the final interval is re-analysed with the grid's bootstrap size (the decisions use ``--decision-bootstrap``).
 
@@ -28,9 +28,9 @@ import numpy as np
 
 from analysis.core import metrics as m
 from analysis.decisions import next_trials as nt
-from analysis.decisions.nqm_adaptive import adaptive_sweep
 from analysis.fits.sweep_fit import analyze_metric
-from analysis.quadratic.nqm import closed_form_b_crit, simulate_sweep
+from tests.oracles.nqm import closed_form_b_crit, simulate_sweep
+from tests.oracles.nqm_adaptive import adaptive_sweep
 
 H = np.arange(1, 1001.0) ** -0.5
 THETA0 = np.ones(1000)

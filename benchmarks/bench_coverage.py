@@ -2,7 +2,7 @@
 
 Run: ``PYTHONPATH=. .venv/bin/python benchmarks/bench_coverage.py [--draws 200] [--bootstrap 1000] [--quick]``.
 
-1. Coverage figure: ``--draws`` synthetic sweeps shaped like real ones (``tests/analysis/synth_runs.py``
+1. Coverage figure: ``--draws`` synthetic sweeps shaped like real ones (``tests/oracles/synth_runs.py``
    ``COVERAGE_SWEEP``: 9 batch sizes, 5 learning rates of which the top one diverges, 3 seeds per setting with 10%
    seed-to-seed scatter of the steps, trials stopped at a global target 0.2), targets 0.3 and 0.25, true
    ``B_crit = 256``: share of 90% intervals that hold 256, median |error|, mean error, interval width over the
@@ -11,12 +11,12 @@ Run: ``PYTHONPATH=. .venv/bin/python benchmarks/bench_coverage.py [--draws 200] 
    steps over all usable trials of a batch size, no censoring, interval from resampling trials), re-implemented
    here in a few lines (:func:`old_b_crit`, :func:`old_interval`).
 3. The noisy quadratic model (``examples/quadratic.yaml`` simulated in-process,
-``analysis.quadratic.nqm.simulate_sweep``)
+``tests.oracles.nqm.simulate_sweep``)
    against its closed form on the sweep's own lr grid: error at trustworthy and at flagged targets.
 
 ``--sim old|new|both`` runs only the issue-17 comparison instead: coverage of the 90% interval at the *trusted*
 (unflagged) targets, globally and per timestep bin, on ``synth_runs`` ("old") and on the independent simulator
-``tests/analysis/synth_sweeps.py`` ("new"), before (the interval without the lack-of-fit term: seeds resampled only,
+``tests/oracles/synth_sweeps.py`` ("new"), before (the interval without the lack-of-fit term: seeds resampled only,
 ``analysis.fits.pareto.lack_of_fit_var`` patched to 0, which is exactly the earlier code) and after, with the median
 relative width ``hi/lo - 1``: ``bench_coverage.py --sim both [--draws 40] [--bootstrap 400] [--ablations]``.
 """
@@ -24,10 +24,8 @@ relative width ``hi/lo - 1``: ``bench_coverage.py --sim both [--draws 40] [--boo
 from __future__ import annotations
 
 import argparse
-import sys
 import time
 from collections import Counter
-from pathlib import Path
 
 import numpy as np
 
@@ -36,7 +34,7 @@ from analysis.fits import flags as fl
 from analysis.fits import pareto
 from analysis.fits.steps import steps_to_target, usable
 from analysis.fits.sweep_fit import analyze_metric
-from tests.analysis.synth_runs import COVERAGE_SWEEP, COVERAGE_TARGETS, coverage_draws, synth_runs
+from tests.oracles.synth_runs import COVERAGE_SWEEP, COVERAGE_TARGETS, coverage_draws, synth_runs
 
 TRUTH = 256.0
 
@@ -134,9 +132,9 @@ def fixes(draws: int) -> None:
 
 
 def quadratic(sweeps: int, n_boot: int) -> None:
-    from analysis.quadratic.nqm import closed_form_b_crit, simulate_sweep
     from analysis.reporting.report import analyze
     from orchestrator.specs.sweep_spec import load_spec
+    from tests.oracles.nqm import closed_form_b_crit, simulate_sweep
     from trainables.nqm_trial import QuadraticConfig
 
     spec = load_spec("examples/quadratic.yaml", ["storage=/tmp/bench-coverage-unused"])
@@ -194,7 +192,7 @@ def _trusted_rows(sim: str, draws: int, n_boot: int, **kw) -> dict:
     """{(before|after, global|bins): summary} for one simulator."""
     from unittest import mock
 
-    from coverage_sims import coverage_records, summary
+    from tests.oracles.coverage_sims import coverage_records, summary
 
     out = {}
     for when in ("before", "after"):
@@ -233,7 +231,7 @@ def trusted_coverage(sims: list[str], draws: int, n_boot: int, ablations: bool) 
 def shapes_coverage(names: list[str], draws: int, n_boot: int, first_seed: int) -> None:
     """Issue 30: the 90% interval at the trusted targets on every shape of ``synth_shapes``, before (the nominal
     level) and after (the level calibrated by the parametric double bootstrap), on the same sweeps."""
-    from coverage_sims import coverage_records, summary
+    from tests.oracles.coverage_sims import coverage_records, summary
 
     print(f"## calibrated intervals: {draws} sweeps per shape (seeds {first_seed}..), bootstrap {n_boot}")
     print(
@@ -279,13 +277,11 @@ def main() -> None:
     p.add_argument("--first-seed", type=int, default=700, help="with --shapes: the first sweep's seed")
     a = p.parse_args()
     if a.shapes is not None:
-        sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tests" / "analysis"))
-        from synth_shapes import SHAPES
+        from tests.oracles.synth_shapes import SHAPES
 
         shapes_coverage(a.shapes or list(SHAPES), a.draws or 40, a.bootstrap or 400, a.first_seed)
         return
     if a.sim:
-        sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tests" / "analysis"))
         sims = ["old", "new"] if a.sim == "both" else [a.sim]
         trusted_coverage(sims, 8 if a.quick else a.draws or 40, a.bootstrap or 400, a.ablations)
         return

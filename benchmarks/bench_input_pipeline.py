@@ -29,11 +29,12 @@ import time
 import numpy as np
 import torch
 
+from tests.oracles.example_draws import example_draws
 from trainables.data import load_dataset
 from trainables.data.base import latent_files
 from trainables.data.latent_store import pack
 from trainables.diffusion import NUM_TIMESTEPS
-from trainables.randomness import STREAM_EXAMPLE, example_draws, step_draws
+from trainables.randomness import STREAM_EXAMPLE, step_draws
 
 SHAPE = (4, 32, 32)
 

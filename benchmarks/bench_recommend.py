@@ -16,9 +16,9 @@ import math
 import numpy as np
 
 from analysis.decisions import recommend
-from analysis.decisions import recommend_check as ck
 from analysis.fits import throughput
 from analysis.sources import loaders
+from tests.oracles import recommend_check as ck
 
 
 def name(s) -> str:
@@ -63,7 +63,7 @@ def main() -> None:
     )
     fit = recommend.fit_steps(runs, a.metric, a.target, a.bootstrap)
     p = recommend.plan(fit, times, times.splits, a.metric)
-    bs = ck.b_simple_at_target(runs, a.metric, a.target)
+    bs = recommend.b_simple_at_target(runs, a.metric, a.target)
     j = recommend.pollux_choice(p, bs)
     best = min(meas, key=lambda k: meas[k]["seconds"])
     ours_s = meas[tuple(p.splits[p.fastest])]["seconds"]

@@ -123,6 +123,33 @@ def test_one_name_per_module_across_packages():
     assert {k: v for k, v in seen.items() if len(v) > 1} == {}
 
 
+def imports_of_tests(root: Path = CHECKOUT) -> list[str]:
+    """``path:line module`` for every import of ``tests`` (or a module under it) by a product module, at module level
+    or inside a function."""
+    found = []
+    for pkg in PACKAGES:
+        for p in sorted((root / pkg).rglob("*.py")):
+            for node in ast.walk(ast.parse(p.read_text())):
+                names = [a.name for a in node.names] if isinstance(node, ast.Import) else []
+                if isinstance(node, ast.ImportFrom) and node.level == 0:
+                    names = [node.module or ""]
+                found += [f"{p.relative_to(root)}:{node.lineno} {n}" for n in names if n.split(".")[0] == "tests"]
+    return found
+
+
+def test_the_product_never_imports_the_tests():
+    """The oracles and simulators with known answers (tests/oracles/: the NQM's closed form, synthetic sweeps) serve
+    tests and benchmarks; the product (analysis/, trainables/, orchestrator/) runs without them."""
+    assert imports_of_tests() == []
+
+
+def test_the_tests_import_scan_sees_a_violation(tmp_path):
+    pkg = tmp_path / "analysis"
+    pkg.mkdir()
+    (pkg / "m.py").write_text("import testsuite\n\n\ndef f():\n    from tests.oracles import nqm\n    import tests\n")
+    assert imports_of_tests(tmp_path) == ["analysis/m.py:5 tests.oracles", "analysis/m.py:6 tests"]
+
+
 # The orchestrator's house, bottom to top: a module imports only from its own layer or those before it.
 ORCHESTRATOR_LAYERS = (
     ("errors", "faults"),

@@ -69,21 +69,6 @@ def local_slice(batch_size: int, world_size: int, rank: int, accum: int, micro: 
     return slice(start, start + micro)
 
 
-def example_draws(
-    seed: int, stream: int, step: int, positions: range, shape: tuple[int, ...], num_timesteps: int
-) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-    """Per-example ``(timestep int64 [n], uniform float32 [n], noise float32 [n, *shape])``, each example from
-    its own generator keyed by ``(seed, stream, step, position)``."""
-    g = torch.Generator()
-    ts, us, noise = [], [], []
-    for j in positions:
-        g.manual_seed(mix(seed, stream, step, j))
-        ts.append(torch.randint(0, num_timesteps, (1,), generator=g))
-        us.append(torch.rand(1, generator=g))
-        noise.append(torch.randn(shape, generator=g))
-    return torch.cat(ts), torch.cat(us), torch.stack(noise)
-
-
 def step_key(seed: int, step: int) -> int:
     """Seed of the generator of training step ``step``'s draws (stream ``STREAM_EXAMPLE``)."""
     return mix(seed, STREAM_EXAMPLE, step)

@@ -24,12 +24,6 @@ SYS_EXAMPLES_PER_S = "sys/examples_per_s"  # training examples / training second
 SYS_PEAK_MEM_GB = "sys/peak_mem_gb"  # peak memory (GiB): CUDA max allocated, or the worker's peak RSS on CPU
 
 
-def is_system(name: str) -> bool:
-    """A measurement of the machine (time, memory), not of training: it differs between identical runs, so
-    reproducibility checks (same seed, resume, split invariance) leave it out."""
-    return name.startswith("sys/")
-
-
 # --- gradient noise scale (McCandlish et al. 2018), global, every step ----------------------------------
 GNS_G2_SMALL = "gns/g2_small"  # |G_b|^2: mean squared norm of the small-batch gradients of this step
 GNS_G2_BIG = "gns/g2_big"  # |G_B|^2: squared norm of the big-batch (all-reduced) gradient

@@ -22,8 +22,9 @@ import numpy as np
 from analysis.core import metrics as m
 from analysis.core.bcrit_error import BcritError
 from analysis.core.device_share import share_error
-from analysis.fits import pareto, throughput
+from analysis.fits import gns_view, pareto, throughput
 from analysis.fits.steps import aggregate_seeds, best_per_batch, pooled_steps
+from analysis.fits.sweep_fit import analyze_metric
 from analysis.sources.loaders import Runs
 
 HOUR = 3600.0
@@ -315,3 +316,11 @@ def recommend(
         raise RecommendError(f"no candidate split has a batch size in [{int(fit.batch_sizes.min())}, {hi}]")
     p = plan(fit, times, splits, metric, unit, device_mem_gb, level, seed, gpus_per_worker=gpus_per_worker)
     return p, fit, times
+
+
+def b_simple_at_target(runs: Runs, metric: str, target: float) -> float | None:
+    """``B_simple`` at the target, pooled over the fitted trials' windows at their crossings (analysis.fits.gns_view);
+    None if not logged."""
+    entry = analyze_metric(runs, metric, [target], bootstrap=0)
+    gns_view.attach_b_simple(runs, entry)
+    return entry[0].get("b_simple")

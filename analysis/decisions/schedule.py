@@ -17,8 +17,6 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass
 
-import numpy as np
-
 from analysis.core.stages import BatchStages
 
 
@@ -173,21 +171,3 @@ def propose(segments: list[Segment], candidates, reference: int | None = None) -
     within = [p for p in pareto_front(segments, cand) if p.total_examples <= ref.total_examples * (1 + 1e-12)]
     best = min(within, key=lambda p: (p.total_steps, p.total_examples))  # the reference or a plan dominating it
     return Proposal(segments, ref, best, [constant(segments, b) for b in cand])
-
-
-def measured_to_target(step, examples, value, target: float) -> tuple[float, float]:
-    """``(steps, examples)`` at one trial's first crossing of ``value <= target`` (its evaluation rows, in step
-    order), each interpolated linearly between the two evaluations like :func:`analysis.fits.steps.steps_to_target`;
-    the examples come from the rows' own ``examples`` column (the true count under a schedule). ``(inf, inf)``
-    if never reached."""
-    step, examples, value = (np.asarray(x, dtype=np.float64) for x in (step, examples, value))
-    below = np.flatnonzero(value <= target)
-    if not len(below):
-        return float("inf"), float("inf")
-    i = int(below[0])
-    if i == 0:
-        return float(step[0]), float(examples[0])
-    frac = (value[i - 1] - target) / (value[i - 1] - value[i])
-    return float(step[i - 1] + frac * (step[i] - step[i - 1])), float(
-        examples[i - 1] + frac * (examples[i] - examples[i - 1])
-    )

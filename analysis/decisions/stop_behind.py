@@ -14,11 +14,17 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass, field
+from typing import TYPE_CHECKING
 
 import numpy as np
 
 from analysis.core import metrics as m
 from analysis.sources.schema import NUISANCE_COLUMNS
+
+if TYPE_CHECKING:
+    import pyarrow as pa
+
+    from analysis.sources.loaders import Runs
 
 MARGIN = 0.05  # in log steps: how far before a stopped trial's step its fitted crossing may lie
 MIN_TRIALS_SETTINGS = 3  # known settings a one-seed batch size needs before any of its trials stops
@@ -230,4 +236,45 @@ def _behind_at(b: int, settings: dict[tuple, list[Curve]], margin: float, seeds:
                     f"behind B={b}'s lr {c_key[0]:g} (steps {math.exp(u):.0f} at most, its {len(c_trials)} "
                     f"seed(s) resampled) at step {j.last_step}"
                 )
+    return out
+
+
+def setting_key(trials: pa.Table, row: int) -> tuple:
+    """The setting of a trials-table row within its batch size (:func:`setting_of`)."""
+    return setting_of({c: trials.column(c)[row].as_py() for c in NUISANCE_COLUMNS if c in trials.column_names})
+
+
+def _events(runs: Runs) -> tuple[list[dict], dict[int, np.ndarray]]:
+    """Per trial, its fitted metrics' values by step, and the evaluation steps in order."""
+    names = [n for n in runs.metric_names() if fitted_metric(n)]
+    per: list[dict] = [dict() for _ in runs.trial_ids]
+    for name in names:
+        s = runs.series(name)
+        for t, step, v in zip(s.trial.tolist(), s.step.tolist(), s.value.tolist(), strict=True):
+            per[t].setdefault(step, {})[name] = v
+    steps = {i: np.array(sorted(d)) for i, d in enumerate(per)}
+    for i, st in enumerate(runs.status):  # a diverged trial ends at its first non-finite evaluation, as a live one
+        if st == m.STATUS_DIVERGED:
+            bad = [k for k, s in enumerate(steps[i]) if not np.isfinite(per[i][int(s)].get(m.EVAL_LOSS, np.nan))]
+            if bad:
+                steps[i] = steps[i][: bad[0] + 1]
+    return per, steps
+
+
+def _empty_curve(runs: Runs, i: int, status: str) -> Curve:
+    """Trial row ``i`` of ``runs`` as the rule sees it, before any evaluation."""
+    seed = int(runs.trials.column("seed")[i].as_py())
+    return Curve(runs.trial_ids[i], int(runs.batch_size[i]), setting_key(runs.trials, i), seed, status)
+
+
+def curves_from_runs(runs: Runs) -> list[Curve]:
+    """Every trial of ``runs`` as the rule sees it, with all its evaluations and its recorded status."""
+    per, steps = _events(runs)
+    out = []
+    for i in range(len(runs.trial_ids)):
+        c = _empty_curve(runs, i, str(runs.status[i]))
+        for s in steps[i]:
+            for name, v in per[i][int(s)].items():
+                c.add(int(s), name, v)
+        out.append(c)
     return out

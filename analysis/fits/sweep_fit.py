@@ -4,11 +4,11 @@
 
 from __future__ import annotations
 
-from dataclasses import dataclass, replace
+from dataclasses import dataclass
 
 import numpy as np
 
-from analysis.fits import calibration, lr_grid, pareto, refined_boot
+from analysis.fits import calibration, lr_grid, pareto
 from analysis.fits import flags as fl
 from analysis.fits.steps import aggregate_seeds, best_per_batch, final_losses, pooled_steps, usable
 from analysis.fits.trust import PointChecks
@@ -26,13 +26,9 @@ def analyze_metric(
     strict: bool = True,
     notes: list[str] | None = None,
     calibrate: bool = True,
-    refined_interval: bool = False,
 ) -> list[dict]:
     """Per target: ``{"target", "b_crit", "b_crit_ci", "s_min", "e_min", "flags", "ci_resamples",
     "b_crit_refined", "points", "censored", "censored_batch_sizes", "unreached_batch_sizes", "ci_level"}``.
-
-    ``refined_interval``: also the refined estimate's own interval (``b_crit_refined_ci``, ``..._ci_level``;
-    analysis.fits.refined_boot): not the headline, it holds the truth less often and triples the analysis's time.
 
     ``calibrate``: the interval's percentile level is calibrated by a parametric double bootstrap
     (:mod:`analysis.fits.calibration`) so that it holds ``level``; ``ci_level`` is the level used (``level`` itself
@@ -53,7 +49,7 @@ def analyze_metric(
     runs, steps, last, ok, st = pooled.runs, pooled.steps, pooled.last, pooled.ok, pooled.st
     tuned = [_tuned(row, last, st) for row in steps]  # per target: (value, lower bound, best per batch size)
     resample = pareto.ci_resamples(st, np.concatenate([best.setting for _, _, best in tuned]))
-    boot, sets = _replicates(steps, last, st, bootstrap, np.random.default_rng(seed), resample)
+    boot = _replicates(steps, last, st, bootstrap, np.random.default_rng(seed), resample)
     ctx = PointChecks(runs, series, st, last, pooled.spacing)
     kappas = _lr_curvatures(tuned, st, ctx.tried)
     out = []
@@ -69,59 +65,43 @@ def analyze_metric(
         fit = pareto.fit_pareto(best.batch_sizes, best.steps)
         dof = _variance_dof(st, resample, best) if calibrate else None
         ci, used = _b_crit_interval(best, fit, None if boot is None else boot[j], target_rng(seed, y), level, dof)
-        reps = None if sets is None or not refined_interval else (sets[0][j], sets[1][j], boot[j])
-        ref = _refined(best, val, st, ctx.tried, kappas[j], reps, target_rng(seed, y, refined=True), level, dof)
+        ref = _refined(best, val, st, ctx.tried, kappas[j])
         res = _target_result(runs, ctx, float(y), steps[j], val, low, st, best, fit, ci, ok, resample, ref)
-        own = {"b_crit_refined_ci": [_num(ref.ci[0]), _num(ref.ci[1])], "b_crit_refined_ci_level": ref.ci_level}
-        out.append({**res, "ci_level": used, **(own if refined_interval else {})})
+        out.append({**res, "ci_level": used})
     return out
 
 
-def target_rng(seed: int, target: float, refined: bool = False) -> np.random.Generator:
+def target_rng(seed: int, target: float) -> np.random.Generator:
     """The random stream of one target's interval (lack-of-fit draws, calibration): a function of the seed and the
     target's value only, so the interval at a target does not depend on which other targets are analysed with it
     (``bcrit analyze --targets 0.18`` and the automatic targets agree where they share a target), and successive
-    refits of a growing sweep (the adaptive sweep's) draw the same numbers where the data allow it. ``refined``:
-    the refined interval's own stream (the plain interval's numbers do not depend on it)."""
-    key = [int(seed), int(np.float64(target).view(np.uint64))]
-    return np.random.default_rng(key + [1] if refined else key)
+    refits of a growing sweep (the adaptive sweep's) draw the same numbers where the data allow it."""
+    return np.random.default_rng([int(seed), int(np.float64(target).view(np.uint64))])
 
 
 def _replicates(steps, last, st, bootstrap: int, rng, resample: str):
-    """``(best, settings)``: the bootstrap's best steps per batch size (T, R, n_b), and where it resamples seeds the
-    replicated settings ``(value, lower bound)`` (T, R, n_settings) they were taken from (the refined interval's
-    input; None otherwise, and both None without a bootstrap). The same draws either way."""
+    """The bootstrap's best steps per batch size (T, R, n_b); None without a bootstrap."""
     if bootstrap <= 0 or not len(st.members):
-        return None, None
-    if resample != fl.CI_SEEDS:
-        return pareto.bootstrap_best(steps, last, st, bootstrap, rng, resample)[1], None
-    sets = pareto.bootstrap_settings(steps, last, st, bootstrap, rng)
-    return pareto.best_of_settings(*sets, st)[1], sets
+        return None
+    return pareto.bootstrap_best(steps, last, st, bootstrap, rng, resample)[1]
 
 
 @dataclass(frozen=True)
 class Refined:
-    """B_crit on the refined points (analysis.fits.lr_grid.refined_optima) and its own interval
-    (analysis.fits.refined_boot; ``nan`` where the interval resamples trials or there is no bootstrap)."""
+    """B_crit on the refined points (analysis.fits.lr_grid.refined_optima)."""
 
     steps: np.ndarray  # per batch size, the optimum's steps
     lr: np.ndarray  # per batch size, the optimum's learning rate
     b_crit: float
-    ci: tuple[float, float]
-    ci_level: float
     kappa: float  # the shared lr curvature it was refined with
 
 
-def _refined(best, val, st, tried, kappa: float, reps, rng, level: float, dof) -> Refined:
-    """The refined fit of one target and its interval from the replicated settings ``reps`` (``(value, lower,
-    plain best)``: (R, n_settings) each, and the plain replicates' best steps (R, n_b); None: no interval), each
-    replicate refined as the point is (refined_boot)."""
+def _refined(best, val, st, tried, kappa: float) -> Refined:
+    """The refined fit of one target."""
     fitted = np.isfinite(best.steps)
     ref_steps, ref_lr = lr_grid.refined_optima(val, st, best, tried, kappa)
     fit = pareto.fit_pareto(best.batch_sizes[fitted], ref_steps[fitted])
-    boot = None if reps is None else refined_boot.refined_replicates(reps[0], reps[1], st, tried, kappa, reps[2])
-    ci, used = _b_crit_interval(replace(best, steps=ref_steps), fit, boot, rng, level, dof)
-    return Refined(ref_steps, ref_lr, fit.b_crit, ci, used, kappa)
+    return Refined(ref_steps, ref_lr, fit.b_crit, kappa)
 
 
 def _variance_dof(st, resample: str, best) -> np.ndarray:

@@ -136,14 +136,6 @@ def _sweep_parent(root: Path) -> dict:
     return saved if isinstance(saved, dict) else {}
 
 
-def write_sweep_dir(runs: Runs, path: str | Path) -> None:
-    """Write ``runs`` as a sweep directory (the inverse of :func:`load_sweep_dir`)."""
-    root = Path(path)
-    root.mkdir(parents=True, exist_ok=True)
-    pq.write_table(runs.trials, root / TRIALS_FILE)
-    pq.write_table(runs.metrics, root / METRICS_FILE)
-
-
 _INT_PARAMS = ("batch_size", "micro_batch_size", "grad_accum", "num_workers", "seed")
 _RUN_STATUS = {
     "RUNNING": m.STATUS_RUNNING,

@@ -216,10 +216,9 @@ def model_lines(model, times) -> list[str]:
 def pollux_lines(runs, metric: str, fit, p) -> tuple[list[str], dict | None]:
     """Pollux's goodput optimum from the same sweep's B_simple, beside the recommendation."""
     from analysis.decisions import recommend
-    from analysis.decisions.recommend_check import b_simple_at_target
     from analysis.reporting.recommend_report import split_name
 
-    bs = b_simple_at_target(runs, metric, fit.target)
+    bs = recommend.b_simple_at_target(runs, metric, fit.target)
     if bs is None:
         return ["- Pollux comparison: no B_simple logged at this target (gns/ metrics missing)"], None
     j = recommend.pollux_choice(p, bs)

@@ -44,7 +44,7 @@ class StopBehind(Callback):
         trials' evaluations from its tables (Tune does not re-send them)."""
         import os
 
-        from analysis.decisions.stop_behind_replay import curves_from_runs
+        from analysis.decisions.stop_behind import curves_from_runs
         from analysis.sources.loaders import load_sweep_dir
         from analysis.sources.schema import TRIALS_FILE
         from trainables.sweep_signal import open_signal

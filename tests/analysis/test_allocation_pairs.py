@@ -12,9 +12,10 @@ import pytest
 from analysis.core import metrics as M
 from analysis.decisions.allocation_pairs import paired_ratios, reached_by_all
 from analysis.decisions.allocation_report import samplers_of
-from analysis.sources.loaders import runs_from_tables, write_sweep_dir
+from analysis.sources.loaders import runs_from_tables
 from analysis.sources.schema import metrics_table, trials_table
 from orchestrator.cli.main import main
+from tests.oracles.sweep_dir import write_sweep_dir
 
 SPEED = {"uniform": 1.0, "noise": 1.25}  # the noise trials run 1.25x faster: S_noise / S_uniform = 0.8 per pair
 

@@ -14,10 +14,11 @@ from analysis.core import metrics as M
 from analysis.core.allocation import bin_shares, noise_allocation, predict
 from analysis.decisions.allocation_report import compare, measured, measured_b_simple, predictions, samplers_of, subset
 from analysis.fits.sweep_fit import analyze_metric
-from analysis.quadratic import nqm
-from analysis.sources.loaders import runs_from_tables, write_sweep_dir
+from analysis.sources.loaders import runs_from_tables
 from analysis.sources.schema import metrics_table, trials_table
 from orchestrator.cli.main import main
+from tests.oracles import nqm
+from tests.oracles.sweep_dir import write_sweep_dir
 
 K, WINDOW, TARGET = 2, 15, 0.5
 

@@ -7,7 +7,7 @@ from analysis.core import metrics as m
 from analysis.fits import answer
 from analysis.fits.steps import steps_to_target
 from analysis.reporting.report import analyze, answer_lines
-from tests.analysis.synth_runs import FLOOR, L0, synth_runs
+from tests.oracles.synth_runs import FLOOR, L0, synth_runs
 
 S_MIN, E_MIN = 200.0, 200.0 * 256
 BIN_E_MIN = (200.0 * 64, 200.0 * 256, 200.0 * 1024)  # true per-bin B_crit 64, 256, 1024

@@ -1,5 +1,5 @@
 """Per-timestep-bin goals of the adaptive sweep (``Goal.bins``; analysis.decisions.bin_goals) on synthetic sweeps
-whose bins have known, different B_crit (tests/analysis/synth_runs.py)."""
+whose bins have known, different B_crit (tests/oracles/synth_runs.py)."""
 
 from __future__ import annotations
 
@@ -14,7 +14,7 @@ from analysis.decisions.bin_goals import NO_FIT
 from analysis.fits.answer import bins_at
 from analysis.fits.sweep_fit import analyze_metric
 from analysis.sources.loaders import runs_from_tables
-from tests.analysis.synth_runs import synth_runs
+from tests.oracles.synth_runs import synth_runs
 
 BS = (32, 64, 128, 256, 512, 1024, 2048)
 LF = (0.25, 0.5, 1.0, 2.0, 4.0)

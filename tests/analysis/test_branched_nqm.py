@@ -1,12 +1,12 @@
-"""The closed form of the branched NQM (analysis.quadratic.nqm.branch_losses / branched_critical_k) against Monte Carlo
-SGD runs (analysis.quadratic.nqm.simulate) started from the same state."""
+"""The closed form of the branched NQM (tests.oracles.nqm.branch_losses / branched_critical_k) against Monte Carlo
+SGD runs (tests.oracles.nqm.simulate) started from the same state."""
 
 from __future__ import annotations
 
 import numpy as np
 import pytest
 
-from analysis.quadratic.nqm import branch_losses, branched_critical_k, simulate
+from tests.oracles.nqm import branch_losses, branched_critical_k, simulate
 
 DIM = 40
 H = np.arange(1, DIM + 1, dtype=np.float64) ** -0.5

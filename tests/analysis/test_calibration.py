@@ -4,10 +4,10 @@ simulator shapes of synth_shapes."""
 
 import numpy as np
 import pytest
-from coverage_sims import coverage_records, summary
 
 from analysis.fits import calibration as cal
 from analysis.fits import pareto
+from tests.oracles.coverage_sims import coverage_records, summary
 
 BS = np.array([32, 64, 128, 256, 512, 1024, 2048], dtype=np.float64)
 
@@ -116,9 +116,10 @@ def test_bcrit_analyze_records_the_calibrated_level_and_turns_it_off(tmp_path):
     ``--no-calibration``; the calibrated interval of the same bootstrap is then the wider one when the level is."""
     import json
 
-    from analysis.quadratic import nqm
-    from analysis.sources.loaders import runs_from_tables, write_sweep_dir
+    from analysis.sources.loaders import runs_from_tables
     from orchestrator.cli.main import main
+    from tests.oracles import nqm
+    from tests.oracles.sweep_dir import write_sweep_dir
 
     h = np.arange(1, 51, dtype=np.float64) ** -0.5
     r = nqm.simulate_sweep(h, h, np.ones(50), [4, 8, 16, 32, 64], [0.3, 0.6, 1.2], seeds=2, max_steps=400,

@@ -16,12 +16,13 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 import pytest
-from synth_runs import synth_runs
 
 from analysis.core import metrics as m
 from analysis.reporting import report
-from analysis.sources.loaders import SWEEP_PARENT_FILE, runs_from_tables, write_sweep_dir
+from analysis.sources.loaders import SWEEP_PARENT_FILE, runs_from_tables
 from orchestrator.cli.main import main as bcrit
+from tests.oracles.sweep_dir import write_sweep_dir
+from tests.oracles.synth_runs import synth_runs
 
 ROOT = Path(__file__).resolve().parents[2]
 FAST = ["--no-plots", "--bootstrap", "5"]

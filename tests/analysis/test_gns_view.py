@@ -12,7 +12,6 @@ import math
 
 import numpy as np
 import pytest
-from synth_runs import synth_runs
 
 from analysis.core import gns
 from analysis.core import metrics as m
@@ -29,6 +28,7 @@ from analysis.fits.gns_view import (
 )
 from analysis.sources.loaders import runs_from_tables
 from analysis.sources.schema import metrics_table, trials_table
+from tests.oracles.synth_runs import synth_runs
 
 TRACE, B_SMALL, B_BIG = 40.0, 16, 64
 

@@ -3,11 +3,11 @@ coverage it restores at the trusted targets of a second, independent simulator (
 
 import numpy as np
 import pytest
-from coverage_sims import coverage_records, summary
-from synth_sweeps import BIN_CURVES, Curve, Sweep, simulate, truth
 
 from analysis.core import metrics as m
 from analysis.fits import pareto
+from tests.oracles.coverage_sims import coverage_records, summary
+from tests.oracles.synth_sweeps import BIN_CURVES, Curve, Sweep, simulate, truth
 
 BS = np.array([16, 32, 64, 128, 256, 512, 1024, 2048], dtype=np.float64)
 
@@ -122,31 +122,3 @@ def test_synth_sweeps_stops_at_the_global_target_and_diverges_the_largest_lr_at_
     assert (n_evals[spent] == n_evals.max()).all()  # out of budget: every evaluation made
     k0 = runs.series(m.per_bin(m.EVAL_LOSS_BIN, 0))
     np.testing.assert_array_equal(k0.step, g.step)  # bins are evaluated, and stop, with eval/loss
-
-
-def test_misses_by_sweep_counts_sweeps_not_targets():
-    """Seven misses above in one sweep and one below in another are 1 / 1 sweeps, an even split (p = 1); a sweep
-    missing on both sides counts on both and is left out of the test."""
-    from coverage_sims import misses_by_sweep
-
-    draw = np.array([0] * 7 + [1, 2, 3, 3])
-    truth = np.ones(11)
-    lo = np.array([0.5] * 7 + [1.5, 0.5, 1.5, 0.5])
-    hi = np.array([0.9] * 7 + [2.0, 2.0, 2.0, 0.9])
-    got = misses_by_sweep(draw, truth, lo, hi)
-    assert got == {"sweeps": 4, "below": 2, "above": 2, "p_even": 1.0}
-    one_sided = misses_by_sweep(np.arange(8), np.ones(8), np.full(8, 0.5), np.full(8, 0.9))
-    assert one_sided["above"] == 8 and one_sided["p_even"] == pytest.approx(2 * 0.5**8, rel=1e-12)
-
-
-def test_signed_error_by_sweep_is_the_plain_se_with_one_target_a_sweep_and_ignores_copies():
-    """One target per sweep: the cluster SE is the ordinary SE of the mean (ddof 1). Every target copied 5 times
-    within its sweep: the same mean and the same SE (copies carry no new information), not 1/sqrt(5) of it."""
-    from coverage_sims import signed_error_by_sweep
-
-    e = np.random.default_rng(3).normal(-0.01, 0.03, 40)
-    mean, se = signed_error_by_sweep(np.arange(40), e)
-    assert mean == pytest.approx(e.mean(), rel=1e-12)
-    assert se == pytest.approx(e.std(ddof=1) / np.sqrt(40), rel=1e-12)
-    mean5, se5 = signed_error_by_sweep(np.repeat(np.arange(40), 5), np.repeat(e, 5))
-    assert (mean5, se5) == pytest.approx((mean, se), rel=1e-12)

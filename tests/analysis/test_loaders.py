@@ -6,13 +6,14 @@ import json
 
 import numpy as np
 import pytest
-from synth_runs import synth_runs
 
 from analysis.core import metrics as m
 from analysis.reporting.publish import log_analysis
 from analysis.reporting.report import analyze
-from analysis.sources.loaders import load_mlflow, load_sweep_dir, runs_from_tables, write_sweep_dir
+from analysis.sources.loaders import load_mlflow, load_sweep_dir, runs_from_tables
 from analysis.sources.schema import RunsTableError
+from tests.oracles.sweep_dir import write_sweep_dir
+from tests.oracles.synth_runs import synth_runs
 
 
 def test_parquet_round_trip(tmp_path):

@@ -4,14 +4,14 @@ only difference is the spacing of the learning-rate grid."""
 
 import numpy as np
 import pytest
-from synth_shapes import SHAPES
-from synth_sweeps import Sweep, simulate, truth
 
 from analysis.core import metrics as m
 from analysis.fits import flags as fl
 from analysis.fits import lr_grid
 from analysis.fits.steps import BestPerBatch, Settings
 from analysis.fits.sweep_fit import analyze_metric
+from tests.oracles.synth_shapes import SHAPES
+from tests.oracles.synth_sweeps import Sweep, simulate, truth
 
 KAPPA, C = 0.6, 200.0
 

@@ -10,9 +10,9 @@ import pytest
 
 from analysis.decisions import next_trials as nt
 from analysis.decisions.adaptive import candidates, goal_checks, ledger, lr_moves, narrowing
-from analysis.decisions.nqm_adaptive import adaptive_sweep, concat, run_trial
 from analysis.fits import flags as fl
-from analysis.quadratic.nqm import closed_form_b_crit
+from tests.oracles.nqm import closed_form_b_crit
+from tests.oracles.nqm_adaptive import adaptive_sweep, concat, run_trial
 
 H = np.arange(1, 1001.0) ** -0.5
 THETA0 = np.ones(1000)

@@ -8,8 +8,8 @@ import pytest
 from analysis.core import metrics as m
 from analysis.fits.steps import steps_to_target
 from analysis.fits.sweep_fit import analyze_metric
-from analysis.quadratic import nqm as q
 from analysis.sources.loaders import Series
+from tests.oracles import nqm as q
 
 H = np.array([1.0, 0.3, 0.1, 0.03])
 

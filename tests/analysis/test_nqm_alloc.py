@@ -1,4 +1,4 @@
-"""The binned NQM under an allocation (analysis.quadratic.nqm_alloc): the closed-form expected loss against a float64
+"""The binned NQM under an allocation (tests.oracles.nqm_alloc): the closed-form expected loss against a float64
 Monte
 Carlo of the trial's own draw (`weighted_noise`), and the exact gain in steps-to-target."""
 
@@ -8,8 +8,8 @@ import numpy as np
 import pytest
 
 from analysis.core import nqm_noise as nn
-from analysis.quadratic import nqm
-from analysis.quadratic import nqm_alloc as na
+from tests.oracles import nqm
+from tests.oracles import nqm_alloc as na
 
 DIM = 20
 H = np.arange(1, DIM + 1, dtype=np.float64) ** -0.5

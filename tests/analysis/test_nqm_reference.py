@@ -1,4 +1,4 @@
-"""`analysis.quadratic.nqm` against float64 brute force: the second-moment recursion iterated step by step, the first
+"""`tests.oracles.nqm` against float64 brute force: the second-moment recursion iterated step by step, the first
 crossing found by scanning every step, the lr tuned by scanning every lr of the grid. (test_quadratic.py: the closed
 form against simulated runs; this file: every public function's documented output, shapes and edge cases.)"""
 
@@ -12,7 +12,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from analysis.fits.pareto import fit_pareto
-from analysis.quadratic import nqm as q
+from tests.oracles import nqm as q
 
 H = np.array([2.0, 1.0, 0.5, 0.25, 0.25])  # a repeated coordinate exercises the merge of equal coordinates
 C = H.copy()

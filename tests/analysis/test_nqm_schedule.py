@@ -1,4 +1,4 @@
-"""The NQM's expected loss under a batch-size schedule (analysis.quadratic.nqm_schedule) against float64 brute force:
+"""The NQM's expected loss under a batch-size schedule (tests.oracles.nqm_schedule) against float64 brute force:
 the
 second-moment recursion iterated step by step, and the sampled trial's mean over many runs."""
 
@@ -8,8 +8,8 @@ import numpy as np
 import pytest
 
 from analysis.core.stages import BatchStages
-from analysis.quadratic.nqm import expected_loss_curve, expected_steps_to_target
-from analysis.quadratic.nqm_schedule import expected_loss_staged, expected_to_target_staged
+from tests.oracles.nqm import expected_loss_curve, expected_steps_to_target
+from tests.oracles.nqm_schedule import expected_loss_staged, expected_to_target_staged
 
 H = np.arange(1, 51, dtype=np.float64) ** -0.5
 C, M0 = H.copy(), np.ones(50)

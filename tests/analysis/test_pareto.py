@@ -4,12 +4,12 @@ from __future__ import annotations
 
 import numpy as np
 import pytest
-from synth_runs import coverage_draws, synth_runs, u_of
 
 from analysis.core import metrics as m
 from analysis.fits import flags, pareto
 from analysis.fits.sweep_fit import analyze_metric
 from analysis.fits.trust import headline
+from tests.oracles.synth_runs import coverage_draws, synth_runs, u_of
 
 BS = np.array([16, 32, 64, 128, 256, 512, 1024, 2048], dtype=np.float64)
 

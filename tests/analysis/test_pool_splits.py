@@ -2,7 +2,7 @@
 (analysis.fits.steps.pool_splits).
 
 Splits of one batch size run with one seed take the same steps up to numerics (same examples, same draws), so
-they are one measurement, not several. On tests/analysis/synth_splits.py every split of a (B, lr, seed) follows the
+they are one measurement, not several. On tests/oracles/synth_splits.py every split of a (B, lr, seed) follows the
 same curve: the answer of a sweep with split variants must then be the answer of the same sweep without them,
 point estimate and interval alike, also when a variant ran only some of the seeds (the demo's variants run one).
 Left as separate settings (the code before pooling), the variants added settings whose seeds the bootstrap
@@ -14,12 +14,12 @@ from __future__ import annotations
 import numpy as np
 import pyarrow.compute as pc
 import pytest
-from synth_splits import synth_split_runs
 
 from analysis.fits.band import band_b_crit
 from analysis.fits.steps import pool_splits, steps_to_target, trial_extent, usable
 from analysis.fits.sweep_fit import analyze_metric
 from analysis.sources.loaders import Runs
+from tests.oracles.synth_splits import synth_split_runs
 
 Y = (0.35, 0.3)
 PLAIN = ((16, 1, 1), (32, 1, 1), (64, 1, 1), (128, 1, 1), (256, 1, 1))

@@ -6,11 +6,11 @@ from __future__ import annotations
 
 import numpy as np
 import pytest
-from synth_splits import synth_split_runs, true_step_time, u_of
 
 from analysis.decisions import recommend as rc
-from analysis.decisions import recommend_check as ck
 from analysis.fits import throughput as th
+from tests.oracles import recommend_check as ck
+from tests.oracles.synth_splits import synth_split_runs, true_step_time, u_of
 
 S_MIN, E_MIN, Y = 40.0, 40.0 * 48, 0.3
 

@@ -7,14 +7,15 @@ from pathlib import Path
 
 import numpy as np
 import pytest
-from synth_runs import synth_runs
 
 from analysis.core import metrics as m
 from analysis.fits.flags import FLAGS, NEAR_FLOOR
 from analysis.reporting.report import analyze, render_markdown, summary_lines
-from analysis.sources.loaders import load_sweep_dir, write_sweep_dir
+from analysis.sources.loaders import load_sweep_dir
 from orchestrator.cli import analyze_cmd as cli
 from orchestrator.cli.main import main as bcrit
+from tests.oracles.sweep_dir import write_sweep_dir
+from tests.oracles.synth_runs import synth_runs
 
 TARGET_KEYS = {"target", "b_crit", "b_crit_ci", "s_min", "e_min", "flags", "ci_resamples", "points", "censored"}
 TARGET_KEYS |= {"b_crit_refined", "censored_batch_sizes", "unreached_batch_sizes"}

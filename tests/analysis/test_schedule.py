@@ -1,7 +1,7 @@
 """The schedule proposal (analysis.decisions.schedule): segments from an analysis, the step-minimising plans against
 brute
-force, and the known answer on the noisy quadratic model (closed forms of analysis.quadratic.nqm and
-analysis.quadratic.nqm_schedule)."""
+force, and the known answer on the noisy quadratic model (closed forms of tests.oracles.nqm and
+tests.oracles.nqm_schedule)."""
 
 from __future__ import annotations
 
@@ -10,9 +10,27 @@ import itertools
 import numpy as np
 import pytest
 
-from analysis.decisions.schedule import Segment, measured_to_target, pareto_front, plan, propose, segments_of
-from analysis.quadratic.nqm import closed_form_b_crit
-from analysis.quadratic.nqm_schedule import expected_to_target_staged
+from analysis.decisions.schedule import Segment, pareto_front, plan, propose, segments_of
+from tests.oracles.nqm import closed_form_b_crit
+from tests.oracles.nqm_schedule import expected_to_target_staged
+
+
+def measured_to_target(step, examples, value, target: float) -> tuple[float, float]:
+    """``(steps, examples)`` at one trial's first crossing of ``value <= target`` (its evaluation rows, in step
+    order), each interpolated linearly between the two evaluations like :func:`analysis.fits.steps.steps_to_target`;
+    the examples come from the rows' own ``examples`` column (the true count under a schedule). ``(inf, inf)``
+    if never reached."""
+    step, examples, value = (np.asarray(x, dtype=np.float64) for x in (step, examples, value))
+    below = np.flatnonzero(value <= target)
+    if not len(below):
+        return float("inf"), float("inf")
+    i = int(below[0])
+    if i == 0:
+        return float(step[0]), float(examples[0])
+    frac = (value[i - 1] - target) / (value[i - 1] - value[i])
+    return float(step[i - 1] + frac * (step[i] - step[i - 1])), float(
+        examples[i - 1] + frac * (examples[i] - examples[i - 1])
+    )
 
 
 def result_from(s_min, e_min, targets=(1.0, 0.5, 0.25, 0.125), bands=()) -> dict:

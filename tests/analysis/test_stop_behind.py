@@ -9,14 +9,14 @@ import math
 
 import numpy as np
 import pytest
-from synth_shapes import SHAPES
-from synth_sweeps import simulate
 
 from analysis.core import metrics as m
-from analysis.decisions.stop_behind import MARGIN, Curve, _bound, behind, setting_of
-from analysis.decisions.stop_behind_replay import curves_from_runs, replay
+from analysis.decisions.stop_behind import MARGIN, Curve, _bound, behind, curves_from_runs, setting_of
 from analysis.fits import flags as fl
 from analysis.fits.sweep_fit import analyze_metric
+from tests.oracles.stop_behind_replay import replay
+from tests.oracles.synth_shapes import SHAPES
+from tests.oracles.synth_sweeps import simulate
 
 LOSS, BIN = m.EVAL_LOSS, m.per_bin(m.EVAL_LOSS_BIN, 0)
 

@@ -6,9 +6,9 @@ import itertools
 
 import numpy as np
 import pytest
-from synth_splits import SPLITS, TRUE_STEP, synth_split_runs, true_step_time
 
 from analysis.fits import throughput as th
+from tests.oracles.synth_splits import SPLITS, TRUE_STEP, synth_split_runs, true_step_time
 
 
 def brute_nnls_relative(x: np.ndarray, t: np.ndarray) -> np.ndarray:

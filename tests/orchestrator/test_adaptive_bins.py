@@ -12,7 +12,6 @@ import pytest
 from analysis.core import metrics as M
 from analysis.decisions import next_trials as nt
 from analysis.reporting.adaptive_report import markdown_lines
-from analysis.sources.loaders import write_sweep_dir
 from orchestrator.cli.main import main
 from orchestrator.errors import UserError
 from orchestrator.execution.preflight import check_bins
@@ -21,6 +20,7 @@ from orchestrator.search.adaptive_view import AdaptiveWatch, status_line
 from orchestrator.specs.sweep_spec import parse_spec
 from orchestrator.storage.layout import DECISIONS_FILE
 from tests.analysis.test_bin_goals import BS, SPACE, _runs
+from tests.oracles.sweep_dir import write_sweep_dir
 from tests.orchestrator.conftest import write_spec
 from tests.orchestrator.test_adaptive_spec import adaptive_spec
 

@@ -15,12 +15,13 @@ from ray.tune.search import Searcher
 
 from analysis.core import metrics as M
 from analysis.decisions import next_trials as nt
-from analysis.decisions.nqm_adaptive import concat, run_trial
 from analysis.reporting.adaptive_report import markdown_lines
-from analysis.sources.loaders import runs_from_tables, write_sweep_dir
+from analysis.sources.loaders import runs_from_tables
 from orchestrator.search.adaptive_search import AdaptiveSearch
 from orchestrator.search.adaptive_view import status_line
 from orchestrator.storage.layout import DECISIONS_FILE
+from tests.oracles.nqm_adaptive import concat, run_trial
+from tests.oracles.sweep_dir import write_sweep_dir
 
 DIM = 200
 H = np.arange(1, DIM + 1.0) ** -0.5

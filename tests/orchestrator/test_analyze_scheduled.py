@@ -10,9 +10,10 @@ import pytest
 
 from analysis.core import metrics as M
 from analysis.fits.sweep_fit import analyze_metric
-from analysis.quadratic import nqm
-from analysis.sources.loaders import runs_from_tables, write_sweep_dir
+from analysis.sources.loaders import runs_from_tables
 from orchestrator.cli.main import main
+from tests.oracles import nqm
+from tests.oracles.sweep_dir import write_sweep_dir
 
 
 def nqm_sweep(scheduled_name: str | None):

@@ -1,6 +1,6 @@
 """The branched study on the noisy quadratic model, in-process (no Ray): spec -> reference + branches (the real
 trial loop, checkpoints kept and branched from) -> Parquet rows -> analysis.fits.branched, against the closed form of
-analysis.quadratic.nqm.branched_critical_k started from the reference's actual state at each branch point."""
+tests.oracles.nqm.branched_critical_k started from the reference's actual state at each branch point."""
 
 from __future__ import annotations
 
@@ -11,9 +11,9 @@ import numpy as np
 import pytest
 
 from analysis.fits import branched as br
-from analysis.quadratic.nqm import branched_critical_k
 from analysis.sources.loaders import load_sweep_dir
 from orchestrator.execution.branch_study import parse_branch_spec, run_inprocess
+from tests.oracles.nqm import branched_critical_k
 from trainables.branch_points import kept_path
 from trainables.nqm_trial import STATE_FILE, QuadraticConfig
 

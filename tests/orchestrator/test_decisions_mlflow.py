@@ -6,16 +6,12 @@ from __future__ import annotations
 
 import json
 import shutil
-import sys
-from pathlib import Path
 
 import numpy as np
 
-sys.path.insert(0, str(Path(__file__).parents[1] / "analysis"))
-from synth_splits import synth_split_runs  # noqa: E402
-
-from analysis.sources.loaders import write_sweep_dir  # noqa: E402
-from orchestrator.cli.main import main  # noqa: E402
+from orchestrator.cli.main import main
+from tests.oracles.sweep_dir import write_sweep_dir
+from tests.oracles.synth_splits import synth_split_runs
 
 
 def _log_sweep(client, exp: str, runs) -> str:

@@ -3,17 +3,14 @@
 from __future__ import annotations
 
 import json
-import sys
 from pathlib import Path
 
 import numpy as np
 import pytest
 
-sys.path.insert(0, str(Path(__file__).parents[1] / "analysis"))
-from synth_splits import synth_split_runs  # noqa: E402
-
-from analysis.sources.loaders import write_sweep_dir  # noqa: E402
-from orchestrator.cli import main as cli  # noqa: E402
+from orchestrator.cli import main as cli
+from tests.oracles.sweep_dir import write_sweep_dir
+from tests.oracles.synth_splits import synth_split_runs
 
 
 @pytest.fixture(scope="module")

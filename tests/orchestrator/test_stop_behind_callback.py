@@ -58,14 +58,9 @@ def test_the_callback_names_trials_behind_once_and_records_why(tmp_path, marked)
 
 
 def test_a_resumed_sweep_reads_its_finished_trials_back(tmp_path, marked):
-    import os
-    import sys
-
-    sys.path.insert(0, os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "analysis"))
-    from synth_shapes import SHAPES
-    from synth_sweeps import simulate
-
-    from analysis.sources.loaders import write_sweep_dir
+    from tests.oracles.sweep_dir import write_sweep_dir
+    from tests.oracles.synth_shapes import SHAPES
+    from tests.oracles.synth_sweeps import simulate
 
     runs = simulate(np.random.default_rng(0), SHAPES["issue"])
     write_sweep_dir(runs, tmp_path)

@@ -64,7 +64,7 @@ def test_mlflow_nesting_and_tables(tmp_path, ray_local, no_ray_address):
 
 
 def _closed_form(spec, target: float) -> float:
-    from analysis.quadratic.nqm import closed_form_b_crit
+    from tests.oracles.nqm import closed_form_b_crit
     from trainables.nqm_trial import QuadraticConfig
 
     h, c, theta0 = QuadraticConfig.from_dict(
@@ -103,10 +103,10 @@ def _quadratic_spec(tmp_path, seed: int):
 
 @pytest.mark.parametrize("seed", [0, 1, 2])
 def test_quadratic_pipeline_in_process_recovers_closed_form(tmp_path, seed):
-    """The same pipeline as the sweep test below without Ray (runs simulated by analysis.quadratic.nqm.simulate_sweep
+    """The same pipeline as the sweep test below without Ray (runs simulated by tests.oracles.nqm.simulate_sweep
     with the spec's grid and stop rules): automatic targets, flags, closed form on the sweep's lr grid."""
-    from analysis.quadratic.nqm import simulate_sweep
     from analysis.reporting.report import analyze
+    from tests.oracles.nqm import simulate_sweep
     from trainables.nqm_trial import QuadraticConfig
 
     spec = _quadratic_spec(tmp_path, seed)

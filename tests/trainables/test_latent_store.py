@@ -12,6 +12,7 @@ import torch
 from test_data import make_latents
 
 from analysis.core import metrics as M
+from tests.oracles.reproducibility import is_system
 from trainables.config import TrialConfig
 from trainables.data import DatasetError, load_dataset
 from trainables.data.latent_store import LABELS, LATENTS, MANIFEST, open_store, pack
@@ -128,5 +129,5 @@ def test_trial_on_the_store_equals_the_trial_on_the_folder(folder, tmp_path):
     base = dict(eval_size=6, timestep_bins=2, batch_size=4, micro_batch_size=2, max_steps=3, eval_every=3)
     a = run_local(TrialConfig(dataset=str(folder), **base))
     b = run_local(TrialConfig(dataset=str(tmp_path / "st"), **base))
-    rows = [[(r[0], r[2], r[3]) for rep in s.reports for r in rep["rows"] if not M.is_system(r[2])] for s in (a, b)]
+    rows = [[(r[0], r[2], r[3]) for rep in s.reports for r in rep["rows"] if not is_system(r[2])] for s in (a, b)]
     assert rows[0] == rows[1] and any(name == M.TRAIN_LOSS for _, name, _ in rows[0])

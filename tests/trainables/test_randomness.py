@@ -3,12 +3,12 @@ import torch
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from tests.oracles.example_draws import example_draws
 from trainables.diffusion import NUM_TIMESTEPS
 from trainables.randomness import (
     STREAM_EVAL,
     STREAM_EXAMPLE,
     epoch_permutation,
-    example_draws,
     global_batch_indices,
     local_slice,
     mix,

@@ -20,6 +20,7 @@ import torch.distributed as dist
 from ddp_group import run_group
 
 from analysis.core import metrics as M
+from tests.oracles.reproducibility import is_system
 from trainables.config import TrialConfig
 from trainables.loop import train_loop
 from trainables.trial import run_local
@@ -44,7 +45,7 @@ def rows(reports: list[dict]) -> dict[tuple[int, str], float]:
     out = {}
     for rep in reports:
         for step, _examples, name, value, *_clocks in rep["rows"]:
-            if M.is_system(name):  # throughput and memory: measured, not computed
+            if is_system(name):  # throughput and memory: measured, not computed
                 continue
             # the first report after a resume re-sends the checkpoint's rows (trainables.row_log; the tables'
             # watermarks drop them): a row may come twice, never with another value

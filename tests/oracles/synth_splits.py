@@ -1,6 +1,6 @@
 """Synthetic sweeps with several splits per batch size and known step times (test helper for bcrit recommend).
 
-Steps: every trial follows ``L(s) = FLOOR + (L0 - FLOOR)/(1 + s/tau)`` (tests/analysis/synth_runs.py's curve) with
+Steps: every trial follows ``L(s) = FLOOR + (L0 - FLOOR)/(1 + s/tau)`` (tests/oracles/synth_runs.py's curve) with
 ``tau = S(B)·(1 + 0.3·log2(f)²)·exp(sigma·z)`` (``z`` shared by the splits of one batch size, lr and seed),
 ``S(B) = s_min + e_min/B``, learning-rate factors ``f`` (the best, ``f = 1``, has no penalty): the
 true steps to a target ``y`` at the best lr are ``u(y)·S(B)``. Step time: the split's ``T = gamma + A·(alpha +

@@ -3,7 +3,7 @@ expected loss, hence the exact gain in steps-to-target of a sampler (docs/alloca
 
 K bins with shares ``q_k``; an example of bin k has gradient ``Hθ + ξ``, ``Cov ξ = s_k C`` (the NQM's ``C ∝ H``),
 with ``sum_k q_k s_k = 1``, so uniform sampling has exactly the plain NQM's per-example noise ``C``
-(``analysis.quadratic.nqm``). Every bin shares the mean gradient ``Hθ``: the objective is the NQM's loss. Drawing bin k
+(``tests.oracles.nqm``). Every bin shares the mean gradient ``Hθ``: the objective is the NQM's loss. Drawing bin k
 with
 probability ``p_k`` and weighting by ``w_k = q_k / p_k`` (``analysis.core.allocation``) keeps ``E g = Hθ``; the weighted
 per-example gradient has covariance
@@ -16,7 +16,7 @@ per-example gradient has covariance
     E[θ_i'^2] = [(1 - lr h_i)^2 + lr^2 (a - 1) h_i^2 / B] E[θ_i^2] + lr^2 s̄ c_i / B,
 
 the plain recursion with ``c -> s̄ c`` and an extra ``lr^2 (a-1) h^2 / B`` in its factor
-(``analysis.quadratic.nqm._loss_at``,
+(``tests.oracles.nqm._loss_at``,
 ``mult``). Its closed form gives the expected loss, steps-to-target per (B, lr), and with the lr tuned per batch
 size the exact ratio of steps of a sampler to the uniform one. :func:`weighted_noise` is the trial's draw
 (``trainables.nqm_trial``), so :func:`simulate` checks the closed form against the trial's own sampling.
@@ -29,7 +29,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from analysis.core.nqm_noise import weighted_noise
-from analysis.quadratic.nqm import _arrays, _crossings, _loss_at, default_lrs
+from tests.oracles.nqm import _arrays, _crossings, _loss_at, default_lrs
 
 
 def terms(s: np.ndarray, q: np.ndarray, p: np.ndarray) -> tuple[float, float]:

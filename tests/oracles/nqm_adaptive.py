@@ -1,6 +1,6 @@
 """The adaptive sweep on the noisy quadratic model without Ray: the decision rule of
 :mod:`analysis.decisions.next_trials` choosing each next trial, every trial simulated by
-:func:`analysis.quadratic.nqm.simulate_sweep` (same stop rules as ``workload: quadratic``). Used to measure the
+:func:`tests.oracles.nqm.simulate_sweep` (same stop rules as ``workload: quadratic``). Used to measure the
 adaptive sweep's coverage under its own stopping rule and its saving against the grid (benchmarks/bench_adaptive.py).
 """
 
@@ -10,8 +10,8 @@ import numpy as np
 import pyarrow as pa
 
 from analysis.decisions.next_trials import CONFIRM_BOOTSTRAP, Budget, Decision, Goal, Space, Trial, next_trials
-from analysis.quadratic.nqm import simulate_sweep
 from analysis.sources.loaders import Runs, runs_from_tables
+from tests.oracles.nqm import simulate_sweep
 
 
 def run_trial(h, c, theta0, t: Trial, sweep_seed: int, **stop) -> Runs:

@@ -1,8 +1,8 @@
 """The noisy quadratic model's expected loss under a batch-size schedule, in closed form (extends
-analysis.quadratic.nqm).
+tests.oracles.nqm).
 
 Within a stage of batch size ``B_k`` and learning rate ``lr_k`` the second moments follow the linear recursion of
-:mod:`analysis.quadratic.nqm` (``m' = r m + q``, ``r = (1 - lr_k h)²``, ``q = lr_k² c / B_k``), so from the stage's
+:mod:`tests.oracles.nqm` (``m' = r m + q``, ``r = (1 - lr_k h)²``, ``q = lr_k² c / B_k``), so from the stage's
 first step
 ``s_k`` on
 
@@ -12,7 +12,7 @@ and the next stage starts from ``m(s_{k+1})``: the expected loss ``½ Σ h m(t)`
 is exact at every integer step (``analysis.core.stages.BatchStages`` holds the stages; the lr of each stage is given).
 Steps to a target are interpolated between integer steps like :func:`analysis.fits.steps.steps_to_target`, and the
 examples at that crossing between the examples of its two integer steps, as the runs tables' ``examples`` column
-is (``analysis.decisions.schedule.measured_to_target``).
+is (``measured_to_target`` in tests/analysis/test_schedule.py).
 """
 
 from __future__ import annotations

@@ -5,8 +5,9 @@ taking its recorded training seconds, or its examples where none are recorded), 
 order; after each, :func:`analysis.decisions.stop_behind.behind` decides on the trials then running, as the sweep's
 driver does on their reports. A trial it stops ends there (its slot goes to the next trial) with the status
 ``stopped_behind`` and its rows up to that step. The result is the sweep the rule would have left -- the same
-trials, the stopped ones cut short -- for ``bcrit analyze`` to compare with the full one (benchmarks/
-bench_stop_behind.py, tests/analysis/test_stop_behind.py).
+trials, the stopped ones cut short -- for the analysis to compare with the full one
+(tests/analysis/test_stop_behind.py). The rule itself, and the curves it reads from a sweep's tables
+(``curves_from_runs``), are the product's (analysis.decisions.stop_behind).
 """
 
 from __future__ import annotations
@@ -19,9 +20,8 @@ import pyarrow as pa
 import pyarrow.compute as pc
 
 from analysis.core import metrics as m
-from analysis.decisions.stop_behind import MARGIN, Curve, Seeds, behind, centre_first, fitted_metric, setting_of
+from analysis.decisions.stop_behind import MARGIN, Seeds, _empty_curve, _events, behind
 from analysis.sources.loaders import Runs, runs_from_tables
-from analysis.sources.schema import NUISANCE_COLUMNS
 
 
 @dataclass
@@ -30,52 +30,10 @@ class Replay:
     stops: dict[str, tuple[int, str]]  # trial id -> (step it stopped at, reason)
     examples_full: float
     examples_kept: float
-    seconds: float  # the simulated clock at the last trial's end (compare with ``on=False``)
 
     @property
     def examples_ratio(self) -> float:
         return self.examples_kept / self.examples_full if self.examples_full else float("nan")
-
-
-def setting_key(trials: pa.Table, row: int) -> tuple:
-    """The setting of a trials-table row within its batch size (:func:`analysis.decisions.stop_behind.setting_of`)."""
-    return setting_of({c: trials.column(c)[row].as_py() for c in NUISANCE_COLUMNS if c in trials.column_names})
-
-
-def _events(runs: Runs) -> tuple[list[dict], dict[int, np.ndarray]]:
-    """Per trial, its fitted metrics' values by step, and the evaluation steps in order."""
-    names = [n for n in runs.metric_names() if fitted_metric(n)]
-    per: list[dict] = [dict() for _ in runs.trial_ids]
-    for name in names:
-        s = runs.series(name)
-        for t, step, v in zip(s.trial.tolist(), s.step.tolist(), s.value.tolist(), strict=True):
-            per[t].setdefault(step, {})[name] = v
-    steps = {i: np.array(sorted(d)) for i, d in enumerate(per)}
-    for i, st in enumerate(runs.status):  # a diverged trial ends at its first non-finite evaluation, as a live one
-        if st == m.STATUS_DIVERGED:
-            bad = [k for k, s in enumerate(steps[i]) if not np.isfinite(per[i][int(s)].get(m.EVAL_LOSS, np.nan))]
-            if bad:
-                steps[i] = steps[i][: bad[0] + 1]
-    return per, steps
-
-
-def _empty_curve(runs: Runs, i: int, status: str) -> Curve:
-    """Trial row ``i`` of ``runs`` as the rule sees it, before any evaluation."""
-    seed = int(runs.trials.column("seed")[i].as_py())
-    return Curve(runs.trial_ids[i], int(runs.batch_size[i]), setting_key(runs.trials, i), seed, status)
-
-
-def curves_from_runs(runs: Runs) -> list[Curve]:
-    """Every trial of ``runs`` as the rule sees it, with all its evaluations and its recorded status."""
-    per, steps = _events(runs)
-    out = []
-    for i in range(len(runs.trial_ids)):
-        c = _empty_curve(runs, i, str(runs.status[i]))
-        for s in steps[i]:
-            for name, v in per[i][int(s)].items():
-                c.add(int(s), name, v)
-        out.append(c)
-    return out
 
 
 def trial_examples(runs: Runs) -> np.ndarray:
@@ -97,18 +55,9 @@ def _durations(runs: Runs) -> np.ndarray:
     return trial_examples(runs).clip(min=1.0)
 
 
-def centre_out(runs: Runs) -> list[int]:
-    """The rows of ``runs`` in the order a grid sweep with the rule on launches them
-    (:func:`analysis.decisions.stop_behind.centre_first`): ``replay(..., order=centre_out(runs))``."""
-    cols = {c: runs.trials.column(c).to_pylist() for c in ("batch_size", "lr")}
-    return centre_first([{k: v[i] for k, v in cols.items()} for i in range(len(runs.trial_ids))])
-
-
-def replay(
-    runs: Runs, concurrency: int, margin: float = MARGIN, on: bool = True, order: list[int] | None = None
-) -> Replay:
-    """Replay ``runs`` (module docstring); ``on=False``: the same clock without the rule (the full sweep).
-    ``order``: the trials' rows in the order they start (default: the table's)."""
+def replay(runs: Runs, concurrency: int, margin: float = MARGIN, order: list[int] | None = None) -> Replay:
+    """Replay ``runs`` (module docstring). ``order``: the trials' rows in the order they start (default: the
+    table's)."""
     n = len(runs.trial_ids)
     per, steps = _events(runs)
     dur = _durations(runs)
@@ -134,7 +83,6 @@ def replay(
 
     start(0.0)
     stops: dict[str, tuple[int, str]] = {}
-    ended_at = np.zeros(n)
     while heap:
         clock, _, i, k = heapq.heappop(heap)
         if i not in running:
@@ -146,20 +94,17 @@ def replay(
         if k == len(steps[i]) - 1 or k < 0:
             curves[i].status = str(status[i])
             running.discard(i)
-            ended_at[i] = clock
-        if on:
-            at = {curves[i].batch_size}  # only its batch size changed
-            for tid, why in behind([curves[j] for j in started], margin, at, plan).items():
-                j = runs.trial_ids.index(tid)
-                if j in running:
-                    stops[tid] = (curves[j].last_step, why)
-                    curves[j].status = m.STATUS_BEHIND
-                    running.discard(j)
-                    ended_at[j] = clock
+        at = {curves[i].batch_size}  # only its batch size changed
+        for tid, why in behind([curves[j] for j in started], margin, at, plan).items():
+            j = runs.trial_ids.index(tid)
+            if j in running:
+                stops[tid] = (curves[j].last_step, why)
+                curves[j].status = m.STATUS_BEHIND
+                running.discard(j)
         start(clock)
     kept = _cut(runs, stops)
     ex_full, ex_kept = float(trial_examples(runs).sum()), float(trial_examples(kept).sum())
-    return Replay(kept, stops, ex_full, ex_kept, float(ended_at.max(initial=0.0)))
+    return Replay(kept, stops, ex_full, ex_kept)
 
 
 def _cut(runs: Runs, stops: dict[str, tuple[int, str]]) -> Runs:

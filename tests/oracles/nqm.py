@@ -53,7 +53,7 @@ def _loss_at(
     """``E L(t)`` for learning rates ``lr`` (n,) at real times ``t`` (T,): shape (n, T); ``inf`` if diverged.
 
     ``w``: optional multiplicity of each coordinate (from :func:`_collapse`). ``mult``: a per-example noise term
-    ``mult · HθθᵀH`` besides ``C`` (importance-weighted timestep bins, ``analysis.quadratic.nqm_alloc``): it adds
+    ``mult · HθθᵀH`` besides ``C`` (importance-weighted timestep bins, ``tests.oracles.nqm_alloc``): it adds
     ``lr² mult h² / B`` to the recursion's factor ``r`` (0: the plain NQM, unchanged).
     """
     if w is None:

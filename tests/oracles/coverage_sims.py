@@ -13,17 +13,17 @@ from __future__ import annotations
 from functools import partial
 
 import numpy as np
-from synth_runs import map_draws
 
 from analysis.core import metrics as m
 from analysis.fits import flags as fl
 from analysis.fits.sweep_fit import analyze_metric
+from tests.oracles.synth_runs import map_draws
 
 OLD_BIN_E_MIN = (200.0 * 128, 200.0 * 1024)  # synth_runs bins: true B_crit = bin_e_min / s_min (s_min = 200)
 
 
 def _old_sweep(rng: np.random.Generator, **kw):
-    from synth_runs import COVERAGE_SWEEP, COVERAGE_TARGETS, synth_runs
+    from tests.oracles.synth_runs import COVERAGE_SWEEP, COVERAGE_TARGETS, synth_runs
 
     runs = synth_runs(rng, **{**COVERAGE_SWEEP, **kw}, bins=2, bin_e_min=OLD_BIN_E_MIN)
     truths = {m.EVAL_LOSS: lambda y: 256.0}
@@ -33,7 +33,7 @@ def _old_sweep(rng: np.random.Generator, **kw):
 
 
 def _new_sweep(rng: np.random.Generator, **kw):
-    from synth_sweeps import Sweep, simulate, truth
+    from tests.oracles.synth_sweeps import Sweep, simulate, truth
 
     sw = Sweep(**kw)
     runs = simulate(rng, sw)
@@ -42,7 +42,7 @@ def _new_sweep(rng: np.random.Generator, **kw):
 
 
 def _shape_sweep(name: str):
-    from synth_shapes import SHAPES
+    from tests.oracles.synth_shapes import SHAPES
 
     def draw(rng: np.random.Generator, **kw):
         return _new_sweep(rng, **{**SHAPES[name].__dict__, **kw})
@@ -51,7 +51,7 @@ def _shape_sweep(name: str):
 
 
 def _simulators() -> dict:
-    from synth_shapes import SHAPES
+    from tests.oracles.synth_shapes import SHAPES
 
     return {"old": _old_sweep, "new": _new_sweep, **{f"shape:{k}": _shape_sweep(k) for k in SHAPES}}
 
@@ -66,7 +66,6 @@ def coverage_records(
     first_seed: int = 500,
     level: float = 0.9,
     calibrate: bool = True,
-    refined_interval: bool = False,
     processes: int = 1,
     **kw,
 ) -> dict:
@@ -74,37 +73,33 @@ def coverage_records(
     ``processes`` processes (the same numbers with any); arrays over every analysed (sweep, metric, target):
     ``truth``, ``b_crit``, ``lo``, ``hi``, ``trusted`` (no flags), ``at_divergence_only`` (flagged
     ``lr_at_divergence`` and nothing else: trusted but for that flag), ``is_bin``, ``draw``, ``ci_level``,
-    ``b_crit_refined`` and its own interval ``lo_ref``, ``hi_ref``. ``calibrate``, ``refined_interval``: as
-    ``analyze_metric``'s (``lo_ref``, ``hi_ref`` are ``nan`` without the latter). ``kw``: the simulator's options."""
+    ``b_crit_refined``. ``calibrate``: as ``analyze_metric``'s. ``kw``: the simulator's options."""
     one = partial(_records_of_draw, sim=sim, bootstrap=bootstrap, first_seed=first_seed, level=level,
-                  calibrate=calibrate, refined_interval=refined_interval, kw=kw)  # fmt: skip
+                  calibrate=calibrate, kw=kw)  # fmt: skip
     rows = [r for rs in map_draws(one, range(draws), processes) for r in rs]
     return {k: np.asarray([r[k] for r in rows]) for k in RECORD_KEYS}
 
 
 RECORD_KEYS = ("truth", "b_crit", "lo", "hi", "trusted", "at_divergence_only", "is_bin", "draw", "ci_level",
-               "b_crit_refined", "lo_ref", "hi_ref")  # fmt: skip
+               "b_crit_refined")  # fmt: skip
 
 
 def _records_of_draw(d: int, sim: str, bootstrap: int, first_seed: int, level: float, calibrate: bool,
-                     refined_interval: bool, kw: dict) -> list[dict]:  # fmt: skip
+                     kw: dict) -> list[dict]:  # fmt: skip
     """Sweep ``d`` of :func:`coverage_records`: one record (``RECORD_KEYS``) per analysed (metric, target)."""
     runs, truths, targets = SIMULATORS[sim](np.random.default_rng(first_seed + d), **kw)
     out = []
     for name, tr in truths.items():
         res = analyze_metric(runs, name, targets.get(name), bootstrap=bootstrap, seed=d, level=level,
-                             strict=False, notes=[], calibrate=calibrate,
-                             refined_interval=refined_interval)  # fmt: skip
+                             strict=False, notes=[], calibrate=calibrate)  # fmt: skip
         for r in res:
             lo, hi = r["b_crit_ci"]
-            lo_ref, hi_ref = r.get("b_crit_refined_ci", (None, None))
             out.append({
                 "truth": tr(r["target"]), "b_crit": r["b_crit"],
                 "lo": np.nan if lo is None else lo, "hi": np.nan if hi is None else hi,
                 "trusted": not r["flags"], "at_divergence_only": r["flags"] == [fl.LR_AT_DIVERGENCE],
                 "is_bin": name != m.EVAL_LOSS, "draw": d, "ci_level": r["ci_level"],
                 "b_crit_refined": r["b_crit_refined"],
-                "lo_ref": np.nan if lo_ref is None else lo_ref, "hi_ref": np.nan if hi_ref is None else hi_ref,
             })  # fmt: skip
     return out
 
@@ -125,33 +120,3 @@ def summary(rec: dict, which: np.ndarray) -> dict:
         "width": float(np.median(hi / lo - 1)) if len(t) else float("nan"),
         "error": float(np.median(np.abs(est / t - 1))) if len(t) else float("nan"),
     }
-
-
-def misses_by_sweep(draw: np.ndarray, truth: np.ndarray, lo: np.ndarray, hi: np.ndarray) -> dict:
-    """The side of the misses counted by sweep, not by target: the targets of one sweep share its grid position and
-    its seeds, so one unlucky sweep misses at all its targets on the same side, and a split of 7 to 0 over targets
-    can be one sweep. ``below`` / ``above``: the sweeps with a miss with the truth below / above the interval (a sweep
-    with both counts in both); ``p_even``: the two-sided binomial test of an even split over the sweeps that miss on
-    one side only (1.0 where none does); ``sweeps``: the sweeps analysed."""
-    from scipy.stats import binomtest
-
-    draw = np.asarray(draw)
-    low_d, high_d = set(draw[truth < lo].tolist()), set(draw[truth > hi].tolist())
-    one_low, one_high = len(low_d - high_d), len(high_d - low_d)
-    p = binomtest(one_low, one_low + one_high).pvalue if one_low + one_high else 1.0
-    return {"sweeps": len(set(draw.tolist())), "below": len(low_d), "above": len(high_d), "p_even": float(p)}
-
-
-def signed_error_by_sweep(draw: np.ndarray, log_err: np.ndarray) -> tuple[float, float]:
-    """Mean signed error (log) over the targets and its standard error with the sweeps as clusters (each sweep's
-    targets share its draw, so the targets are not independent): ``(mean, se)``; ``se`` is ``nan`` below 2 sweeps."""
-    draw, log_err = np.asarray(draw), np.asarray(log_err, dtype=np.float64)
-    ids = np.unique(draw)
-    if len(ids) == 0:
-        return float("nan"), float("nan")
-    mean = float(log_err.mean())
-    if len(ids) < 2:
-        return mean, float("nan")
-    # the cluster-robust (sandwich) variance of a mean: sum over clusters of (sum of residuals)^2 / n^2, G/(G-1)
-    sums = np.array([(log_err[draw == g] - mean).sum() for g in ids])
-    return mean, float(np.sqrt(len(ids) / (len(ids) - 1) * (sums**2).sum()) / len(log_err))

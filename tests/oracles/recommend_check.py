@@ -1,4 +1,5 @@
-"""Is a recommendation right? Measured time-to-target per split, and held-out splits predicted from the rest.
+"""Is a recommendation right? Measured time-to-target per split, and held-out splits predicted from the rest (a
+check of ``bcrit recommend``'s predictions, used by tests/analysis/test_recommend.py and benchmarks/bench_recommend.py).
 
 - :func:`measured_times`: for every split ``(micro, A, W)`` of a sweep, its best learning-rate setting's steps to
   the target (geometric mean over seeds, as :mod:`analysis.fits.steps`) and its *measured* training seconds to the
@@ -17,9 +18,8 @@ import pyarrow as pa
 import pyarrow.compute as pc
 
 from analysis.decisions import recommend
-from analysis.fits import gns_view, pareto, throughput
+from analysis.fits import pareto, throughput
 from analysis.fits.steps import aggregate_seeds, settings_of, steps_to_target, trial_extent, usable
-from analysis.fits.sweep_fit import analyze_metric
 from analysis.sources.loaders import Runs, runs_from_tables
 
 
@@ -77,16 +77,6 @@ def without_split(runs: Runs, split: tuple[int, int, int]) -> Runs:
     return runs_from_tables(trials, metrics, source=f"{runs.source} without {split}")
 
 
-def b_simple_at_target(runs: Runs, metric: str, target: float) -> float | None:
-    """``B_simple`` at the target, pooled over the fitted trials' windows at their crossings (analysis.fits.gns_view),
-    None
-    if not logged."""
-
-    entry = analyze_metric(runs, metric, [target], bootstrap=0)
-    gns_view.attach_b_simple(runs, entry)
-    return entry[0].get("b_simple")
-
-
 def holdout(runs: Runs, metric: str, target: float, split, n_boot: int = 400, seed: int = 0) -> dict:
     """Predict held-out ``split``'s time-to-target from the rest of the sweep; beside it what was measured."""
     split = tuple(int(x) for x in split)
@@ -106,7 +96,7 @@ def holdout(runs: Runs, metric: str, target: float, split, n_boot: int = 400, se
         predicted_s=float(p.time_s[0]), predicted_ci=[float(x) for x in p.time_ci[0]], steps=float(p.steps[0]),
         step_s=float(p.step_s[0]), extrapolated=p.extrapolated[0],
     )  # fmt: skip
-    bs = b_simple_at_target(rest, metric, target)
+    bs = recommend.b_simple_at_target(rest, metric, target)
     if bs is not None:
         row["pollux_s"] = float(recommend.pollux_times(fit, bs, np.array([np.prod(split)]), p.step_s[:1])[0])
         row["b_simple"] = float(bs)

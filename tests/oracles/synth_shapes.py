@@ -12,7 +12,7 @@ from __future__ import annotations
 
 from dataclasses import replace
 
-from synth_sweeps import Sweep
+from tests.oracles.synth_sweeps import Sweep
 
 SHAPES: dict[str, Sweep] = {
     # like the issue's unseen simulator: 3 seeds, ~3% jitter, 0.4% evaluation noise, 5 lrs best in the middle
@@ -38,7 +38,7 @@ SHAPES: dict[str, Sweep] = {
     "sweeps17": Sweep(),
 }
 # quiet3's sweep on a grid 4x finer over the same two octaves (9 lrs a quarter octave apart): the remedy
-# lr_at_divergence names, for the adaptive sweep to draw from (benchmarks/bench_adaptive_shapes.py)
+# lr_at_divergence names
 SHAPES["quiet9"] = replace(SHAPES["quiet3"], n_lr=9, lr_step=0.25)
 # issue 45's unseen simulator as described: an evaluation every 10 steps at every batch size (the large ones reach
 # the later targets in few evaluations, the small ones cross among many noisy evaluations), 0.4% noise on the whole
