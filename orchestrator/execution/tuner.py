@@ -14,8 +14,9 @@ from orchestrator.specs.sweep_spec import SweepSpec
 from orchestrator.storage.layout import TUNE_DIR
 
 
-def sweep_trainable(spec: SweepSpec, worker_failures: int, verbose: bool = False):
-    """The workload's Tune function trainable, holding what `trial_bundle` says (its Train workers hold their own)."""
+def sweep_trainable(spec: SweepSpec, worker_failures: int, verbose: bool = False, behind: bool | None = None):
+    """The workload's Tune function trainable, holding what `trial_bundle` says (its Train workers hold their own).
+    ``behind``: `stops_behind` of the spec, when the caller has it."""
     from ray import tune
     from ray.tune.execution.placement_groups import PlacementGroupFactory
 
@@ -23,7 +24,8 @@ def sweep_trainable(spec: SweepSpec, worker_failures: int, verbose: bool = False
 
     adaptive = getattr(spec, "search", None) == "adaptive"  # a BranchSpec has no search
     ends = adaptive and spec.adaptive.end_running  # goal.running: end: its trials ask whether to end
-    signal = signal_name(spec.sweep_dir) if ends or stops_behind(spec) else None
+    behind = stops_behind(spec) if behind is None else behind
+    signal = signal_name(spec.sweep_dir) if ends or behind else None
     fn = make_trainable(spec.workload, spec.storage_root, worker_failures, verbose=verbose, signal=signal)
     return tune.with_resources(fn, lambda config: PlacementGroupFactory([trial_bundle(config["trial"])]))
 
@@ -44,11 +46,12 @@ def planned_seeds(spec):
     return Seeds(default=len(spec.seeds) if spec.search == "adaptive" else 1)
 
 
-def callbacks(spec: SweepSpec, verbose: bool = False, total: int | None = None) -> list:
+def callbacks(spec: SweepSpec, verbose: bool = False, total: int | None = None, behind: bool | None = None) -> list:
     """The driver-side callbacks every bcrit sweep needs: MLflow tracking, the Parquet tables, the terminal
     (event lines; the live bar unless ``verbose``); on resume, trials Tune lost removed from the first two
     (orchestrator.records.lost_trials); fault injection for tests (orchestrator.faults); ``stopping.behind``'s
-    (orchestrator.execution.behind_callback), first, so that the others see why a trial stopped."""
+    (orchestrator.execution.behind_callback), first, so that the others see why a trial stopped (``behind``:
+    `stops_behind` of the spec, when the caller has it)."""
     from orchestrator.faults import fault_callbacks
     from orchestrator.records.lost_trials import ForgetLost
     from orchestrator.records.mlflow_tracking import MLflowTracking
@@ -63,13 +66,13 @@ def callbacks(spec: SweepSpec, verbose: bool = False, total: int | None = None) 
 
         watch = [AdaptiveWatch(spec.sweep_dir, tracking, progress)]
     tables = TablesCallback(spec.sweep_dir, storage_uri=spec.storage_uri)
-    behind = []
-    if stops_behind(spec):
+    stop = []
+    if stops_behind(spec) if behind is None else behind:
         from orchestrator.execution.behind_callback import StopBehind
         from trainables.sweep_signal import signal_name
 
-        behind = [StopBehind(spec.sweep_dir, signal_name(spec.sweep_dir), planned_seeds(spec))]
-    return [*fault_callbacks(), ForgetLost(tracking, tables), *behind, *watch, tracking, tables, progress]
+        stop = [StopBehind(spec.sweep_dir, signal_name(spec.sweep_dir), planned_seeds(spec))]
+    return [*fault_callbacks(), ForgetLost(tracking, tables), *stop, *watch, tracking, tables, progress]
 
 
 def build_tuner(
@@ -91,9 +94,10 @@ def build_tuner(
     from orchestrator.records.tables_callback import StripRows
 
     configs = configs if configs is not None else check_spec(spec)
+    behind = stops_behind(spec)
     save_spec(spec)
     if spec.search == "grid":  # with stopping.behind, each batch size's middle lrs first (its likely best)
-        if stops_behind(spec):
+        if behind:
             from analysis.decisions.stop_behind import centre_first
 
             configs = [configs[i] for i in centre_first(configs)]
@@ -113,7 +117,7 @@ def build_tuner(
         param_space, num_samples = {}, search_alg.total_trials
     quiet_driver_logs(verbose)
     return tune.Tuner(
-        sweep_trainable(spec, worker_failures, verbose),
+        sweep_trainable(spec, worker_failures, verbose, behind),
         param_space=param_space,
         tune_config=tune.TuneConfig(
             search_alg=search_alg,
@@ -125,7 +129,7 @@ def build_tuner(
         run_config=tune.RunConfig(
             name=TUNE_DIR,
             storage_path=spec.storage_root,
-            callbacks=[*callbacks(spec, verbose), *extra_callbacks, StripRows()],
+            callbacks=[*callbacks(spec, verbose, behind=behind), *extra_callbacks, StripRows()],
             failure_config=tune.FailureConfig(max_failures=trial_retries),
             verbose=1 if verbose else 0,  # 0: none of Tune's boxes (Ray 2.60's output ignores progress_reporter)
         ),
