@@ -91,8 +91,6 @@ def build_tuner(
     own tables and Ray Train's INFO logs instead of bcrit's progress bar."""
     from ray import tune
 
-    from orchestrator.records.tables_callback import StripRows
-
     configs = configs if configs is not None else check_spec(spec)
     behind = stops_behind(spec)
     save_spec(spec)
@@ -115,6 +113,43 @@ def build_tuner(
 
         search_alg = GroupedOptunaSearch.from_spec(spec)
         param_space, num_samples = {}, search_alg.total_trials
+    return tuner_of(
+        spec,
+        param_space,
+        search_alg=search_alg,
+        num_samples=num_samples,
+        max_concurrent=sweep_concurrency(spec, configs),
+        behind=behind,
+        extra_callbacks=extra_callbacks,
+        worker_failures=worker_failures,
+        trial_retries=trial_retries,
+        verbose=verbose,
+    )
+
+
+def tuner_of(
+    spec,
+    param_space: dict,
+    *,
+    max_concurrent: int,
+    search_alg=None,
+    num_samples: int = 1,
+    name: str = TUNE_DIR,
+    storage_path: str | None = None,
+    total: int | None = None,
+    behind: bool | None = None,
+    extra_callbacks: list | tuple = (),
+    worker_failures: int = 3,
+    trial_retries: int = 2,
+    verbose: bool = False,
+):
+    """The ``Tuner`` of a sweep's (or a branched study phase's) trials: the workload's trainable (`sweep_trainable`),
+    bcrit's callbacks (`callbacks`; ``total`` trials on the bar) then ``extra_callbacks``, Tune's experiment ``name``
+    under ``storage_path`` (default the spec's storage root), trial directories named by trial id."""
+    from ray import tune
+
+    from orchestrator.records.tables_callback import StripRows
+
     quiet_driver_logs(verbose)
     return tune.Tuner(
         sweep_trainable(spec, worker_failures, verbose, behind),
@@ -122,14 +157,14 @@ def build_tuner(
         tune_config=tune.TuneConfig(
             search_alg=search_alg,
             num_samples=num_samples,
-            max_concurrent_trials=sweep_concurrency(spec, configs),
+            max_concurrent_trials=max_concurrent,
             trial_dirname_creator=lambda t: t.trial_id,
             reuse_actors=True,  # in-process trials skip the actor start and torch import
         ),
         run_config=tune.RunConfig(
-            name=TUNE_DIR,
-            storage_path=spec.storage_root,
-            callbacks=[*callbacks(spec, verbose, behind=behind), *extra_callbacks, StripRows()],
+            name=name,
+            storage_path=spec.storage_root if storage_path is None else storage_path,
+            callbacks=[*callbacks(spec, verbose, total, behind=behind), *extra_callbacks, StripRows()],
             failure_config=tune.FailureConfig(max_failures=trial_retries),
             verbose=1 if verbose else 0,  # 0: none of Tune's boxes (Ray 2.60's output ignores progress_reporter)
         ),
