@@ -5,9 +5,11 @@
     tuner = build_tuner(spec, configs=launch.configs)  # Tuner: trainable, resources, search, callbacks
     results = run(tuner, spec)                       # fit; every MLflow run ends terminal
     results = run(restore_tuner(restore_spec(dir)), spec)  # continue an interrupted sweep
+    spec, results, wall_s = sweep("examples/tiny.yaml", ["storage=s3://b/p"])  # all of it, as `bcrit sweep` does
 
-One concern per module, gathered here: `orchestrator.execution.launch` (the one launch path, as `bcrit sweep`
-takes it), `orchestrator.execution.preflight` (validation before launch), `orchestrator.cluster.ray_start` and
+One concern per module, gathered here: `orchestrator.execution.run_sweep` (the one sweep path, `bcrit sweep`'s:
+the spec opened, a URI sweep fetched, launched, run, mirrored back), `orchestrator.execution.launch` (its launch),
+`orchestrator.execution.preflight` (validation before launch), `orchestrator.cluster.ray_start` and
 `orchestrator.cluster.sizing` (acquiring Ray; what trials hold and need), `orchestrator.execution.tuner` (the Tuner,
 restoring it, running it), `orchestrator.execution.sweep_state` (what a sweep directory holds, for resuming),
 `orchestrator.cluster.ray_logs` (what the driver's terminal leaves out).
@@ -15,24 +17,25 @@ restoring it, running it), `orchestrator.execution.sweep_state` (what a sweep di
 
 from __future__ import annotations
 
-import os
-import time
-
 from orchestrator.cluster.ray_logs import quiet_driver_logs
 from orchestrator.cluster.ray_start import local_resources, start_ray
 from orchestrator.cluster.sizing import local_cpus, max_concurrent, ray_cpus, trial_need
 from orchestrator.execution.launch import Launch, prepare
 from orchestrator.execution.preflight import check_spec
+from orchestrator.execution.run_sweep import SweepRun, fetch_sweep, open_spec, run_sweep
 from orchestrator.execution.sweep_state import can_restore, restore_spec, sweep_state
 from orchestrator.execution.tuner import build_tuner, callbacks, restore_tuner, run
 from orchestrator.records.tracking_uri import check_tracking
-from orchestrator.specs.sweep_spec import load_spec
+from orchestrator.specs.sweep_spec import SweepSpec, load_spec
 from orchestrator.storage.layout import SPEC_FILE, TUNE_DIR
 from orchestrator.storage.shared_dir import check_storage
 
 __all__ = [
     "Launch",
     "prepare",
+    "SweepRun",
+    "open_spec",
+    "run_sweep",
     "SPEC_FILE",
     "TUNE_DIR",
     "build_tuner",
@@ -57,15 +60,22 @@ __all__ = [
 ]
 
 
-def sweep(path: str, overrides: list[str] | None = None, *, resume: bool = False, verbose: bool = False):
-    """Load, validate, run (or resume) a sweep; returns (spec, ResultGrid, wall seconds)."""
-    spec = restore_spec(path) if os.path.isdir(path) else load_spec(path, overrides)
-    launch = prepare(spec, resume, verbose)  # as `bcrit sweep`: Ray acquired, trials checked, the directory's state
-    t0 = time.perf_counter()
-    tuner = (
-        restore_tuner(spec, verbose=verbose)
-        if launch.restore
-        else build_tuner(spec, configs=launch.configs, verbose=verbose)
-    )
-    results = run(tuner, spec)
-    return spec, results, time.perf_counter() - t0
+def sweep(
+    path: str | SweepSpec,
+    overrides: list[str] | None = None,
+    *,
+    resume: bool = False,
+    verbose: bool = False,
+    extra_callbacks: list | tuple = (),
+):
+    """Run (or with ``resume`` continue) a sweep the way ``bcrit sweep`` does (orchestrator.execution.run_sweep):
+    ``path`` a spec YAML (``overrides`` as ``--set``), a sweep directory or storage URI to resume, or a spec already
+    loaded; a URI sweep is fetched from ``<URI>/bcrit/`` first and pushed back at the end. ``extra_callbacks``: your
+    own Tune callbacks (a new sweep's). Returns (spec, ResultGrid, wall seconds)."""
+    if isinstance(path, SweepSpec):
+        spec = path
+        fetch_sweep(spec)
+    else:
+        spec = open_spec(path, overrides, resume)
+    done = run_sweep(spec, resume, verbose, extra_callbacks=extra_callbacks)
+    return done.spec, done.results, done.wall_s

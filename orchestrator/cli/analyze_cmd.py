@@ -178,6 +178,7 @@ def _run(args: argparse.Namespace) -> int:
     from analysis.reporting import report
     from analysis.reporting.plots import ANSWER_PNG
     from analysis.reporting.publish import log_analysis
+    from analysis.reporting.sweep_kind import BRANCHED, KindError, sweep_kind
     from analysis.sources import loaders
 
     inputs.localize_sweep_dir(args)  # a storage URI: its local directory, fetched
@@ -196,10 +197,15 @@ def _run(args: argparse.Namespace) -> int:
         if args.sweep_dir and not (args.parent_run_id or args.tracking_uri):
             check_own_store(args.sweep_dir, runs.tracking_uri)
         uri = check_parent_run(args.tracking_uri or runs.tracking_uri, parent, source)
-    if _is_branched(runs):
+    try:  # branched, or the S(B) fit on the constant-batch trials (of the uniform sampler when it compared samplers)
+        kind = sweep_kind(runs)
+    except KindError as e:
+        raise UsageError(str(e)) from None
+    for note in kind.notes:
+        print(f"[bcrit] {note}", file=sys.stderr)
+    if kind.kind == BRANCHED:
         return _run_branched(runs, args, parent, uri)
-    runs = _constant_batch_only(runs)  # trials with a batch_schedule have no one batch size
-    all_runs, runs = runs, _uniform_only(runs)  # a sweep comparing timestep samplers: B_crit of the uniform ones
+    all_runs, runs = kind.all_runs, kind.runs
     try:
         check_metric(runs, args.metric, targets)
     except UsageError as e:
@@ -276,54 +282,6 @@ def publish(tmp: str, out: str, last: str) -> None:
     names = sorted(n for n in os.listdir(tmp) if os.path.isfile(os.path.join(tmp, n)))
     for name in [n for n in names if n != last] + [n for n in names if n == last]:
         os.replace(os.path.join(tmp, name), os.path.join(out, name))
-
-
-def _constant_batch_only(runs):
-    """The trials at one batch size throughout: a trial with a ``batch_schedule`` (analysis.core.stages) has no single
-    B to
-    place on S(B), so the fit leaves it out, said on stderr; all of them scheduled is a one-line error."""
-    import numpy as np
-    import pyarrow as pa
-    import pyarrow.compute as pc
-
-    from analysis.decisions.allocation_report import subset
-
-    if "batch_schedule" not in runs.trials.column_names:
-        return runs
-    col = pc.cast(runs.trials.column("batch_schedule"), pa.string()).to_pylist()
-    scheduled = np.array([v not in (None, "", "null", "[]", "None") for v in col], dtype=bool)
-    if not scheduled.any():
-        return runs
-    if scheduled.all():
-        raise UsageError(
-            "every trial follows a batch_schedule, so no batch size is constant for S(B); compare schedules with "
-            "benchmarks/bench_schedule_nqm.py (docs/schedule.md) and fit B_crit on constant-batch trials"
-        )
-    print(f"[bcrit] {int(scheduled.sum())} trial(s) with a batch_schedule left out of the S(B) fit (no one batch "
-          "size); docs/schedule.md compares them", file=sys.stderr)  # fmt: skip
-    return subset(runs, ~scheduled)
-
-
-def _uniform_only(runs):
-    """The uniform trials of a sweep that compared timestep samplers (``scientific.timestep_sampling``), said on
-    stderr; the runs unchanged otherwise. Its report gets the samplers' comparison
-    (analysis.decisions.allocation_report)."""
-    from analysis.decisions.allocation_report import UNIFORM, samplers_of, subset
-
-    kinds = samplers_of(runs)
-    if len(set(kinds)) < 2:
-        return runs
-    if not (kinds == UNIFORM).any():
-        raise UsageError(f"the sweep compared samplers {sorted(set(kinds))} without uniform; analyse it per sampler")
-    print(f"[bcrit] samplers {sorted(set(kinds))}: B_crit from the uniform trials, the comparison appended to the "
-          "report (bcrit allocate for more)", file=sys.stderr)  # fmt: skip
-    return subset(runs, kinds == UNIFORM)
-
-
-def _is_branched(runs) -> bool:
-    from analysis.fits.branched import is_branched
-
-    return is_branched(runs)
 
 
 def _run_branched(runs, args: argparse.Namespace, parent: str | None, uri: str | None) -> int:

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import os
 
-from orchestrator.cli import inputs, options
+from orchestrator.cli import options
 
 
 def register(sub) -> None:
@@ -35,11 +35,12 @@ def run(args) -> int:
     from orchestrator.errors import UserError
     from orchestrator.execution.branch_study import run_study
     from orchestrator.specs.branch_spec import STUDY_FILE, load_branch_spec
+    from orchestrator.specs.resume_rules import spec_to_run
 
     def started(study_dir: str) -> bool:  # a study killed before it saved its spec starts again from the YAML
         return os.path.exists(os.path.join(study_dir, STUDY_FILE))
 
-    spec = inputs.spec_to_run(args, load_branch_spec, _saved_spec, what="study", command="branch", started=started)
+    spec = spec_to_run(args, load_branch_spec, _saved_spec, what="study", command="branch", started=started)
     if not args.resume and started(spec.sweep_dir):
         raise UserError(
             f"{spec.sweep_dir} already holds a branched study; add --resume to continue it, or set storage to a "

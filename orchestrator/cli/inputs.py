@@ -1,5 +1,5 @@
 """What the sub-commands read, resolved once for all of them: a sweep's runs (a directory, a storage URI fetched, or
-an MLflow experiment), the default target loss, and the spec to run or resume."""
+an MLflow experiment) and the default target loss."""
 
 from __future__ import annotations
 
@@ -70,28 +70,3 @@ def default_target(runs, metric: str, out: str) -> tuple[float, str]:
             "pass --target LOSS"
         )
     return min(t["target"] for t in head), "the lowest trustworthy target (no bcrit.json: run bcrit analyze)"
-
-
-def spec_to_run(args: argparse.Namespace, load, restore, *, what: str, command: str, started=None):
-    """The spec ``bcrit <command> SPEC|DIR [--set ...] [--resume]`` runs, by ``--set``/``--resume``'s rules: a
-    directory only with ``--resume`` and without ``--set`` (``restore(dir)``: the spec it was started with); a YAML
-    (``load(path, overrides)``), which with ``--resume`` must equal the spec its storage directory was started with.
-    ``started(dir)``: whether that directory holds a started run to compare against (default: always -- ``restore``
-    then says why not). ``what``: "sweep" or "study", for the messages."""
-    if os.path.isdir(args.spec):
-        if not args.resume:
-            raise UserError(f"{args.spec} is a directory; pass a spec YAML, or --resume to continue that {what}")
-        if args.set:
-            raise UserError(f"--set cannot change a {what} being resumed; start a new {what} instead")
-        return restore(args.spec)
-    spec = load(args.spec, args.set)
-    if not args.resume or (started is not None and not started(spec.sweep_dir)):
-        return spec
-    saved = restore(spec.sweep_dir)
-    if saved.to_yaml() != spec.to_yaml():
-        raise UserError(
-            f"{args.spec} differs from the spec {spec.sweep_dir} was started with; resume it with "
-            f"`bcrit {command} {getattr(spec, 'storage_uri', None) or spec.sweep_dir} --resume`, or start the new "
-            "spec in another storage directory"
-        )
-    return saved

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import os
 
-from orchestrator.cli import inputs, options
+from orchestrator.cli import options
 
 
 def register(sub) -> None:
@@ -27,39 +27,38 @@ def register(sub) -> None:
 
 
 def run(args) -> int:
-    from orchestrator.execution.sweep_state import restore_spec
-    from orchestrator.search.adaptive_resume import resume_spec
-    from orchestrator.specs.sweep_spec import load_spec
-    from orchestrator.storage.uri import fetch, is_uri, probe
+    from orchestrator.execution.run_sweep import open_spec, run_sweep
 
-    if is_uri(args.spec):  # `bcrit sweep --resume s3://...`: the sweep's files fetched into its local directory
-        if not args.resume:
-            from orchestrator.errors import UserError
+    spec = open_spec(args.spec, args.set, args.resume)
+    done = run_sweep(spec, args.resume, getattr(args, "verbose", False), announce=announce)
+    errors = sum(1 for r in done.results if r.error is not None)
+    if errors:
+        print(f"[bcrit] {errors} trial(s) failed: their errors are in {spec.storage_root}/tune/<trial_id>/error.txt")
+    print(f"[bcrit] results: {spec.sweep_dir}/trials.parquet, {spec.sweep_dir}/metrics.parquet")
+    source = spec.storage_uri or spec.sweep_dir
+    print(f"[bcrit] next: bcrit analyze {source}  (writes {spec.sweep_dir}/analysis)")
+    server = spec.mlflow_uri.startswith(("http://", "https://"))
+    if not server:
+        print(f"[bcrit] browse: mlflow ui --backend-store-uri {spec.mlflow_uri}")
+    page = parent_run_page(spec.sweep_dir, spec.mlflow_uri.rstrip("/") if server else "http://127.0.0.1:5000")
+    if page:
+        print(f"[bcrit] then open {page}")
+    return 0
 
-            raise UserError(f"{args.spec} is a storage URI; pass a spec YAML, or --resume to continue its sweep")
-        probe(args.spec)
-        args.spec = fetch(args.spec)
-    spec = resume_spec(args, load_spec, restore_spec)  # an adaptive sweep resumed with a new goal or budget
-    spec = spec or inputs.spec_to_run(args, load_and_fetch, restore_spec, what="sweep", command="sweep")
-    return _run(spec, args.resume, getattr(args, "verbose", False))
 
-
-def load_and_fetch(path: str, overrides: list[str] | None):
-    """The spec YAML; with a URI storage, the URI probed (one line if unusable) and what ``<URI>/bcrit/`` holds
-    fetched into the local directory first (a sweep started on another machine is then found, and resumed)."""
-    from orchestrator.specs.sweep_spec import load_spec
-    from orchestrator.storage.uri import Mirror, explain, probe
-
-    spec = load_spec(path, overrides)
+def announce(spec, launch) -> None:
+    """The sweep's opening lines, once it is launched (before the Tuner is built)."""
+    count = f"at most {spec.num_trials()}" if spec.search == "adaptive" else str(spec.num_trials())
+    print(
+        f"[bcrit] sweep {spec.name!r}: {count} trials over batch sizes {list(spec.batch_sizes)} "
+        f"({spec.search} search), workload {spec.workload}"
+    )
     if spec.storage_uri:
-        probe(spec.storage_uri)
-        try:
-            Mirror(spec.storage_uri, spec.sweep_dir).pull()
-        except OSError as e:
-            from orchestrator.errors import UserError
-
-            raise UserError(explain(spec.storage_uri, e)) from None
-    return spec
+        print(f"[bcrit] storage {spec.storage_uri}: Ray's trials there; bcrit's files mirrored to its bcrit/")
+    print(f"[bcrit] sweep dir {spec.sweep_dir}\n[bcrit] MLflow {spec.mlflow_uri} (experiment {spec.experiment!r})")
+    note = gns_note(launch.configs)
+    if note:
+        print(note)
 
 
 def gns_note(configs: list[dict]) -> str | None:
@@ -81,43 +80,6 @@ def gns_note(configs: list[dict]) -> str | None:
         f"[bcrit] global GNS: unavailable for {len(off)} of {len(configs)} trials (it needs num_workers x grad_accum "
         ">= 2, or gns_halves with micro_batch_size >= 2); their per-bin GNS is unaffected"
     )
-
-
-def _run(spec, resume: bool, verbose: bool = False) -> int:
-    from orchestrator.execution.launch import mirror_at_end, prepare
-    from orchestrator.execution.tuner import build_tuner, restore_tuner, run
-
-    launch = prepare(spec, resume, verbose)
-    configs, resume = launch.configs, launch.restore
-    count = f"at most {spec.num_trials()}" if spec.search == "adaptive" else str(spec.num_trials())
-    print(
-        f"[bcrit] sweep {spec.name!r}: {count} trials over batch sizes {list(spec.batch_sizes)} "
-        f"({spec.search} search), workload {spec.workload}"
-    )
-    if spec.storage_uri:
-        print(f"[bcrit] storage {spec.storage_uri}: Ray's trials there; bcrit's files mirrored to its bcrit/")
-    print(f"[bcrit] sweep dir {spec.sweep_dir}\n[bcrit] MLflow {spec.mlflow_uri} (experiment {spec.experiment!r})")
-    note = gns_note(configs)
-    if note:
-        print(note)
-    tuner = restore_tuner(spec, verbose=verbose) if resume else build_tuner(spec, configs=configs, verbose=verbose)
-    try:
-        results = run(tuner, spec)
-    finally:
-        mirror_at_end(spec)
-    errors = sum(1 for r in results if r.error is not None)
-    if errors:
-        print(f"[bcrit] {errors} trial(s) failed: their errors are in {spec.storage_root}/tune/<trial_id>/error.txt")
-    print(f"[bcrit] results: {spec.sweep_dir}/trials.parquet, {spec.sweep_dir}/metrics.parquet")
-    source = spec.storage_uri or spec.sweep_dir
-    print(f"[bcrit] next: bcrit analyze {source}  (writes {spec.sweep_dir}/analysis)")
-    server = spec.mlflow_uri.startswith(("http://", "https://"))
-    if not server:
-        print(f"[bcrit] browse: mlflow ui --backend-store-uri {spec.mlflow_uri}")
-    page = parent_run_page(spec.sweep_dir, spec.mlflow_uri.rstrip("/") if server else "http://127.0.0.1:5000")
-    if page:
-        print(f"[bcrit] then open {page}")
-    return 0
 
 
 def parent_run_page(sweep_dir: str, ui: str = "http://127.0.0.1:5000") -> str | None:

@@ -49,10 +49,10 @@ def acquire_ray(verbose: bool = False) -> RayPlace:
     return RayPlace(cluster=False, verbose=verbose)
 
 
-def sweep_cpus(spec: SweepSpec) -> int:
+def sweep_cpus(spec: SweepSpec, configs: list[dict] | None = None) -> int:
     """Logical CPUs of the local Ray a sweep starts: the machine's over-subscribed cores, or room for two of its
-    largest trials at once."""
-    return max(local_cpus(spec), ray_cpus(spec.trial_configs()))
+    largest trials at once (``configs``: its trial configs, checked; default the spec's)."""
+    return max(local_cpus(spec), ray_cpus(spec.trial_configs() if configs is None else configs))
 
 
 def connect(verbose: bool = False) -> None:

@@ -125,31 +125,20 @@ def _tuner(
     """A grid Tuner over ``configs`` with the sweep's trainable, resources and callbacks (MLflow, tables)."""
     from ray import tune
 
-    from orchestrator.cluster.ray_logs import quiet_driver_logs
     from orchestrator.cluster.ray_start import sweep_capacity
     from orchestrator.cluster.sizing import max_concurrent
-    from orchestrator.execution.tuner import callbacks, sweep_trainable
-    from orchestrator.records.tables_callback import StripRows
+    from orchestrator.execution.tuner import tuner_of
 
-    quiet_driver_logs(verbose)
-
-    return tune.Tuner(
-        sweep_trainable(spec, worker_failures, verbose),
-        param_space={"trial": tune.grid_search(configs)},
-        tune_config=tune.TuneConfig(
-            max_concurrent_trials=max_concurrent(configs, sweep_capacity()),
-            trial_dirname_creator=lambda t: t.trial_id,
-            reuse_actors=True,
-        ),
-        run_config=tune.RunConfig(
-            name=name,
-            storage_path=spec.sweep_dir,
-            callbacks=[*callbacks(spec, verbose, total=len(configs)), StripRows()],
-            failure_config=tune.FailureConfig(max_failures=trial_retries),
-            verbose=1
-            if verbose
-            else 0,  # 0: bcrit's event lines and bar (orchestrator.records.progress), not Tune's boxes
-        ),
+    return tuner_of(
+        spec,
+        {"trial": tune.grid_search(configs)},
+        max_concurrent=max_concurrent(configs, sweep_capacity()),
+        name=name,
+        storage_path=spec.sweep_dir,
+        total=len(configs),
+        worker_failures=worker_failures,
+        trial_retries=trial_retries,
+        verbose=verbose,
     )
 
 

@@ -25,7 +25,9 @@ def prepare(spec: SweepSpec, resume: bool = False, verbose: bool = False) -> Lau
     place = acquire_ray(verbose)
     configs = check_spec(spec) if place.cluster else check_spec(spec, local_resources(spec))
     restore = plan_start(spec, resume)
-    place.start(sweep_cpus(spec))  # a local Ray only now, after the checks (nothing on a cluster: joined already)
+    place.start(
+        sweep_cpus(spec, configs)
+    )  # a local Ray only now, after the checks (nothing on a cluster: joined already)
     return Launch(configs, restore)
 
 

@@ -14,8 +14,9 @@ from orchestrator.specs.sweep_spec import SweepSpec
 from orchestrator.storage.layout import TUNE_DIR
 
 
-def sweep_trainable(spec: SweepSpec, worker_failures: int, verbose: bool = False):
-    """The workload's Tune function trainable, holding what `trial_bundle` says (its Train workers hold their own)."""
+def sweep_trainable(spec: SweepSpec, worker_failures: int, verbose: bool = False, behind: bool | None = None):
+    """The workload's Tune function trainable, holding what `trial_bundle` says (its Train workers hold their own).
+    ``behind``: `stops_behind` of the spec, when the caller has it."""
     from ray import tune
     from ray.tune.execution.placement_groups import PlacementGroupFactory
 
@@ -23,7 +24,8 @@ def sweep_trainable(spec: SweepSpec, worker_failures: int, verbose: bool = False
 
     adaptive = getattr(spec, "search", None) == "adaptive"  # a BranchSpec has no search
     ends = adaptive and spec.adaptive.end_running  # goal.running: end: its trials ask whether to end
-    signal = signal_name(spec.sweep_dir) if ends or stops_behind(spec) else None
+    behind = stops_behind(spec) if behind is None else behind
+    signal = signal_name(spec.sweep_dir) if ends or behind else None
     fn = make_trainable(spec.workload, spec.storage_root, worker_failures, verbose=verbose, signal=signal)
     return tune.with_resources(fn, lambda config: PlacementGroupFactory([trial_bundle(config["trial"])]))
 
@@ -44,11 +46,12 @@ def planned_seeds(spec):
     return Seeds(default=len(spec.seeds) if spec.search == "adaptive" else 1)
 
 
-def callbacks(spec: SweepSpec, verbose: bool = False, total: int | None = None) -> list:
+def callbacks(spec: SweepSpec, verbose: bool = False, total: int | None = None, behind: bool | None = None) -> list:
     """The driver-side callbacks every bcrit sweep needs: MLflow tracking, the Parquet tables, the terminal
     (event lines; the live bar unless ``verbose``); on resume, trials Tune lost removed from the first two
     (orchestrator.records.lost_trials); fault injection for tests (orchestrator.faults); ``stopping.behind``'s
-    (orchestrator.execution.behind_callback), first, so that the others see why a trial stopped."""
+    (orchestrator.execution.behind_callback), first, so that the others see why a trial stopped (``behind``:
+    `stops_behind` of the spec, when the caller has it)."""
     from orchestrator.faults import fault_callbacks
     from orchestrator.records.lost_trials import ForgetLost
     from orchestrator.records.mlflow_tracking import MLflowTracking
@@ -63,13 +66,13 @@ def callbacks(spec: SweepSpec, verbose: bool = False, total: int | None = None) 
 
         watch = [AdaptiveWatch(spec.sweep_dir, tracking, progress)]
     tables = TablesCallback(spec.sweep_dir, storage_uri=spec.storage_uri)
-    behind = []
-    if stops_behind(spec):
+    stop = []
+    if stops_behind(spec) if behind is None else behind:
         from orchestrator.execution.behind_callback import StopBehind
         from trainables.sweep_signal import signal_name
 
-        behind = [StopBehind(spec.sweep_dir, signal_name(spec.sweep_dir), planned_seeds(spec))]
-    return [*fault_callbacks(), ForgetLost(tracking, tables), *behind, *watch, tracking, tables, progress]
+        stop = [StopBehind(spec.sweep_dir, signal_name(spec.sweep_dir), planned_seeds(spec))]
+    return [*fault_callbacks(), ForgetLost(tracking, tables), *stop, *watch, tracking, tables, progress]
 
 
 def build_tuner(
@@ -88,12 +91,11 @@ def build_tuner(
     own tables and Ray Train's INFO logs instead of bcrit's progress bar."""
     from ray import tune
 
-    from orchestrator.records.tables_callback import StripRows
-
     configs = configs if configs is not None else check_spec(spec)
+    behind = stops_behind(spec)
     save_spec(spec)
     if spec.search == "grid":  # with stopping.behind, each batch size's middle lrs first (its likely best)
-        if stops_behind(spec):
+        if behind:
             from analysis.decisions.stop_behind import centre_first
 
             configs = [configs[i] for i in centre_first(configs)]
@@ -111,21 +113,58 @@ def build_tuner(
 
         search_alg = GroupedOptunaSearch.from_spec(spec)
         param_space, num_samples = {}, search_alg.total_trials
+    return tuner_of(
+        spec,
+        param_space,
+        search_alg=search_alg,
+        num_samples=num_samples,
+        max_concurrent=sweep_concurrency(spec, configs),
+        behind=behind,
+        extra_callbacks=extra_callbacks,
+        worker_failures=worker_failures,
+        trial_retries=trial_retries,
+        verbose=verbose,
+    )
+
+
+def tuner_of(
+    spec,
+    param_space: dict,
+    *,
+    max_concurrent: int,
+    search_alg=None,
+    num_samples: int = 1,
+    name: str = TUNE_DIR,
+    storage_path: str | None = None,
+    total: int | None = None,
+    behind: bool | None = None,
+    extra_callbacks: list | tuple = (),
+    worker_failures: int = 3,
+    trial_retries: int = 2,
+    verbose: bool = False,
+):
+    """The ``Tuner`` of a sweep's (or a branched study phase's) trials: the workload's trainable (`sweep_trainable`),
+    bcrit's callbacks (`callbacks`; ``total`` trials on the bar) then ``extra_callbacks``, Tune's experiment ``name``
+    under ``storage_path`` (default the spec's storage root), trial directories named by trial id."""
+    from ray import tune
+
+    from orchestrator.records.tables_callback import StripRows
+
     quiet_driver_logs(verbose)
     return tune.Tuner(
-        sweep_trainable(spec, worker_failures, verbose),
+        sweep_trainable(spec, worker_failures, verbose, behind),
         param_space=param_space,
         tune_config=tune.TuneConfig(
             search_alg=search_alg,
             num_samples=num_samples,
-            max_concurrent_trials=sweep_concurrency(spec, configs),
+            max_concurrent_trials=max_concurrent,
             trial_dirname_creator=lambda t: t.trial_id,
             reuse_actors=True,  # in-process trials skip the actor start and torch import
         ),
         run_config=tune.RunConfig(
-            name=TUNE_DIR,
-            storage_path=spec.storage_root,
-            callbacks=[*callbacks(spec, verbose), *extra_callbacks, StripRows()],
+            name=name,
+            storage_path=spec.storage_root if storage_path is None else storage_path,
+            callbacks=[*callbacks(spec, verbose, total, behind=behind), *extra_callbacks, StripRows()],
             failure_config=tune.FailureConfig(max_failures=trial_retries),
             verbose=1 if verbose else 0,  # 0: none of Tune's boxes (Ray 2.60's output ignores progress_reporter)
         ),

@@ -1,10 +1,10 @@
 """``bcrit sweep --resume`` of an adaptive sweep with a new goal or budget: ``--set nuisance.goal.rel_ci=0.1`` (or
 ``nuisance.budget.*``) on its directory, or its YAML edited only there. Every other change is refused as for any
-sweep (orchestrator.cli.inputs.spec_to_run). The restored sweep continues from the trials already run: the new goal
-and budget replace the searcher's (orchestrator.search.adaptive_search restores its trials, not its goal), the saved
-spec is rewritten (orchestrator.execution.tuner.restore_tuner), and Tune's search-generator state, which remembers
-that the old search finished, is re-opened so the searcher -- the one that knows whether the new goal is met --
-decides again."""
+sweep (orchestrator.specs.resume_rules.spec_to_run). The restored sweep continues from the trials already run: the new
+goal and budget replace the searcher's (orchestrator.search.adaptive_search restores its trials, not its goal), the
+saved spec is rewritten (orchestrator.execution.tuner.restore_tuner), and Tune's search-generator state, which
+remembers that the old search finished, is re-opened so the searcher -- the one that knows whether the new goal is met
+-- decides again."""
 
 from __future__ import annotations
 

@@ -199,13 +199,13 @@ class SweepSpec:
 
     def num_trials(self) -> int:
         """The sweep's trials (adaptive: the most it may run, its trial budget or its whole grid)."""
-        if self.search == "adaptive":
-            space = len(self.trial_configs())
-            return space if self.adaptive.budget_trials is None else min(space, self.adaptive.budget_trials)
-        if self.search == "grid":
+        if self.search in ("grid", "adaptive"):  # the configs `trial_configs` makes, counted
             points = self.grid_points()
-            per = max(1, len(self.samplers))
-            return per * sum(sum(1 for p in points if s.runs(p)) for _b, s, _seed in self.groups())
+            space = max(1, len(self.samplers)) * sum(
+                sum(1 for p in points if s.runs(p)) for _b, s, _seed in self.groups()
+            )
+            budget = self.adaptive.budget_trials if self.search == "adaptive" else None
+            return space if budget is None else min(space, budget)
         return len(self.groups()) * self.trials_per_batch_size  # one study per group (batch size x split x seed)
 
     def to_yaml(self) -> str:
@@ -322,7 +322,8 @@ def _saved(data: dict, name: str, storage: str, tracking: dict, stopping: dict, 
     the storage, the tracking URI and experiment, ``stopping.behind``, and an adaptive goal's ``bins``, ``min_seeds``,
     ``running`` and ``hold``. A sweep resumed from its directory then keeps the choices it started with after a
     later bcrit changes a default, and a YAML resumed against it must agree with them
-    (orchestrator.cli.inputs.spec_to_run). A spec saved before a key was pinned reads it with the current default."""
+    (orchestrator.specs.resume_rules.spec_to_run). A spec saved before a key was pinned reads it with the current
+    default."""
     raw = {**data, "name": name, "storage": storage, "tracking": tracking}
     raw["stopping"] = {**(data.get("stopping") or {}), "behind": stopping["stop_behind"]}
     if adaptive is not None:

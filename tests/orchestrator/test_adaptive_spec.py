@@ -113,6 +113,12 @@ def test_resume_may_change_only_the_goal_and_budget(tmp_path):
     assert resume_spec(args(spec.sweep_dir, "stopping.max_steps=5"), load_spec, restore_spec) is None
     assert resume_spec(args(path, "fixed.dim=10"), load_spec, restore_spec) is None  # the usual refusal then
     assert main(["sweep", spec.sweep_dir, "--resume", "--set", "nuisance.goal.rel_ci=2"]) == 2  # still validated
+    from orchestrator.execution.run_sweep import open_spec  # the Python API's spec (orchestrator.sweep.sweep)
+
+    assert open_spec(spec.sweep_dir, ["nuisance.goal.rel_ci=0.1"], resume=True).adaptive.rel_ci == 0.1
+    assert open_spec(path, ["nuisance.budget.trials=20"], resume=True).adaptive.budget_trials == 20
+    with pytest.raises(UserError, match="--set cannot change a sweep being resumed"):
+        open_spec(spec.sweep_dir, ["stopping.max_steps=5"], resume=True)
 
 
 def test_resume_gives_the_restored_searcher_the_specs_hold(tmp_path):

@@ -245,9 +245,9 @@ def test_resume_with_the_spec_yaml_restores_the_local_directory_first(s3_user, t
     started with comes back from ``<URI>/bcrit/`` and is compared with the YAML (no Ray needed to see it)."""
     import argparse
 
-    from orchestrator.cli import inputs
-    from orchestrator.cli.sweep_cmd import load_and_fetch
+    from orchestrator.execution.run_sweep import load_and_fetch
     from orchestrator.execution.sweep_state import restore_spec
+    from orchestrator.specs.resume_rules import spec_to_run
     from orchestrator.specs.sweep_spec import load_spec
     from orchestrator.storage.layout import SPEC_FILE
     from orchestrator.storage.uri import Mirror
@@ -262,12 +262,12 @@ def test_resume_with_the_spec_yaml_restores_the_local_directory_first(s3_user, t
     assert Mirror(uri, spec.sweep_dir).push() == 1
     shutil.rmtree(spec.sweep_dir)
     args = argparse.Namespace(spec=path, set=[], resume=True)
-    got = inputs.spec_to_run(args, load_and_fetch, restore_spec, what="sweep", command="sweep")
+    got = spec_to_run(args, load_and_fetch, restore_spec, what="sweep", command="sweep")
     assert got.to_yaml() == spec.to_yaml() and got.storage_uri == uri and got.sweep_dir == spec.sweep_dir
     changed = write_spec(tmp_path, {**data, "nuisance": {"search": "grid", "lr": [0.5]}}, "changed.yaml")
     with pytest.raises(UserError, match="differs from the spec"):
-        inputs.spec_to_run(argparse.Namespace(spec=changed, set=[], resume=True), load_and_fetch, restore_spec,
-                            what="sweep", command="sweep")  # fmt: skip
+        spec_to_run(argparse.Namespace(spec=changed, set=[], resume=True), load_and_fetch, restore_spec,
+                    what="sweep", command="sweep")  # fmt: skip
 
 
 @pytest.mark.ray
