@@ -183,7 +183,17 @@ def _sweep_copy(tmp_path, runs):
 
 # --- atomic outputs: kills and concurrent runs -------------------------------------------------------------------
 def analyze_cmd(sweep, out) -> list[str]:
-    return [sys.executable, "-m", "orchestrator.cli.analyze_cmd", str(sweep), "--out", str(out), "--bootstrap", "200"]
+    return [
+        sys.executable,
+        "-m",
+        "orchestrator.cli.main",
+        "analyze",
+        str(sweep),
+        "--out",
+        str(out),
+        "--bootstrap",
+        "200",
+    ]
 
 
 def test_interrupted_write_leaves_old_results_whole(sweep, tmp_path, monkeypatch):
