@@ -12,6 +12,7 @@ from orchestrator.execution.sweep_state import can_restore
 from orchestrator.execution.tune_trainable import make_trainable
 from orchestrator.specs.sweep_spec import SweepSpec
 from orchestrator.storage.layout import TUNE_DIR
+from trainables.workloads import get_workload
 
 
 def sweep_trainable(spec: SweepSpec, worker_failures: int, verbose: bool = False, behind: bool | None = None):
@@ -36,22 +37,29 @@ def stops_behind(spec) -> bool:
     return bool(getattr(spec, "stop_behind", False)) and getattr(spec, "stopping", {}).get("target_loss") is not None
 
 
-def planned_seeds(spec):
+def planned_seeds(spec, configs: list[dict] | None = None):
     """How many seeds each setting of the sweep will have (analysis.decisions.stop_behind.Seeds): a grid's configs
-    counted; an adaptive sweep may give any setting every seed of its space; an Optuna study's settings have one."""
+    counted; an adaptive sweep may give any setting every seed of its space; an Optuna study's settings have one.
+    ``configs``: the checked trial configs, as the trials receive them (their defaults filled in, so that a setting's
+    key is the one its trials' rows give); default the spec's configs through its workload's config class."""
     from analysis.decisions.stop_behind import Seeds
 
     if spec.search == "grid":
-        return Seeds.of_configs(spec.trial_configs())
+        if configs is None:
+            cls = get_workload(spec.workload).config_cls
+            configs = [cls.from_dict(raw).to_dict() for raw in spec.trial_configs()]
+        return Seeds.of_configs(configs)
     return Seeds(default=len(spec.seeds) if spec.search == "adaptive" else 1)
 
 
-def callbacks(spec: SweepSpec, verbose: bool = False, total: int | None = None, behind: bool | None = None) -> list:
+def callbacks(
+    spec: SweepSpec, verbose: bool = False, total: int | None = None, behind: bool | None = None, configs=None
+) -> list:
     """The driver-side callbacks every bcrit sweep needs: MLflow tracking, the Parquet tables, the terminal
     (event lines; the live bar unless ``verbose``); on resume, trials Tune lost removed from the first two
     (orchestrator.records.lost_trials); fault injection for tests (orchestrator.faults); ``stopping.behind``'s
     (orchestrator.execution.behind_callback), first, so that the others see why a trial stopped (``behind``:
-    `stops_behind` of the spec, when the caller has it)."""
+    `stops_behind` of the spec, when the caller has it; ``configs``: the checked trial configs, when it has them)."""
     from orchestrator.faults import fault_callbacks
     from orchestrator.records.lost_trials import ForgetLost
     from orchestrator.records.mlflow_tracking import MLflowTracking
@@ -71,7 +79,7 @@ def callbacks(spec: SweepSpec, verbose: bool = False, total: int | None = None, 
         from orchestrator.execution.behind_callback import StopBehind
         from trainables.sweep_signal import signal_name
 
-        stop = [StopBehind(spec.sweep_dir, signal_name(spec.sweep_dir), planned_seeds(spec))]
+        stop = [StopBehind(spec.sweep_dir, signal_name(spec.sweep_dir), planned_seeds(spec, configs))]
     return [*fault_callbacks(), ForgetLost(tracking, tables), *stop, *watch, tracking, tables, progress]
 
 
@@ -120,6 +128,7 @@ def build_tuner(
         num_samples=num_samples,
         max_concurrent=sweep_concurrency(spec, configs),
         behind=behind,
+        configs=configs,
         extra_callbacks=extra_callbacks,
         worker_failures=worker_failures,
         trial_retries=trial_retries,
@@ -138,6 +147,7 @@ def tuner_of(
     storage_path: str | None = None,
     total: int | None = None,
     behind: bool | None = None,
+    configs: list[dict] | None = None,
     extra_callbacks: list | tuple = (),
     worker_failures: int = 3,
     trial_retries: int = 2,
@@ -164,7 +174,7 @@ def tuner_of(
         run_config=tune.RunConfig(
             name=name,
             storage_path=spec.storage_root if storage_path is None else storage_path,
-            callbacks=[*callbacks(spec, verbose, total, behind=behind), *extra_callbacks, StripRows()],
+            callbacks=[*callbacks(spec, verbose, total, behind=behind, configs=configs), *extra_callbacks, StripRows()],
             failure_config=tune.FailureConfig(max_failures=trial_retries),
             verbose=1 if verbose else 0,  # 0: none of Tune's boxes (Ray 2.60's output ignores progress_reporter)
         ),

@@ -4,6 +4,7 @@ trial's last result its reason, which the tables and MLflow then record."""
 
 from __future__ import annotations
 
+import os
 from types import SimpleNamespace
 
 import numpy as np
@@ -12,6 +13,8 @@ import pytest
 from analysis.core import metrics as M
 from orchestrator.execution.behind_callback import StopBehind
 from orchestrator.records.runs_tables import trial_row
+
+ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
 
 def _trial(tid: str, lr: float, seed: int, b: int = 64) -> SimpleNamespace:
@@ -68,3 +71,18 @@ def test_a_resumed_sweep_reads_its_finished_trials_back(tmp_path, marked):
     cb.setup()
     assert len(cb.curves) == len(runs.trial_ids)
     assert all(c.status in M.FINAL_STATUSES for c in cb.curves.values())
+
+
+def test_planned_seeds_key_settings_as_the_trials_receive_them(tmp_path):
+    """The seeds each setting will have are counted on the configs the trials get (beta2 and weight_decay filled
+    in), so that a trial's curve (keyed by its own config) finds them: keyed on the spec's raw configs every
+    examples/tiny.yaml setting got the default 0 and counted as known after its first seed."""
+    from analysis.decisions.stop_behind import setting_of
+    from orchestrator.execution.preflight import check_spec
+    from orchestrator.execution.tuner import planned_seeds
+    from orchestrator.specs.sweep_spec import load_spec
+
+    spec = load_spec(os.path.join(ROOT, "examples", "tiny.yaml"), sweep_dir=str(tmp_path / "s"))
+    configs = check_spec(spec, {"CPU": 64.0, "GPU": 0.0})
+    for seeds in (planned_seeds(spec, configs), planned_seeds(spec)):
+        assert {seeds.of(c["batch_size"], setting_of(c)) for c in configs} == {3}
