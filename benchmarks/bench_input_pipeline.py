@@ -5,8 +5,8 @@ A synthetic fast-DiT folder (``--n`` latents, float32 ``(1, 4, 32, 32)``, standa
 indices (warm page cache), the median time per example of:
 
 - **old path**: the loader before this change (one unchecked ``np.load`` per feature and per label file, then
-  ``np.stack``) plus the old per-example noise draws (`randomness.example_draws`: a CPU generator re-seeded per
-  example) -- what a step paid per example before;
+  ``np.stack``) plus the old per-example noise draws (``example_draws``, kept in tests/oracles/example_draws.py: a CPU
+  generator re-seeded per example) -- what a step paid per example before;
 - **folder**: today's folder loader (every file read is checked);
 - **store float32 / float16 / bfloat16**: one memory-map gather (`Dataset.gather`) plus the cast to float32;
 - **draws**: old per-example ``example_draws`` vs new ``step_draws`` (one generator, three calls per global batch).

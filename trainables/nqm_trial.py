@@ -1,10 +1,9 @@
-"""The noisy quadratic model (analysis.quadratic.nqm) as a trial: the DiT trial's skeleton (trainables.skeleton: report
-format, checkpoints, stop rules) around a `QuadraticLearner`, so a sweep with ``workload: quadratic`` runs through
-the same machinery in seconds. Its closed-form B_crit (``analysis.quadratic.nqm.closed_form_b_crit``) is the end-to-end
-check.
+"""The noisy quadratic model as a trial: the DiT trial's skeleton (trainables.skeleton: report format, checkpoints,
+stop rules) around a `QuadraticLearner`, so a sweep with ``workload: quadratic`` runs through the same machinery in
+seconds. Its closed-form B_crit (``closed_form_b_crit``, tests/oracles/nqm.py) is the tests' end-to-end check.
 
 SGD on ``L = ½ Σ h_i θ_i²`` with ``h_i = i^-h_decay``, gradient noise ``N(0, c/B)``, ``c = noise_scale · h``
-(the NQM's ``C ∝ H``), ``θ_i(0) = theta0``: the update of :func:`analysis.quadratic.nqm.simulate`, one step at a time.
+(the NQM's ``C ∝ H``), ``θ_i(0) = theta0``: the update of ``simulate`` in tests/oracles/nqm.py, one step at a time.
 The split ``(micro, A, W)`` changes nothing statistically (the mean of B iid per-example noises); every rank
 computes the same update from the same seeded generator, so multi-worker trials stay consistent.
 """
@@ -50,7 +49,7 @@ class QuadraticConfig(BaseConfig):
     # noises N(0, c/u) and averages them, so a batch of k·u sees the same unit noises, in the same order, as k
     # steps at u (common random numbers across batch sizes, like a data stream; the branched study sets u = B0)
     noise_unit: int = 0
-    # --- timestep bins of different noise (analysis.quadratic.nqm_alloc; docs/allocation.md) ----------------------
+    # --- timestep bins of different noise (closed forms: tests/oracles/nqm_alloc.py; docs/allocation.md) ----------
     timestep_bins: int = 1  # K equal bins; an example of bin k has noise covariance s_k c, s of mean 1
     bin_noise_ratio: float = 1.0  # s_{K-1} / s_0 (geometric in k); 1 = every bin the plain NQM's noise
     timestep_sampling: str = "uniform"  # uniform (today's draws) | noise (p_k ∝ sqrt(s_k), weights q_k / p_k)
@@ -75,7 +74,7 @@ class QuadraticConfig(BaseConfig):
             raise ConfigError("timestep_sampling: noise needs timestep_bins >= 2 and noise_unit: 0")
 
     def problem(self) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
-        """``(h, c, theta0)`` arrays of the NQM, as analysis.quadratic.nqm takes them."""
+        """``(h, c, theta0)`` arrays of the NQM, as tests/oracles/nqm.py takes them."""
         h = np.arange(1, self.dim + 1, dtype=np.float64) ** -self.h_decay
         return h, self.noise_scale * h, np.full(self.dim, self.theta0)
 
@@ -141,9 +140,7 @@ class QuadraticLearner(Learner):
         sd, units, lr = self.stage(step)
         t0 = time.perf_counter()
         with np.errstate(over="ignore", invalid="ignore"):
-            if (
-                self.alloc is not None
-            ):  # importance-weighted bins (analysis.quadratic.nqm_alloc, the closed form's draw)
+            if self.alloc is not None:  # importance-weighted bins (the closed form's draw: tests/oracles/nqm_alloc.py)
                 B = cfg.stages.batch(step)
                 self.theta = theta - lr * weighted_noise(rng, theta, h, self.c, B, *self.alloc)
             else:

@@ -10,7 +10,8 @@ Training draws (`step_draws`) come from one ``torch.Generator`` on the trial's d
 ``(seed, STREAM_EXAMPLE, step)``: three calls draw the whole global batch's timesteps, uniforms and noise, and
 every rank slices its positions. The streams therefore differ between a CPU and a CUDA trial (different
 generators) but not between splits. `example_draws` is the earlier per-example CPU path (one generator re-seeded
-per example, much slower), kept as a reference.
+per example, much slower), kept as a reference in the tests
+(tests/oracles/example_draws.py).
 """
 
 from __future__ import annotations

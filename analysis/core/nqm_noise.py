@@ -1,6 +1,6 @@
 """The noisy quadratic model's timestep bins as the ``quadratic`` trial draws them (``trainables.nqm_trial``): each
 bin's noise scale, the ``noise`` sampler's allocation and one step's importance-weighted batch gradient. Their
-closed forms are in ``analysis.quadratic.nqm_alloc`` (docs/allocation.md)."""
+closed forms are checked in the tests (tests/oracles/nqm_alloc.py; docs/allocation.md)."""
 
 from __future__ import annotations
 

@@ -1,8 +1,8 @@
 """The adaptive sweep's decision rule: from the runs so far, which trials to run next, or why to stop.
 
 A pure function of the runs, the candidate space, the pending trials, the goal and the budget (:func:`next_trials`;
-docs/sweeps.md, "The decision rule"), called by the Tune searcher and the offline NQM loop
-(analysis.decisions.nqm_adaptive); its pieces, one concern each, are in :mod:`analysis.decisions.adaptive`.
+docs/sweeps.md, "The decision rule"), called by the Tune searcher and the tests' offline NQM loop
+(tests/oracles/nqm_adaptive.py); its pieces, one concern each, are in :mod:`analysis.decisions.adaptive`.
 """
 
 from __future__ import annotations

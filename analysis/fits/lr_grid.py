@@ -69,9 +69,10 @@ def relative_curvature(x: np.ndarray, s: np.ndarray) -> float:
 
 
 def curvatures_batched(x: np.ndarray, s: np.ndarray) -> np.ndarray:
-    """:func:`relative_curvature` of R parabolas through the same three ``x`` at once (the refined interval's
-    bootstrap, analysis.fits.refined_boot): ``x`` (3,), ``s`` (R, 3) steps. ``kappa = a / S_min`` of ``S = a x² + b x
-    + c`` (divided differences), ``S_min = c - b²/(4a)``; ``nan`` unless convex (``a > 0`` and ``S_min > 0``)."""
+    """:func:`relative_curvature` of R parabolas through the same three ``x`` at once (the product calls it with
+    R = 1, through :func:`relative_curvature`): ``x`` (3,), ``s`` (R, 3) steps. ``kappa = a / S_min`` of
+    ``S = a x² + b x + c`` (divided differences), ``S_min = c - b²/(4a)``; ``nan`` unless convex (``a > 0`` and
+    ``S_min > 0``)."""
     x0, x1, x2 = (float(v) for v in x)
     d01, d12 = (s[:, 1] - s[:, 0]) / (x1 - x0), (s[:, 2] - s[:, 1]) / (x2 - x1)
     a = (d12 - d01) / (x2 - x0)
@@ -117,8 +118,8 @@ def vertex_fit(x: np.ndarray, y: np.ndarray, lo: float, hi: float, kappa: float)
 def vertex_fit_batched(
     x: np.ndarray, y: np.ndarray, lo: float, hi: float, kappa: np.ndarray
 ) -> tuple[np.ndarray, np.ndarray]:
-    """:func:`vertex_fit` for R replicates of the same points' log steps at once (the refined interval's bootstrap,
-    analysis.fits.refined_boot): ``x`` (P,) log lr (best first), ``y`` (R, P), ``kappa`` (R,). Returns ``(gap,
+    """:func:`vertex_fit` for R replicates of the same points' log steps at once (the product calls it with R = 1,
+    through :func:`vertex_fit`): ``x`` (P,) log lr (best first), ``y`` (R, P), ``kappa`` (R,). Returns ``(gap,
     x_v)``, each (R,); ``(0, x_best)`` where ``kappa`` is not positive or there is one point."""
     y = np.asarray(y, dtype=np.float64)
     kappa = np.asarray(kappa, dtype=np.float64)

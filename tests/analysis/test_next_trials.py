@@ -236,7 +236,8 @@ def test_a_narrow_target_still_gets_the_trials_its_goal_needs():
     another and an optimum towards a diverged lr at a third: those trials are candidates, first (score inf), even
     while the other target is the one the narrowing scores look at. Before, only the targets still too wide gave
     candidates, and a sweep whose wide target had none left stopped ``space_exhausted`` with the goal unmeetable
-    (3 of 14 replayed tiny-DiT sweeps, benchmarks/RESULTS.md)."""
+    (3 of 14 replayed tiny-DiT sweeps: benchmarks/HISTORY.md, "The adaptive sweep on the tiny DiT, replayed from
+    recorded trials")."""
     space = nt.Space(batch_sizes=(8, 16, 32), lrs=(0.01, 0.02, 0.04, 0.08), max_seeds=3)
     goal = nt.Goal(targets=(0.5, 0.4), rel_ci=0.2, min_seeds=2)
     pts = [{"batch_size": b, "lr": 0.02, "seeds": 3, "flags": []} for b in (8, 16, 32)]

@@ -147,7 +147,8 @@ def _coverage(draws: int, level: float = 0.9) -> float:
     return np.mean(hits, axis=0)
 
 
-# Measured (200 draws, benchmarks/RESULTS.md): 0.88, 0.855 (measured splits), 0.96 (modelled) at nominal 0.9.
+# Measured (200 draws; benchmarks/HISTORY.md, "`bcrit recommend`: held-out splits and Pollux"): 0.88, 0.855
+# (measured splits), 0.96 (modelled) at nominal 0.9.
 def test_time_interval_covers_the_truth():
     cov = _coverage(60)
     assert (cov >= 0.75).all(), cov  # 60 draws: binomial sd ~0.04 at 0.88

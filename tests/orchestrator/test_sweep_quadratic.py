@@ -88,7 +88,7 @@ def _check_trustworthy(out: dict, spec, stop_flagged: bool = False) -> list[floa
         errs.append(t["b_crit"] / truth - 1)
         assert t["b_crit"] == pytest.approx(truth, rel=0.25), t
     # the analysis calls some targets trustworthy: 0-3 of 8 per sweep (10 in-process sweeps at seeds 0-9: 16 in all
-    # with the local crossing fit, 13 with the first passage; benchmarks/RESULTS.md "Crossings")
+    # with the local crossing fit, 13 with the first passage; benchmarks/HISTORY.md "Crossings")
     assert len(errs) >= 1
     stop = [t for t in out["targets"] if t["target"] == spec.stopping["target_loss"]]
     assert stop and (flags.NEAR_FLOOR in stop[0]["flags"] or not stop_flagged)
