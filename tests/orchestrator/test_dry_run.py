@@ -1,0 +1,82 @@
+"""``bcrit sweep SPEC --dry-run`` and ``bcrit branch SPEC --dry-run``: the plan printed, exit 0, nothing started and
+nothing written (no sweep directory, no mlflow.db); a throughput from a past sweep of the same preset and device, and
+one line refusing any other."""
+
+from __future__ import annotations
+
+import os
+
+import pyarrow as pa
+import pyarrow.parquet as pq
+import pytest
+import yaml
+
+from orchestrator.cli.main import main
+from orchestrator.execution.plan import makespan
+from orchestrator.records.runs_tables import trial_row
+from orchestrator.specs.sweep_spec import load_spec
+from orchestrator.storage.layout import SPEC_FILE
+
+TINY = "examples/tiny.yaml"
+
+
+def test_a_dry_run_prints_the_plan_and_writes_nothing(tmp_path, capsys, monkeypatch):
+    monkeypatch.delenv("RAY_ADDRESS", raising=False)
+    import ray
+
+    where = tmp_path / "never"
+    assert main(["sweep", TINY, "--dry-run", "--set", f"storage={where}"]) == 0
+    out = capsys.readouterr().out
+    assert not where.exists() and not list(tmp_path.iterdir())  # no sweep directory, no mlflow.db
+    assert not ray.is_initialized()
+    assert "62 trials" in out and "at most 8,080 optimizer steps, 273,280 examples" in out
+    assert "   64    32x2x0       1         80  lr 0.01; seeds 0" in out  # the accumulation variant, its own line
+    assert "an upper bound" in out and "time: unknown" in out
+
+
+def test_the_throughput_of_a_past_sweep_prices_the_plan(tmp_path, capsys, monkeypatch):
+    monkeypatch.delenv("RAY_ADDRESS", raising=False)
+    spec = load_spec(TINY)
+    past = tmp_path / "past"
+    past.mkdir()
+    (past / SPEC_FILE).write_text(spec.to_yaml())
+    rows = [  # every trial its budget at 0.1 s a step, 2 s of start-up
+        trial_row(f"t{i}", c, "budget_spent", {"step": c["max_steps"], "examples": c["max_steps"] * c["batch_size"],
+                                               "train_seconds": 0.1 * c["max_steps"], "startup_seconds": 2.0})
+        for i, c in enumerate(spec.trial_configs())
+    ]  # fmt: skip
+    pq.write_table(pa.Table.from_pylist(rows), past / "trials.parquet")
+    assert main(["sweep", TINY, "--dry-run", "--throughput-from", str(past), "--set", f"storage={tmp_path}/new"]) == 0
+    out = capsys.readouterr().out
+    trial_s = [2.0 + 0.1 * c["max_steps"] for c in spec.trial_configs()]
+    wall = makespan(trial_s, 2)
+    assert f"({wall:.0f} s, 2 trials at once)" in out and f"{sum(trial_s) / 3600:.2f} trial hours" in out
+    assert not (tmp_path / "new").exists()
+
+    saved = yaml.safe_load((past / SPEC_FILE).read_text())
+    saved["fixed"]["preset"] = "small"
+    (past / SPEC_FILE).write_text(yaml.safe_dump(saved))
+    assert main(["sweep", TINY, "--dry-run", "--throughput-from", str(past)]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and "fixed.preset is 'small', this spec's 'tiny'" in err[0]
+
+
+@pytest.mark.parametrize(
+    "argv, message",
+    [
+        (["sweep", TINY, "--throughput-from", "runs/tiny"], "--throughput-from goes with --dry-run"),
+        (["sweep", "runs/tiny", "--resume", "--dry-run"], "drop --resume"),
+    ],
+)
+def test_dry_run_options_misused_are_one_line(argv, message, capsys):
+    assert main(argv) == 2
+    assert message in capsys.readouterr().err
+
+
+def test_a_branched_study_dry_run_writes_nothing(tmp_path, capsys, monkeypatch):
+    monkeypatch.delenv("RAY_ADDRESS", raising=False)
+    where = tmp_path / "study"
+    assert main(["branch", "examples/branched-tiny.yaml", "--dry-run", "--set", f"storage={where}"]) == 0
+    out = capsys.readouterr().out
+    assert not where.exists() and os.listdir(tmp_path) == []
+    assert "dry run of branched study" in out and "31 trials" in out
