@@ -10,7 +10,8 @@ is written: not the sweep directory, not MLflow.
 The cost: each trial's step budget (``max_steps``: an upper bound, as a trial that reaches its target or falls
 behind stops earlier), its examples (steps x batch size), and, with a throughput from a past sweep of the same
 workload, preset, dataset and device (its ``trials.parquet``: ``step``, ``train_seconds``, ``startup_seconds`` per
-trial), its seconds; the wall time is those trials scheduled in grid order on the concurrency's slots.
+trial), its seconds; the wall time is those trials scheduled in grid order on the concurrency's slots. An estimate
+follows the bound: each batch size's trials stopping at the share of ``max_steps`` they took in that sweep.
 """
 
 from __future__ import annotations
@@ -145,6 +146,7 @@ class Throughput:
     per_example: dict[bool, float]
     startup_kind: dict[bool, float]
     gpu: bool
+    used: dict[int, float] = field(default_factory=dict)  # batch size -> the share of max_steps its trials took
 
 
 def split_key(cfg: dict) -> tuple:
@@ -177,6 +179,7 @@ def throughput_from(sweep_dir: str, spec_raw: dict) -> Throughput:
     rows = pq.read_table(trials).to_pylist()
     steps, secs, starts = defaultdict(float), defaultdict(float), defaultdict(list)
     kind_ex, kind_s, kind_start = defaultdict(float), defaultdict(float), defaultdict(list)
+    took, budget = defaultdict(float), defaultdict(float)
     for r in rows:
         s, t = r.get("step"), r.get("train_seconds")
         if not s or not t:
@@ -188,6 +191,9 @@ def throughput_from(sweep_dir: str, spec_raw: dict) -> Throughput:
         kind_ex[key[4]] += s * r["batch_size"]
         kind_s[key[4]] += t
         kind_start[key[4]].append(r.get("startup_seconds") or 0.0)
+        if r.get("max_steps"):
+            took[key[0]] += s
+            budget[key[0]] += r["max_steps"]
     if not steps:
         raise UserError(f"--throughput-from {sweep_dir}: no trial with measured steps and train_seconds")
     return Throughput(
@@ -197,6 +203,7 @@ def throughput_from(sweep_dir: str, spec_raw: dict) -> Throughput:
         {k: kind_s[k] / kind_ex[k] for k in kind_ex},
         {k: sum(v) / len(v) for k, v in kind_start.items()},
         bool(_get(past, ("scientific", "use_gpu"))),
+        {b: took[b] / budget[b] for b in budget},
     )
 
 
@@ -269,4 +276,14 @@ def show(plan: Plan, tp: Throughput | None = None) -> list[str]:
         gpu_s = sum(s * trial_need(c).get("GPU", 0.0) for s, c in zip(secs, plan.configs, strict=True) if s is not None)
         line += f", {gpu_s / 3600:.2f} GPU hours"
     out.append(f"{line}; {sum(known) / 3600:.2f} trial hours, at the speed of {tp.source}")
+    if tp.used:  # the estimate: each batch size's trials stopping as early (in share of max_steps) as they did there
+        every = sum(tp.used.values()) / len(tp.used)
+        est = [s * tp.used.get(int(c["batch_size"]), every) for c, s in zip(plan.configs, steps, strict=True)]
+        est_s = [trial_seconds(c, round(n), tp) for c, n in zip(plan.configs, est, strict=True)]
+        est_ex = sum(n * int(c["batch_size"]) for c, n in zip(plan.configs, est, strict=True))
+        wall = makespan([x for x in est_s if x is not None], plan.concurrency)
+        out.append(
+            f"[bcrit] if trials stop as early as in {tp.source}: ~{sum(est):,.0f} steps, ~{est_ex:,.0f} examples, "
+            f"~{wall / 3600:.2f} wall hours ({wall:.0f} s)"
+        )
     return out

@@ -51,6 +51,7 @@ def test_the_throughput_of_a_past_sweep_prices_the_plan(tmp_path, capsys, monkey
     trial_s = [2.0 + 0.1 * c["max_steps"] for c in spec.trial_configs()]
     wall = makespan(trial_s, 2)
     assert f"({wall:.0f} s, 2 trials at once)" in out and f"{sum(trial_s) / 3600:.2f} trial hours" in out
+    assert f"if trials stop as early as in {past}: ~8,080 steps, ~273,280 examples, ~{wall / 3600:.2f}" in out
     assert not (tmp_path / "new").exists()
 
     saved = yaml.safe_load((past / SPEC_FILE).read_text())
