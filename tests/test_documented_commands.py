@@ -2,9 +2,10 @@
 
 - ``bcrit ...`` (or ``.venv/bin/bcrit``): parsed by the real parser (orchestrator/cli/main.py); a ``sweep`` or
   ``branch`` of a spec YAML is run with ``--dry-run`` (the spec loaded with its ``--set`` overrides, every trial
-  checked, the plan built; nothing written); a ``train`` config is loaded with its overrides and checked; an
-  ``analyze`` of a sweep directory is run for real on a simulated sweep at tiny settings (``--bootstrap 20``, no
-  plots, no MLflow); the commands that need what the sweep or trial before them wrote are parsed (`AFTER_A_RUN`).
+  checked, the plan built; nothing written; a ``--throughput-from`` sweep left out); a ``train`` config is loaded
+  with its overrides and checked; an ``analyze`` of a sweep directory is run for real on a simulated sweep at tiny
+  settings (``--bootstrap 20``, no plots, no MLflow); the commands that need what the sweep or trial before them
+  wrote are parsed (`AFTER_A_RUN`).
 - ``make X``: ``make -n X`` succeeds (the target exists).
 - ``python -m MODULE`` (or ``.venv/bin/python``): the module exists.
 - ``ray ...`` and ``mlflow server``: need a cluster or a server (`EXTERNAL`): cluster.yaml exists and the bcrit
@@ -146,6 +147,9 @@ def check_bcrit(argv: list[str], cmd: Command, external: str | None, tmp_path: P
     if external or any(k in argv or k == args.command for k in AFTER_A_RUN):
         return
     if args.command in ("sweep", "branch"):
+        if args.throughput_from:  # a past sweep's tables: what tests/orchestrator/test_dry_run.py builds
+            i = argv.index("--throughput-from")
+            argv = argv[:i] + argv[i + 2 :]
         rc = main([*argv, "--dry-run"])
         assert rc == 0, f"{cmd.id}: `bcrit {' '.join(argv)} --dry-run` exited {rc}: {capsys.readouterr().err}"
         assert "nothing started, nothing written" in capsys.readouterr().out

@@ -276,6 +276,7 @@ def show(plan: Plan, tp: Throughput | None = None) -> list[str]:
         gpu_s = sum(s * trial_need(c).get("GPU", 0.0) for s, c in zip(secs, plan.configs, strict=True) if s is not None)
         line += f", {gpu_s / 3600:.2f} GPU hours"
     out.append(f"{line}; {sum(known) / 3600:.2f} trial hours, at the speed of {tp.source}")
+    out.append("[bcrit] (the trials' own seconds: Ray's start and end of each trial and the driver's work come on top)")
     if tp.used:  # the estimate: each batch size's trials stopping as early (in share of max_steps) as they did there
         every = sum(tp.used.values()) / len(tp.used)
         est = [s * tp.used.get(int(c["batch_size"]), every) for c, s in zip(plan.configs, steps, strict=True)]
