@@ -81,3 +81,21 @@ def test_a_branched_study_dry_run_writes_nothing(tmp_path, capsys, monkeypatch):
     out = capsys.readouterr().out
     assert not where.exists() and os.listdir(tmp_path) == []
     assert "dry run of branched study" in out and "31 trials" in out
+
+
+def test_with_ray_address_the_plan_is_sized_by_what_the_cluster_can_hold(tmp_path, capsys, monkeypatch):
+    """The cluster's capacity (orchestrator.cluster.capacity, read after joining) sizes the checks and the
+    concurrency; the join itself is stubbed here (tests/orchestrator/test_capacity*.py read a real one)."""
+    from orchestrator.cluster.capacity import Capacity
+    from orchestrator.execution import plan
+
+    monkeypatch.setenv("RAY_ADDRESS", "ray://head:10001")
+    cap = Capacity({"CPU": 64.0, "GPU": 0.0}, [{"CPU": 16.0}], "the autoscaler's node types (YAML)")
+    monkeypatch.setattr(plan, "cluster_capacity", lambda: cap)
+    spec = load_spec(TINY, [f"storage={tmp_path}/s"])
+    p = plan.sweep_plan(spec)
+    assert p.concurrency == 64 // 3 and p.where == cap.describe()  # the 2-worker trial: 1 driver + 2 workers
+    cap.total["CPU"] = 2.0
+    with pytest.raises(Exception, match="needs 3 CPUs"):
+        plan.sweep_plan(spec)
+    assert not (tmp_path / "s").exists()
