@@ -16,8 +16,8 @@ def register(sub) -> None:
         "Run a branched study: B_crit along training from branches of one run.",
         [
             "bcrit branch examples/branched-quadratic.yaml",
-            "bcrit analyze runs/branched-quadratic            # then: the answer",
             "bcrit branch runs/branched-quadratic --resume    # continue it after an interruption",
+            "bcrit branch examples/branched-tiny.yaml --dry-run   # its plan: reference, branches, steps, examples",
         ],
     )
     p.add_argument(
@@ -26,6 +26,7 @@ def register(sub) -> None:
     options.overrides(p)
     options.resume(p)
     options.verbose(p)
+    options.dry_run(p)
     p.set_defaults(func=run, uses_ray=True)
 
 
@@ -36,6 +37,10 @@ def run(args) -> int:
     from orchestrator.execution.branch_study import run_study
     from orchestrator.specs.branch_spec import STUDY_FILE, load_branch_spec
     from orchestrator.specs.resume_rules import spec_to_run
+
+    options.check_dry_run(args)
+    if args.dry_run:
+        return dry_run(args)
 
     def started(study_dir: str) -> bool:  # a study killed before it saved its spec starts again from the YAML
         return os.path.exists(os.path.join(study_dir, STUDY_FILE))
@@ -54,6 +59,22 @@ def run(args) -> int:
     print(f"[bcrit] done: reference {ref_id}, {len(results)} branches ({errors} failed) in {wall:.0f}s")
     print(f"[bcrit] answer: bcrit analyze {spec.sweep_dir} --out {spec.sweep_dir}/analysis")
     return 0
+
+
+def dry_run(args) -> int:
+    """``--dry-run``: the study's plan (orchestrator.execution.plan); no trial started, nothing written."""
+    from orchestrator.execution.plan import branch_plan, show, throughput_from
+    from orchestrator.specs.branch_spec import load_branch_spec
+
+    spec = load_branch_spec(args.spec, args.set)
+    tp = throughput_from(args.throughput_from, _as_sweep_raw(spec)) if args.throughput_from else None
+    print("\n".join(show(branch_plan(spec), tp)))
+    return 0
+
+
+def _as_sweep_raw(spec) -> dict:
+    """The keys a throughput is matched on (orchestrator.execution.plan.SAME), from a branched study's spec."""
+    return {"workload": spec.workload, "fixed": dict(spec.fixed), "scientific": {"use_gpu": spec.use_gpu}}
 
 
 def _saved_spec(study_dir: str):

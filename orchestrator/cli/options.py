@@ -123,3 +123,26 @@ def verbose(p: argparse.ArgumentParser) -> None:
         action="store_true",
         help="show Ray's own INFO logs and tables, which bcrit hides by default",
     )
+
+
+def dry_run(p: argparse.ArgumentParser) -> None:
+    """``--dry-run`` and ``--throughput-from`` of the commands that launch trials (``sweep``, ``branch``)."""
+    p.add_argument(
+        "--dry-run",
+        action="store_true",
+        help="check the spec and print the plan (trials, concurrency, steps, examples, time) without running it; "
+        "writes nothing",
+    )
+    p.add_argument(
+        "--throughput-from",
+        metavar="SWEEP_DIR",
+        help="with --dry-run: predict the time from this past sweep's tables (same workload, preset, dataset, device)",
+    )
+
+
+def check_dry_run(args) -> None:
+    """``--throughput-from`` only with ``--dry-run``; ``--dry-run`` plans a new run (a spec YAML), not a resume."""
+    if args.throughput_from and not args.dry_run:
+        raise UserError("--throughput-from goes with --dry-run")
+    if args.dry_run and args.resume:
+        raise UserError("--dry-run plans a new run from a spec YAML; drop --resume")

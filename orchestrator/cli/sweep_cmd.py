@@ -15,19 +15,24 @@ def register(sub) -> None:
         "Run the critical-batch-size sweep of a spec YAML, or continue one.",
         [
             "bcrit sweep examples/tiny.yaml                   # the demo: a few minutes on a CPU",
-            "bcrit sweep examples/quadratic.yaml --set stopping.max_steps=500 --set nuisance.lr=[0.5,1.2]",
             "bcrit sweep runs/tiny --resume                   # continue it after an interruption",
+            "bcrit sweep examples/tiny.yaml --dry-run --set stopping.max_steps=80   # its plan and cost, no run",
         ],
     )
     p.add_argument("spec", metavar="SPEC", help="sweep spec YAML, or with --resume the sweep directory")
     options.overrides(p)
     options.resume(p)
     options.verbose(p)
+    options.dry_run(p)
     p.set_defaults(func=run, uses_ray=True)
 
 
 def run(args) -> int:
     from orchestrator.execution.run_sweep import open_spec, run_sweep
+
+    options.check_dry_run(args)
+    if args.dry_run:
+        return dry_run(args)
 
     spec = open_spec(args.spec, args.set, args.resume)
     done = run_sweep(spec, args.resume, getattr(args, "verbose", False), announce=announce)
@@ -43,6 +48,17 @@ def run(args) -> int:
     page = parent_run_page(spec.sweep_dir, spec.mlflow_uri.rstrip("/") if server else "http://127.0.0.1:5000")
     if page:
         print(f"[bcrit] then open {page}")
+    return 0
+
+
+def dry_run(args) -> int:
+    """``--dry-run``: the plan and its cost (orchestrator.execution.plan); no trial started, nothing written."""
+    from orchestrator.execution.plan import show, sweep_plan, throughput_from
+    from orchestrator.specs.sweep_spec import load_spec
+
+    spec = load_spec(args.spec, args.set)
+    tp = throughput_from(args.throughput_from, spec.raw) if args.throughput_from else None
+    print("\n".join(show(sweep_plan(spec), tp)))
     return 0
 
 

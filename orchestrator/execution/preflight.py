@@ -33,12 +33,18 @@ def check_spec(spec: SweepSpec, resources: dict | None = None) -> list[dict[str,
         if not spec.storage_uri:  # a URI is what every node reaches; a directory must be shared (one line if not)
             check_shared_storage(spec.sweep_dir)
         cap = capacity()
+    return check_trials(spec, resources, cap)
+
+
+def check_trials(spec: SweepSpec, resources: dict | None, cap=None) -> list[dict[str, Any]]:
+    """The trial part of `check_spec`, which writes nothing: each trial config against ``resources`` (this
+    machine's local Ray), or with ``cap`` (orchestrator.cluster.capacity.Capacity) against what the cluster can hold.
+    Returns the trial-config dicts (normalised by the config class). Raises UserError."""
+    if cap is not None:
         resources, where = cap.total, cap.describe()
     else:
-        where = (
-            f"this machine ({os.cpu_count() or 1} cores, over-subscribed to {int(resources.get('CPU', 0))} logical "
-            f"CPUs, {int(resources.get('GPU', 0))} GPUs)"
-        )
+        assert resources is not None
+        where = local_where(resources)
     w = get_workload(spec.workload)
     from trainables.config import ConfigError
 
@@ -76,6 +82,14 @@ def check_spec(spec: SweepSpec, resources: dict | None = None) -> list[dict[str,
             checked.add(key)
         out.append(cfg.to_dict())
     return out
+
+
+def local_where(resources: dict) -> str:
+    """This machine and the local Ray it plans, in words (for the lines that refuse or size trials)."""
+    return (
+        f"this machine ({os.cpu_count() or 1} cores, over-subscribed to {int(resources.get('CPU', 0))} logical "
+        f"CPUs, {int(resources.get('GPU', 0))} GPUs)"
+    )
 
 
 def check_bins(w, cfg, name: str) -> None:
