@@ -1,5 +1,5 @@
-"""A batch-size schedule from a sweep's analysis (analysis.decisions.schedule), shared by ``bcrit schedule`` and the
-schedule line of ``bcrit recommend``: the analysis file, the batch sizes, the tuned lrs, the measured throughput and
+"""A batch-size schedule from a sweep's analysis (analysis.features.schedule.schedule), shared by ``bcrit schedule`` and
+the schedule line of ``bcrit recommend``: the analysis file, the batch sizes, the tuned lrs, the measured throughput and
 the proposal's summary."""
 
 from __future__ import annotations

@@ -7,7 +7,7 @@ from __future__ import annotations
 import os
 from dataclasses import dataclass
 
-from analysis.reporting.adaptive_report import DECISIONS_FILE
+from analysis.features.adaptive.adaptive_report import DECISIONS_FILE
 from analysis.sources.loaders import SWEEP_PARENT_FILE
 from analysis.sources.schema import METRICS_FILE, TRIALS_FILE
 from orchestrator.storage.uri import MIRROR, join

@@ -1,4 +1,4 @@
-"""analysis.fits.branched against synthetic branched studies with a known answer.
+"""analysis.features.branched.branched against synthetic branched studies with a known answer.
 
 Every branch's loss after Δ examples is ``L1 · (1 + a·log2 k)`` (times seed noise), so the relative excess over the
 ``k = 1`` branch is ``a·log2 k`` and the critical multiplier at tolerance ε is exactly ``2**(ε/a)`` (linear in
@@ -13,7 +13,7 @@ import pytest
 
 from analysis.core import metrics as m
 from analysis.core.lr_rules import lr_factor
-from analysis.fits import branched as br
+from analysis.features.branched import branched as br
 from analysis.sources.loaders import runs_from_tables
 from analysis.sources.schema import RunsTableError, metrics_table, trials_table
 
