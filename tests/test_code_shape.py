@@ -261,23 +261,18 @@ def test_the_layer_and_cycle_checks_see_a_violation():
     assert _layer("orchestrator.cli.main") > _layer("orchestrator.execution.tuner") > _layer("orchestrator.errors")
 
 
-# The core's few imports of a feature, each named (docs/architecture.md, "Core and features"): the dispatch of
-# ``bcrit analyze`` by sweep kind, the adaptive section of report.md, the sweep directory's file names and the runs
-# tables' branch columns, and the tuner plugging in the adaptive searcher and the stop-behind callback.
+# The core's few imports of a feature, each named (docs/architecture.md, "Core and features"): the adaptive section
+# of report.md, the tuner plugging in the adaptive searcher and the stop-behind callback, the branched spec checking
+# its analysis's ``compare``. (The features' columns and file names are the core's: analysis/sources/schema.py.)
 CORE_TO_FEATURE = {
     "analysis/reporting/report.py -> analysis.features.adaptive",
-    "analysis/reporting/sweep_kind.py -> analysis.features.allocation.allocation_report",
-    "analysis/reporting/sweep_kind.py -> analysis.features.branched.branched",
     "orchestrator/execution/run_sweep.py -> orchestrator.features.adaptive.adaptive_resume",
     "orchestrator/execution/tuner.py -> analysis.features.stop_behind.stop_behind",
     "orchestrator/execution/tuner.py -> orchestrator.features.adaptive.adaptive_resume",
     "orchestrator/execution/tuner.py -> orchestrator.features.adaptive.adaptive_search",
     "orchestrator/execution/tuner.py -> orchestrator.features.adaptive.adaptive_view",
     "orchestrator/execution/tuner.py -> orchestrator.features.stop_behind.behind_callback",
-    "orchestrator/records/mlflow_tracking.py -> analysis.features.branched.branched",
-    "orchestrator/records/runs_tables.py -> analysis.features.branched.branched",
     "orchestrator/specs/branch_spec.py -> analysis.features.branched.branched",
-    "orchestrator/storage/layout.py -> analysis.features.adaptive.adaptive_report",
 }
 
 

@@ -12,9 +12,7 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 
-from analysis.features.allocation.allocation_report import UNIFORM, samplers_of, subset
-from analysis.features.branched.branched import is_branched
-from analysis.sources.loaders import Runs
+from analysis.sources.loaders import UNIFORM, Runs, is_branched, samplers_of, subset
 
 BRANCHED = "branched"  # the branched report
 SWEEP = "sweep"  # the S(B) fit

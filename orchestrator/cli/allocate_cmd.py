@@ -89,8 +89,8 @@ def _default_target(runs, out: str) -> tuple[float, str]:
     batch sizes for its fit; else (a paired sweep of one or two batch sizes) the lowest loss every trial reached."""
     from analysis.core import metrics as M
     from analysis.features.allocation.allocation_pairs import reached_by_all
-    from analysis.features.allocation.allocation_report import UNIFORM, samplers_of, subset
     from analysis.fits.pareto import TooFewBatchSizesError
+    from analysis.sources.loaders import UNIFORM, samplers_of, subset
 
     uniform = subset(runs, samplers_of(runs) == UNIFORM)  # bcrit analyze fits B_crit on these
     try:

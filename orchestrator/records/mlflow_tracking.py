@@ -172,9 +172,9 @@ class MLflowTracking(Callback):
     def _log_study_settings(self) -> None:
         """A branched study's analysis settings (the file ``bcrit branch`` writes before its first trial) as an
         artifact of the parent run, so that ``bcrit analyze --mlflow-experiment`` reads the same settings."""
-        from analysis.features.branched.branched import SETTINGS_FILE
+        from analysis.sources.schema import BRANCH_SETTINGS_FILE
 
-        path = os.path.join(self.sweep_dir, SETTINGS_FILE)
+        path = os.path.join(self.sweep_dir, BRANCH_SETTINGS_FILE)
         if os.path.isfile(path):
             self.client.log_artifact(self.parent_id, path)
 

@@ -21,12 +21,14 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 
 from analysis.core import metrics as M
-from analysis.features.branched.branched import BRANCH_STEP, PARENT, K
 from analysis.sources.schema import (
+    BRANCH_STEP,
     METRICS_FILE,
     METRICS_SCHEMA_WITH_WALL_TIME,
+    PARENT,
     TRIALS_FILE,
     TRIALS_SCHEMA,
+    K,
     validate_metrics,
     validate_trials,
 )

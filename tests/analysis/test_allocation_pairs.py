@@ -11,8 +11,7 @@ import pytest
 
 from analysis.core import metrics as M
 from analysis.features.allocation.allocation_pairs import paired_ratios, reached_by_all
-from analysis.features.allocation.allocation_report import samplers_of
-from analysis.sources.loaders import runs_from_tables
+from analysis.sources.loaders import runs_from_tables, samplers_of
 from analysis.sources.schema import metrics_table, trials_table
 from orchestrator.cli.main import main
 from tests.oracles.sweep_dir import write_sweep_dir

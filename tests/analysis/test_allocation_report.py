@@ -17,11 +17,9 @@ from analysis.features.allocation.allocation_report import (
     measured,
     measured_b_simple,
     predictions,
-    samplers_of,
-    subset,
 )
 from analysis.fits.sweep_fit import analyze_metric
-from analysis.sources.loaders import runs_from_tables
+from analysis.sources.loaders import runs_from_tables, samplers_of, subset
 from analysis.sources.schema import metrics_table, trials_table
 from orchestrator.cli.main import main
 from tests.oracles import nqm

@@ -18,10 +18,10 @@ def _replay(spec, uri: str, with_settings: bool = True) -> None:
     """Log the study's trials as the Ray callback does: the parent opens after the settings file is written."""
     import os
 
-    from analysis.features.branched.branched import SETTINGS_FILE
+    from analysis.sources.schema import BRANCH_SETTINGS_FILE
 
     ref_cfg, _ = check_branch_spec(spec)
-    settings = os.path.join(spec.sweep_dir, SETTINGS_FILE)
+    settings = os.path.join(spec.sweep_dir, BRANCH_SETTINGS_FILE)
     if not with_settings:
         os.rename(settings, settings + ".away")
     tracking = MLflowTracking(uri, "branched", spec.name, spec.sweep_dir, spec.to_yaml())

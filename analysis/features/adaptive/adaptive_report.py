@@ -8,9 +8,7 @@ import json
 from collections import Counter
 from pathlib import Path
 
-DECISIONS_FILE = (
-    "adaptive-decisions.json"  # in the sweep directory (written by orchestrator.features.adaptive.adaptive_search)
-)
+from analysis.sources.schema import DECISIONS_FILE  # written by orchestrator.features.adaptive.adaptive_search
 
 KINDS = {
     "design": "the initial design spanning the batch sizes",

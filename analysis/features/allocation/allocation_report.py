@@ -16,8 +16,6 @@ from __future__ import annotations
 import math
 
 import numpy as np
-import pyarrow as pa
-import pyarrow.compute as pc
 
 from analysis.core import gns
 from analysis.core import metrics as M
@@ -28,25 +26,7 @@ from analysis.fits import gns_view
 from analysis.fits.steps import steps_to_target
 from analysis.fits.sweep_fit import analyze_metric
 from analysis.reporting.trust_note import untrusted_line
-from analysis.sources.loaders import Runs
-
-UNIFORM = "uniform"
-
-
-def samplers_of(runs: Runs) -> np.ndarray:
-    """Each trial's sampler (``uniform`` where the runs table has no ``timestep_sampling`` or a null)."""
-    if "timestep_sampling" not in runs.trials.column_names:
-        return np.full(len(runs.trial_ids), UNIFORM, dtype=object)
-    col = pc.cast(runs.trials.column("timestep_sampling"), pa.string()).to_pylist()
-    return np.array([UNIFORM if v in (None, "", "None") else v for v in col], dtype=object)
-
-
-def subset(runs: Runs, keep: np.ndarray) -> Runs:
-    """The runs of the trials where ``keep`` is true (both tables filtered)."""
-    trials = runs.trials.filter(pa.array(np.asarray(keep, bool)))
-    ids = pa.array([t for t, k in zip(runs.trial_ids, keep, strict=True) if k], pa.string())
-    metrics = runs.metrics.filter(pc.is_in(pc.cast(runs.metrics.column("trial_id"), pa.string()), value_set=ids))
-    return Runs(trials, metrics, source=runs.source)
+from analysis.sources.loaders import UNIFORM, Runs, samplers_of, subset
 
 
 def _window(runs: Runs, row: int, k: int | None, end: float, window: int) -> tuple[np.ndarray, np.ndarray]:

@@ -9,10 +9,10 @@ import math
 
 import numpy as np
 
-from analysis.features.allocation.allocation_report import compare, samplers_of
+from analysis.features.allocation.allocation_report import compare
 from analysis.reporting.html_report import HTML_FILE, render_html
 from analysis.reporting.report import REPORT_FILE
-from analysis.sources.loaders import Runs
+from analysis.sources.loaders import Runs, samplers_of
 
 
 def _n(x, se=None) -> str:

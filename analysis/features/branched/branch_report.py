@@ -1,7 +1,7 @@
 """``bcrit analyze`` on a branched study's directory: ``bcrit.json``, ``report.md`` and ``branched.png``.
 
 The settings (tolerances ``ε``, comparator, smoothing window, ``Δ``) are the study's own, saved by ``bcrit branch``
-in :data:`analysis.features.branched.branched.SETTINGS_FILE`; without that file the defaults of
+in :data:`analysis.sources.schema.BRANCH_SETTINGS_FILE`; without that file the defaults of
 :func:`analysis.features.branched.branched.analyze`.
 The plot puts the branched critical batch size over training progress (the reference's examples) beside the
 reference's live ``B_simple`` (re-smoothed from its logged gradient statistics), globally and per timestep bin.
@@ -18,7 +18,7 @@ from analysis.features.branched import branched as branch
 from analysis.fits import gns_view
 from analysis.reporting.report import cell_num
 from analysis.sources.loaders import Runs
-from analysis.sources.schema import RunsTableError
+from analysis.sources.schema import BRANCH_SETTINGS_FILE, RunsTableError
 
 JSON_FILE, REPORT_FILE, PLOT_FILE = "bcrit.json", "report.md", "branched.png"
 
@@ -29,7 +29,7 @@ def settings(runs: Runs) -> dict:
     if runs.source.startswith("mlflow:"):
         saved = _mlflow_settings(runs)
     else:
-        path = Path(runs.source) / branch.SETTINGS_FILE if runs.source else None
+        path = Path(runs.source) / BRANCH_SETTINGS_FILE if runs.source else None
         if path is None or not path.is_file():
             return {}
         try:
@@ -44,12 +44,12 @@ def _mlflow_settings(runs: Runs) -> dict:
 
     client = MlflowClient(runs.tracking_uri)
     try:
-        text = client.download_artifacts(runs.parent_run_id, branch.SETTINGS_FILE)
+        text = client.download_artifacts(runs.parent_run_id, BRANCH_SETTINGS_FILE)
         return json.loads(Path(text).read_text())
     except Exception:  # noqa: BLE001 - absent artifact (MLflow raises several types) or bad JSON
         raise RunsTableError(
             f"MLflow run {runs.parent_run_id} holds a branched study without its settings "
-            f"(artifact {branch.SETTINGS_FILE}); analyse its directory instead: bcrit analyze STUDY_DIR"
+            f"(artifact {BRANCH_SETTINGS_FILE}); analyse its directory instead: bcrit analyze STUDY_DIR"
         ) from None
 
 

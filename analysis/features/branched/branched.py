@@ -10,8 +10,8 @@ window)·Δ, Δ]``; every branch evaluates at the same example counts); **seeds*
 linearly in ``log k`` past the largest ``k`` within tolerance (``b_crit_grid``: the grid answer), a lower bound
 (``bound="lower"``) when the largest multiplier is within, an upper one at the smallest when none is. A diverged branch
 has ``L = inf``; a failed or unfinished one is left out of its seed's average for that ``k``. Rows: a branched
-study's ``trials.parquet`` carries :data:`BRANCH_COLUMNS` (null on the reference's row); branch rows count ``step``
-and ``examples`` from the branch point, whose training progress is ``branch_step · B0``."""
+study's ``trials.parquet`` carries :data:`analysis.sources.schema.BRANCH_COLUMNS` (null on the reference's row); branch
+rows count ``step`` and ``examples`` from the branch point, whose training progress is ``branch_step · B0``."""
 
 from __future__ import annotations
 
@@ -26,18 +26,9 @@ from analysis.core import metrics as m
 from analysis.core.bins import timestep_bins
 from analysis.fits import gns_view
 from analysis.sources.loaders import Runs
-from analysis.sources.schema import RunsTableError
+from analysis.sources.schema import BRANCH_COLUMNS, PARENT, RunsTableError
 
-PARENT, BRANCH_STEP, K = "parent_trial_id", "branch_step", "k"
-BRANCH_COLUMNS = (PARENT, BRANCH_STEP, K)  # extra trials.parquet columns of a branched study
 COMPARE = ("reference", "best")
-SETTINGS_FILE = "branched_study.json"  # written by bcrit branch: the analysis settings of the study
-
-
-def is_branched(runs: Runs) -> bool:
-    """True when ``trials.parquet`` has the branch columns and at least one branch row."""
-    names = runs.trials.column_names
-    return all(c in names for c in BRANCH_COLUMNS) and runs.trials.column(PARENT).null_count < runs.trials.num_rows
 
 
 # --- the smoothed loss after Δ examples ---------------------------------------------------------------------------

@@ -15,7 +15,7 @@ from __future__ import annotations
 import json
 import os
 
-from analysis.features.branched.branched import SETTINGS_FILE
+from analysis.sources.schema import BRANCH_SETTINGS_FILE
 from orchestrator.errors import UserError
 from orchestrator.specs.branch_spec import (
     REFERENCE_ID,
@@ -108,7 +108,7 @@ def _save_study(spec: BranchSpec, ref_id: str | None = None) -> None:
         "lr_rule": spec.lr_rule,
         "scale_by": spec.scale_by,
     }
-    with open(os.path.join(spec.sweep_dir, SETTINGS_FILE), "w") as f:
+    with open(os.path.join(spec.sweep_dir, BRANCH_SETTINGS_FILE), "w") as f:
         json.dump(settings, f, indent=1)
     if ref_id is not None:
         with open(os.path.join(spec.sweep_dir, REFERENCE_ID), "w") as f:
