@@ -162,7 +162,7 @@ ORCHESTRATOR_LAYERS = (
     ("search",),
     ("features.adaptive", "features.stop_behind"),  # the tuner plugs in their searcher and callback
     ("execution",),
-    ("features.branched",),  # runs its trials through the tuner
+    ("features.branched", "features.schedule"),  # branched runs its trials through the tuner
     ("sweep",),
     ("cli",),
 )

@@ -256,7 +256,7 @@ def schedule_line(sweep_dir: str) -> str:
     the constant batch size nearest B_crit (``bcrit schedule``, analysis.features.schedule.schedule), from the sweep's
     analysis."""
     from analysis.features.schedule.schedule import propose, segments_of
-    from orchestrator.cli import schedule_plan as sc
+    from orchestrator.features.schedule import schedule_plan as sc
 
     try:
         path, _ = sc.analysis_file(sweep_dir)

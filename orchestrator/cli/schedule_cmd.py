@@ -15,7 +15,8 @@ import json
 import os
 
 from orchestrator.cli import inputs, options
-from orchestrator.cli.schedule_plan import (
+from orchestrator.errors import UserError
+from orchestrator.features.schedule.schedule_plan import (
     analysis_file,
     batch_sizes_of,
     fmt_num,
@@ -24,7 +25,6 @@ from orchestrator.cli.schedule_plan import (
     throughput_per_batch,
     tuned_lrs,
 )
-from orchestrator.errors import UserError
 
 SCHEDULE_FILE = "schedule.json"
 
