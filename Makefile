@@ -94,7 +94,7 @@ cluster-up: $(STAMP)
 # (only those). CLUSTER_LOCAL_FLAGS: e.g. --port 6431 --workdir DIR.
 CLUSTER_LOCAL_FLAGS ?=
 cluster-local: $(STAMP)
-	$(PY) -m orchestrator.cluster.rehearse $(CLUSTER_LOCAL_FLAGS)
+	$(PY) -m orchestrator.features.rehearsal.rehearse $(CLUSTER_LOCAL_FLAGS)
 
 lint: $(STAMP)
 	$(VENV)/bin/ruff check . && $(VENV)/bin/ruff format --check .

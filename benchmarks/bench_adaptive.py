@@ -7,7 +7,7 @@ the goal target (default 0.5), truth from ``tests.oracles.nqm.closed_form_b_crit
 Per repeat (a sweep seed):
 
 - **grid**: every (batch size, lr, seed) trial (``simulate_sweep``, 108 trials), analysed by ``analyze_metric``;
-- **adaptive**: the decision rule of ``analysis.decisions.next_trials`` choosing one trial at a time
+- **adaptive**: the decision rule of ``analysis.features.adaptive.next_trials`` choosing one trial at a time
   (``tests.oracles.nqm_adaptive``), goal ``rel_ci`` (default: the grid's median relative half-width over the
   repeats, measured first) at the target, budget the grid's trial count, ``--max-seeds`` per setting;
   the final interval is re-analysed with the grid's bootstrap size (the decisions use ``--decision-bootstrap``).
@@ -27,7 +27,7 @@ import json
 import numpy as np
 
 from analysis.core import metrics as m
-from analysis.decisions import next_trials as nt
+from analysis.features.adaptive import next_trials as nt
 from analysis.fits.sweep_fit import analyze_metric
 from tests.oracles.nqm import closed_form_b_crit, simulate_sweep
 from tests.oracles.nqm_adaptive import adaptive_sweep

@@ -15,8 +15,7 @@ import math
 
 import numpy as np
 
-from analysis.decisions import recommend
-from analysis.fits import throughput
+from analysis.features.recommend import recommend, throughput
 from analysis.sources import loaders
 from tests.oracles import recommend_check as ck
 

@@ -151,21 +151,28 @@ def test_the_tests_import_scan_sees_a_violation(tmp_path):
 
 
 # The orchestrator's house, bottom to top: a module imports only from its own layer or those before it.
+# A feature folder (orchestrator/features/<name>/) is a layer of its own, named ``features.<name>``.
 ORCHESTRATOR_LAYERS = (
     ("errors", "faults"),
     ("storage",),
     ("records",),
     ("specs",),
     ("cluster",),
+    ("features.rehearsal",),
     ("search",),
+    ("features.adaptive", "features.stop_behind"),  # the tuner plugs in their searcher and callback
     ("execution",),
+    ("features.branched", "features.schedule"),  # branched runs its trials through the tuner
     ("sweep",),
     ("cli",),
 )
 
 
 def _layer(module: str) -> int:
-    part = module.split(".")[1]
+    parts = module.split(".")
+    part = ".".join(parts[1:3]) if parts[1] == "features" else parts[1]
+    if part == "features.__init__":
+        return 0  # the folder's docstring, nothing more
     return next(i for i, names in enumerate(ORCHESTRATOR_LAYERS) if part in names)
 
 
@@ -252,3 +259,45 @@ def test_every_orchestrator_module_is_in_a_named_layer_and_opens_with_its_concer
 def test_the_layer_and_cycle_checks_see_a_violation():
     assert import_cycles({"a": {"b"}, "b": {"c"}, "c": {"a"}, "d": {"a"}}) == [["a", "b", "c"]]
     assert _layer("orchestrator.cli.main") > _layer("orchestrator.execution.tuner") > _layer("orchestrator.errors")
+
+
+# The core's few imports of a feature, each named (docs/architecture.md, "Core and features"): the adaptive section
+# of report.md, the tuner plugging in the adaptive searcher and the stop-behind callback, the branched spec checking
+# its analysis's ``compare``. (The features' columns and file names are the core's: analysis/sources/schema.py.)
+CORE_TO_FEATURE = {
+    "analysis/reporting/report.py -> analysis.features.adaptive",
+    "orchestrator/execution/run_sweep.py -> orchestrator.features.adaptive.adaptive_resume",
+    "orchestrator/execution/tuner.py -> analysis.features.stop_behind.stop_behind",
+    "orchestrator/execution/tuner.py -> orchestrator.features.adaptive.adaptive_resume",
+    "orchestrator/execution/tuner.py -> orchestrator.features.adaptive.adaptive_search",
+    "orchestrator/execution/tuner.py -> orchestrator.features.adaptive.adaptive_view",
+    "orchestrator/execution/tuner.py -> orchestrator.features.stop_behind.behind_callback",
+    "orchestrator/specs/branch_spec.py -> analysis.features.branched.branched",
+}
+
+
+def core_imports_of_features(root: Path = CHECKOUT) -> set[str]:
+    """``path -> module`` for every import of a feature (``analysis.features...``, ``orchestrator.features...``) by a
+    module outside the feature folders and the CLI (whose commands are the features' entries), at any level."""
+    found = set()
+    for pkg in PACKAGES:
+        for p in sorted((root / pkg).rglob("*.py")):
+            rel = p.relative_to(root)
+            if rel.parts[1:2] in (("features",), ("cli",)):
+                continue
+            for inside in (False, True):
+                for _, mod in _imports(p, inside):
+                    if mod.split(".")[1:2] == ["features"]:
+                        found.add(f"{rel} -> {mod}")
+    return found
+
+
+def test_the_core_imports_a_feature_only_where_named():
+    """The core (analysis/ but analysis/features/, trainables/, orchestrator/ but features/ and cli/) does not import
+    the features, except the edges of CORE_TO_FEATURE; a new feature adds none."""
+    assert core_imports_of_features() == CORE_TO_FEATURE
+
+
+def test_trials_and_the_analysis_core_import_no_feature():
+    found = {e for e in core_imports_of_features() if e.startswith(("trainables/", "analysis/core/", "analysis/fits/"))}
+    assert found == set()

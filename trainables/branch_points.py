@@ -1,4 +1,4 @@
-"""The two hooks a trial needs for a branched study (analysis.fits.branched; Merrill et al. 2025):
+"""The two hooks a trial needs for a branched study (analysis.features.branched.branched; Merrill et al. 2025):
 
 - the **reference** keeps its checkpoints at the branch points: ``keep_dir`` + ``keep_steps`` in the trial config
   (a copy under ``<keep_dir>/step<N>``, independent of how many checkpoints Ray Train or Tune retain);

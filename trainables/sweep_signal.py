@@ -1,7 +1,8 @@
 """A sweep's word to its running trials: the adaptive sweep's goal is met, end now; or this trial is behind, stop.
 
 A trial ends itself (trainables.stopping: a trial Tune stops leaks its placement group; docs/design.md), so an
-adaptive sweep that stops on its goal with trials still running (analysis.decisions.next_trials, ``end_pending``)
+adaptive sweep that stops on its goal with trials still running (analysis.features.adaptive.next_trials,
+``end_pending``)
 tells them through a named Ray actor, `GoalSignal`, that its driver owns (it dies with the driver: a resumed sweep
 starts with a new one). A trial's rank 0 asks it at every evaluation (`SignalReader`; a trial of a sweep without
 one, or outside Ray, never asks), every rank agrees on the answer (``Learner.agree``), and the trial ends with the
@@ -9,8 +10,8 @@ status ``ended_at_goal`` after a final report and checkpoint. The actor's name (
 sweep's directory, so the driver's searcher and the trials find it without passing a handle through the configs.
 
 The same actor carries ``stopping.behind``'s word to single trials (`mark_behind`, from the driver's
-`orchestrator.execution.behind_callback.StopBehind` callback): a trial it names, asking with its Tune trial id, ends
-with the status ``stopped_behind`` (analysis.decisions.stop_behind).
+`orchestrator.features.stop_behind.behind_callback.StopBehind` callback): a trial it names, asking with its Tune trial
+id, ends with the status ``stopped_behind`` (analysis.features.stop_behind.stop_behind).
 """
 
 from __future__ import annotations

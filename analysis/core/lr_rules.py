@@ -1,5 +1,5 @@
 """How a learning rate follows a batch size ``k·B0``: the rules a batch-size schedule (``analysis.core.stages``)
-and a branched study's branches (``analysis.fits.branched``) share."""
+and a branched study's branches (``analysis.features.branched.branched``) share."""
 
 from __future__ import annotations
 

@@ -59,7 +59,7 @@ STATUS_FAILED = "failed"
 # and its examples counted as spent, but it is not fitted (the answer is the finished trials' it stopped on)
 STATUS_ENDED = "ended_at_goal"
 # stopped by its sweep once the fit could only use it as evidence of being slower (stopping.behind: the rule of
-# analysis.decisions.stop_behind); fitted as every trial that has not reached a target is: right-censored
+# analysis.features.stop_behind.stop_behind); fitted as every trial that has not reached a target is: right-censored
 STATUS_BEHIND = "stopped_behind"
 STOP_REASON = "stop_reason"  # why, in its last result, its trials.parquet row and its MLflow tags
 FINAL_STATUSES = (
@@ -88,8 +88,8 @@ SECONDS_TO_TARGET = "seconds_to_target"  # training seconds until then (start-up
 SCIENTIFIC = ("batch_size", "micro_batch_size", "grad_accum", "num_workers", "lr")  # numeric copies of the params
 TRACKING_ONLY = (STEP, EXAMPLES, WALL_TIME, STEPS_TO_TARGET, EXAMPLES_TO_TARGET, SECONDS_TO_TARGET, *SCIENTIFIC)
 
-# --- MLflow parent run of a sweep only (orchestrator.search.adaptive_view): one point per refit of an adaptive
-# sweep ----
+# --- MLflow parent run of a sweep only (orchestrator.features.adaptive.adaptive_view): one point per refit of an
+# adaptive sweep ----
 ADAPTIVE_REL_CI = "adaptive/rel_ci"  # relative half-width of the widest interval the goal looks at
 ADAPTIVE_REL_CI_GLOBAL = "adaptive/rel_ci_global"  # goal.bins: the same over the global targets only
 ADAPTIVE_BIN_REL_CI = "adaptive/bin{k}/rel_ci"  # goal.bins: the same for timestep bin k (trusted bins only)

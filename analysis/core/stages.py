@@ -10,7 +10,7 @@ x W``. A stage's learning rate is the entry's own ``lr`` if given, else the tria
 
 Counters: after ``n`` steps the trial has consumed ``examples(n) = sum over steps i < n of B(i)`` examples and done
 ``examples(n) / unit`` micro-steps per worker. Pure Python (the trainables, the NQM closed form,
-``analysis.decisions.schedule``)."""
+``analysis.features.schedule.schedule``)."""
 
 from __future__ import annotations
 

@@ -1,8 +1,8 @@
 """The critical batch size of a *band* of the loss curve, from the grid of trials: how B_crit changes along training.
 
 ``B_crit(y) = E_min(y)/S_min(y)`` counts every step from initialisation, so it averages the whole path down to ``y``;
-the branched measurement (analysis.fits.branched) is *local*. The like-for-like quantity from the grid is the band
-between two targets ``hi > lo``: with the best setting per batch size at each target, ``S*(y; B) = S_min(y) +
+the branched measurement (analysis.features.branched.branched) is *local*. The like-for-like quantity from the grid is
+the band between two targets ``hi > lo``: with the best setting per batch size at each target, ``S*(y; B) = S_min(y) +
 E_min(y)/B``, so the extra steps ``ΔS(B) = S*(lo; B) - S*(hi; B) = ΔS_min + ΔE_min / B`` follow the same hyperbola,
 fitted the same way (analysis.fits.pareto, log space), and ``B_band = ΔE_min / ΔS_min`` is the examples-weighted local
 critical batch size over the band (above ``B_crit(lo)``: the critical batch grows during training).

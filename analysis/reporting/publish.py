@@ -187,7 +187,7 @@ def log_recommendation(out_dir: str | Path, tracking_uri: str | None, parent_run
             if v is not None:
                 metrics.append(Metric(f"recommend/{role}/{k}/{key}", v, now, 0))
     client.log_batch(parent_run_id, metrics=metrics)
-    # the analysis's trust flags at this target (analysis.decisions.trust_note): "" when trusted
+    # the analysis's trust flags at this target (analysis.reporting.trust_note): "" when trusted
     client.set_tag(parent_run_id, f"recommend/flags/{key}", ",".join(rec.get("flags") or []))
     cols: dict[str, list] = {}
     for i, row in enumerate(rec["candidates"]):

@@ -21,6 +21,7 @@ import numpy as np
 
 from analysis.core import metrics as m
 from analysis.core.bins import timestep_bins
+from analysis.features.adaptive import adaptive_report
 from analysis.fits import answer, gns_view, pareto
 from analysis.fits import flags as fl
 from analysis.fits.band import bands_between
@@ -29,7 +30,6 @@ from analysis.fits.steps import (
 )
 from analysis.fits.sweep_fit import analyze_metric
 from analysis.fits.trust import headline
-from analysis.reporting import adaptive_report
 from analysis.reporting.html_report import HTML_FILE, render_html
 from analysis.sources.loaders import Runs
 

@@ -1,7 +1,8 @@
 """Which analysis a sweep's runs get, decided from the runs alone: a branched study (``bcrit branch``) its branched
-report (analysis.reporting.branch_report); any other sweep the S(B) fit (analysis.reporting.report) on its trials at
+report (analysis.features.branched.branch_report); any other sweep the S(B) fit (analysis.reporting.report) on its
+trials at
 one batch size throughout (a trial with a ``batch_schedule`` has no single B), of the uniform timestep sampler when
-it compared samplers (the others then in its report's comparison, analysis.reporting.allocation_view)."""
+it compared samplers (the others then in its report's comparison, analysis.features.allocation.allocation_view)."""
 
 from __future__ import annotations
 
@@ -11,9 +12,7 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 
-from analysis.decisions.allocation_report import UNIFORM, samplers_of, subset
-from analysis.fits.branched import is_branched
-from analysis.sources.loaders import Runs
+from analysis.sources.loaders import UNIFORM, Runs, is_branched, samplers_of, subset
 
 BRANCHED = "branched"  # the branched report
 SWEEP = "sweep"  # the S(B) fit

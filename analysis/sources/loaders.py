@@ -19,7 +19,9 @@ import pyarrow.parquet as pq
 from analysis.core import metrics as m
 from analysis.core.stages import BatchStages
 from analysis.sources.schema import (
+    BRANCH_COLUMNS,
     METRICS_FILE,
+    PARENT,
     TRIALS_FILE,
     RunsTableError,
     metrics_table,
@@ -299,3 +301,28 @@ def subset_tables(runs: Runs, ids: list[str]) -> tuple[pa.Table, pa.Table]:
 def runs_subset(runs: Runs, ids: list[str], source: str | None = None) -> Runs:
     """The trials ``ids`` of ``runs`` (:func:`subset_tables`)."""
     return runs_from_tables(*subset_tables(runs, ids), source=runs.source if source is None else source)
+
+
+UNIFORM = "uniform"  # the timestep sampler of a trial whose runs table names none
+
+
+def samplers_of(runs: Runs) -> np.ndarray:
+    """Each trial's sampler (``uniform`` where the runs table has no ``timestep_sampling`` or a null)."""
+    if "timestep_sampling" not in runs.trials.column_names:
+        return np.full(len(runs.trial_ids), UNIFORM, dtype=object)
+    col = pc.cast(runs.trials.column("timestep_sampling"), pa.string()).to_pylist()
+    return np.array([UNIFORM if v in (None, "", "None") else v for v in col], dtype=object)
+
+
+def subset(runs: Runs, keep: np.ndarray) -> Runs:
+    """The runs of the trials where ``keep`` is true (both tables filtered)."""
+    trials = runs.trials.filter(pa.array(np.asarray(keep, bool)))
+    ids = pa.array([t for t, k in zip(runs.trial_ids, keep, strict=True) if k], pa.string())
+    metrics = runs.metrics.filter(pc.is_in(pc.cast(runs.metrics.column("trial_id"), pa.string()), value_set=ids))
+    return Runs(trials, metrics, source=runs.source)
+
+
+def is_branched(runs: Runs) -> bool:
+    """True when ``trials.parquet`` has the branch columns and at least one branch row (a branched study)."""
+    names = runs.trials.column_names
+    return all(c in names for c in BRANCH_COLUMNS) and runs.trials.column(PARENT).null_count < runs.trials.num_rows

@@ -27,6 +27,11 @@ from analysis.core.bcrit_error import BcritError
 
 TRIALS_FILE = "trials.parquet"
 METRICS_FILE = "metrics.parquet"
+DECISIONS_FILE = "adaptive-decisions.json"  # an adaptive sweep's decisions (analysis.features.adaptive)
+BRANCH_SETTINGS_FILE = "branched_study.json"  # written by bcrit branch: the analysis settings of the study
+# the extra trials.parquet columns of a branched study, null on its reference's row (analysis.features.branched)
+PARENT, BRANCH_STEP, K = "parent_trial_id", "branch_step", "k"
+BRANCH_COLUMNS = (PARENT, BRANCH_STEP, K)
 STATUSES = (*m.FINAL_STATUSES, m.STATUS_RUNNING)
 
 TRIALS_SCHEMA = pa.schema(

@@ -49,8 +49,8 @@ def register(subparsers) -> argparse.ArgumentParser:
 
 
 def run(args: argparse.Namespace) -> int:
-    from analysis.decisions.allocation_report import compare
-    from analysis.reporting.allocation_view import plot, render_markdown
+    from analysis.features.allocation.allocation_report import compare
+    from analysis.features.allocation.allocation_view import plot, render_markdown
     from analysis.sources.mlflow_uri import TrackingUriError
     from analysis.sources.schema import RunsTableError
     from orchestrator.cli.analyze_cmd import check_out_dir
@@ -88,9 +88,9 @@ def _default_target(runs, out: str) -> tuple[float, str]:
     """``--target`` when not given: ``bcrit analyze``'s (inputs.default_target) where the uniform trials span enough
     batch sizes for its fit; else (a paired sweep of one or two batch sizes) the lowest loss every trial reached."""
     from analysis.core import metrics as M
-    from analysis.decisions.allocation_pairs import reached_by_all
-    from analysis.decisions.allocation_report import UNIFORM, samplers_of, subset
+    from analysis.features.allocation.allocation_pairs import reached_by_all
     from analysis.fits.pareto import TooFewBatchSizesError
+    from analysis.sources.loaders import UNIFORM, samplers_of, subset
 
     uniform = subset(runs, samplers_of(runs) == UNIFORM)  # bcrit analyze fits B_crit on these
     try:

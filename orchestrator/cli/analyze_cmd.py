@@ -219,7 +219,7 @@ def _run(args: argparse.Namespace) -> int:
             calibrate=not args.no_calibration,
         )  # fmt: skip
         if runs is not all_runs:
-            from analysis.reporting.allocation_view import add_to_report
+            from analysis.features.allocation.allocation_view import add_to_report
 
             add_to_report(result, all_runs, tmp, bootstrap=min(args.bootstrap, 200))
         keep_recommendation(args.out, tmp, args.metric)
@@ -245,8 +245,8 @@ def keep_recommendation(out: str, tmp: str, metric: str) -> None:
     """Carry the ``bcrit recommend`` section of the report in ``out`` into the new one in ``tmp`` (with its
     figure, so that ``report.html`` embeds it): a re-analysis does not drop a recommendation (it stays until the
     next ``bcrit recommend`` replaces it)."""
+    from analysis.features.recommend.recommend_report import FIGURE, replace_section, section_in
     from analysis.reporting.html_report import HTML_FILE, render_html
-    from analysis.reporting.recommend_report import FIGURE, replace_section, section_in
     from analysis.reporting.report import REPORT_FILE
 
     old, new = os.path.join(out, REPORT_FILE), os.path.join(tmp, REPORT_FILE)
@@ -285,10 +285,11 @@ def publish(tmp: str, out: str, last: str) -> None:
 
 
 def _run_branched(runs, args: argparse.Namespace, parent: str | None, uri: str | None) -> int:
-    """A branched study (bcrit branch): analysis.reporting.branch_report, with the study's own settings; written and
-    logged
+    """A branched study (bcrit branch): analysis.features.branched.branch_report, with the study's own settings; written
+    and logged
     like a sweep's analysis (staged, then published)."""
-    from analysis.reporting import branch_report, report
+    from analysis.features.branched import branch_report
+    from analysis.reporting import report
     from analysis.reporting.publish import log_analysis
 
     with staging_dir(args.out) as tmp:

@@ -1,5 +1,5 @@
 """``bcrit branch SPEC.yaml [--set key=value ...] [--resume]`` and ``bcrit branch --resume STUDY_DIR``: the branched
-study (orchestrator.execution.branch_study), then ``bcrit analyze STUDY_DIR --out ...`` for the answer."""
+study (orchestrator.features.branched.branch_study), then ``bcrit analyze STUDY_DIR --out ...`` for the answer."""
 
 from __future__ import annotations
 
@@ -34,7 +34,7 @@ def run(args) -> int:
     import time
 
     from orchestrator.errors import UserError
-    from orchestrator.execution.branch_study import run_study
+    from orchestrator.features.branched.branch_study import run_study
     from orchestrator.specs.branch_spec import STUDY_FILE, load_branch_spec
     from orchestrator.specs.resume_rules import spec_to_run
 

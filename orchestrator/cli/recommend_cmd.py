@@ -7,7 +7,8 @@ SWEEP_DIR reads the sweep from MLflow, as ``bcrit analyze`` does. Without ``--ta
 quotes (``bcrit.json``'s answer), else
 the lowest trustworthy automatic target. Writes ``recommend.json``, ``recommend.png`` and ``recommend.md``, puts the
 same section into ``report.md``/``report.html`` when they exist, and logs them to the sweep's MLflow parent run.
-The science is in :mod:`analysis.decisions.recommend` (docs/recommend.md). User mistakes: one line, exit status 2.
+The science is in :mod:`analysis.features.recommend.recommend` (docs/recommend.md). User mistakes: one line, exit status
+2.
 """
 
 from __future__ import annotations
@@ -111,10 +112,9 @@ def cost_unit(sweep_dir: str) -> str:
 def _run(args: argparse.Namespace) -> int:
     from pathlib import Path
 
-    from analysis.decisions import recommend
-    from analysis.decisions.trust_note import flags_at, untrusted_line
-    from analysis.fits import throughput
-    from analysis.reporting import recommend_report as rr
+    from analysis.features.recommend import recommend, throughput
+    from analysis.features.recommend import recommend_report as rr
+    from analysis.reporting.trust_note import flags_at, untrusted_line
     from analysis.sources import loaders
     from orchestrator.cli.analyze_cmd import UsageError, check_metric, check_out_dir, check_own_store, check_parent_run
 
@@ -183,7 +183,7 @@ def _run(args: argparse.Namespace) -> int:
 
 
 def model_json(model, times) -> dict:
-    from analysis.fits.throughput import FEATURES
+    from analysis.features.recommend.throughput import FEATURES
 
     return {
         "coef": dict(zip(FEATURES, [float(c) for c in model.coef], strict=True)),
@@ -196,7 +196,7 @@ def model_json(model, times) -> dict:
 
 def model_lines(model, times) -> list[str]:
     """The throughput model's fit and residuals, for the report."""
-    from analysis.reporting.recommend_report import split_name
+    from analysis.features.recommend.recommend_report import split_name
 
     g, a, b, k = model.coef
     lines = [
@@ -215,8 +215,8 @@ def model_lines(model, times) -> list[str]:
 
 def pollux_lines(runs, metric: str, fit, p) -> tuple[list[str], dict | None]:
     """Pollux's goodput optimum from the same sweep's B_simple, beside the recommendation."""
-    from analysis.decisions import recommend
-    from analysis.reporting.recommend_report import split_name
+    from analysis.features.recommend import recommend
+    from analysis.features.recommend.recommend_report import split_name
 
     bs = recommend.b_simple_at_target(runs, metric, fit.target)
     if bs is None:
@@ -236,8 +236,8 @@ def pollux_lines(runs, metric: str, fit, p) -> tuple[list[str], dict | None]:
 
 def write_section(out: str, sec: str, metric: str) -> None:
     """``recommend.md``, and the section in ``report.md`` (``report.html`` re-rendered) when a report exists."""
+    from analysis.features.recommend.recommend_report import replace_section
     from analysis.reporting.html_report import HTML_FILE, render_html
-    from analysis.reporting.recommend_report import replace_section
     from analysis.reporting.report import REPORT_FILE
 
     with open(os.path.join(out, "recommend.md"), "w", encoding="utf-8") as f:
@@ -253,10 +253,10 @@ def write_section(out: str, sec: str, metric: str) -> None:
 
 def schedule_line(sweep_dir: str) -> str:
     """One line on growing the batch during training: the step-minimising ``batch_schedule`` within the examples of
-    the constant batch size nearest B_crit (``bcrit schedule``, analysis.decisions.schedule), from the sweep's
+    the constant batch size nearest B_crit (``bcrit schedule``, analysis.features.schedule.schedule), from the sweep's
     analysis."""
-    from analysis.decisions.schedule import propose, segments_of
-    from orchestrator.cli import schedule_plan as sc
+    from analysis.features.schedule.schedule import propose, segments_of
+    from orchestrator.features.schedule import schedule_plan as sc
 
     try:
         path, _ = sc.analysis_file(sweep_dir)

@@ -1,5 +1,5 @@
 """``bcrit schedule SWEEP_DIR [--reference B] [--batch-sizes 8,16,..] [--out DIR]``: propose a batch-size schedule
-from a sweep's analysis (analysis.decisions.schedule); writes it to ``schedule.json`` in ``--out`` (default
+from a sweep's analysis (analysis.features.schedule.schedule); writes it to ``schedule.json`` in ``--out`` (default
 SWEEP_DIR/analysis).
 
 Reads the analysis ``bcrit analyze`` wrote (``SWEEP_DIR/analysis/bcrit.json``, or a ``bcrit.json`` given directly):
@@ -15,7 +15,8 @@ import json
 import os
 
 from orchestrator.cli import inputs, options
-from orchestrator.cli.schedule_plan import (
+from orchestrator.errors import UserError
+from orchestrator.features.schedule.schedule_plan import (
     analysis_file,
     batch_sizes_of,
     fmt_num,
@@ -24,7 +25,6 @@ from orchestrator.cli.schedule_plan import (
     throughput_per_batch,
     tuned_lrs,
 )
-from orchestrator.errors import UserError
 
 SCHEDULE_FILE = "schedule.json"
 
@@ -79,8 +79,8 @@ def from_mlflow(args) -> tuple[object, str]:
 
 
 def schedule_command(args) -> int:
-    from analysis.decisions.schedule import propose, segments_of
-    from analysis.decisions.trust_note import untrusted_line
+    from analysis.features.schedule.schedule import propose, segments_of
+    from analysis.reporting.trust_note import untrusted_line
     from orchestrator.cli.analyze_cmd import check_out_dir
 
     runs = None

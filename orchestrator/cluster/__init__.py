@@ -1,2 +1,2 @@
 """Ray itself: acquiring it (RAY_ADDRESS or a local Ray), what trials need and a cluster can hold, its terminal
-noise, cluster.yaml's pins, and a multi-node Ray on this machine (`make cluster-local`)."""
+noise, cluster.yaml's pins."""

@@ -14,7 +14,7 @@ from orchestrator.errors import UserError
 from orchestrator.execution import tuner as tune_setup  # by module: a test's tripwire on build_tuner holds
 from orchestrator.execution.launch import Launch, mirror_at_end, prepare
 from orchestrator.execution.sweep_state import restore_spec
-from orchestrator.search.adaptive_resume import resume_spec
+from orchestrator.features.adaptive.adaptive_resume import resume_spec
 from orchestrator.specs.resume_rules import Request, spec_to_run
 from orchestrator.specs.sweep_spec import SweepSpec, load_spec
 
@@ -33,7 +33,7 @@ class SweepRun:
 def open_spec(path: str, overrides: list[str] | None = None, resume: bool = False) -> SweepSpec:
     """The spec of ``bcrit sweep PATH [--set ...] [--resume]``: a YAML (with a URI storage, what its ``<URI>/bcrit/``
     holds pulled first: `load_and_fetch`), a sweep directory or a storage URI (only with ``resume``), an adaptive
-    sweep resumed with a new goal or budget (orchestrator.search.adaptive_resume); the rules of
+    sweep resumed with a new goal or budget (orchestrator.features.adaptive.adaptive_resume); the rules of
     orchestrator.specs.resume_rules.spec_to_run. Raises UserError."""
     from orchestrator.storage.uri import fetch, is_uri, probe
 

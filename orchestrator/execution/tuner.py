@@ -38,11 +38,12 @@ def stops_behind(spec) -> bool:
 
 
 def planned_seeds(spec, configs: list[dict] | None = None):
-    """How many seeds each setting of the sweep will have (analysis.decisions.stop_behind.Seeds): a grid's configs
+    """How many seeds each setting of the sweep will have (analysis.features.stop_behind.stop_behind.Seeds): a grid's
+    configs
     counted; an adaptive sweep may give any setting every seed of its space; an Optuna study's settings have one.
     ``configs``: the checked trial configs, as the trials receive them (their defaults filled in, so that a setting's
     key is the one its trials' rows give); default the spec's configs through its workload's config class."""
-    from analysis.decisions.stop_behind import Seeds
+    from analysis.features.stop_behind.stop_behind import Seeds
 
     if spec.search == "grid":
         if configs is None:
@@ -58,7 +59,7 @@ def callbacks(
     """The driver-side callbacks every bcrit sweep needs: MLflow tracking, the Parquet tables, the terminal
     (event lines; the live bar unless ``verbose``); on resume, trials Tune lost removed from the first two
     (orchestrator.records.lost_trials); fault injection for tests (orchestrator.faults); ``stopping.behind``'s
-    (orchestrator.execution.behind_callback), first, so that the others see why a trial stopped (``behind``:
+    (orchestrator.features.stop_behind.behind_callback), first, so that the others see why a trial stopped (``behind``:
     `stops_behind` of the spec, when the caller has it; ``configs``: the checked trial configs, when it has them)."""
     from orchestrator.faults import fault_callbacks
     from orchestrator.records.lost_trials import ForgetLost
@@ -70,13 +71,13 @@ def callbacks(
     progress = SweepProgress(spec.num_trials() if total is None else total, live=not verbose)
     watch = []
     if getattr(spec, "search", None) == "adaptive":  # its refits as progress lines and parent-run metrics
-        from orchestrator.search.adaptive_view import AdaptiveWatch
+        from orchestrator.features.adaptive.adaptive_view import AdaptiveWatch
 
         watch = [AdaptiveWatch(spec.sweep_dir, tracking, progress)]
     tables = TablesCallback(spec.sweep_dir, storage_uri=spec.storage_uri)
     stop = []
     if stops_behind(spec) if behind is None else behind:
-        from orchestrator.execution.behind_callback import StopBehind
+        from orchestrator.features.stop_behind.behind_callback import StopBehind
         from trainables.sweep_signal import signal_name
 
         stop = [StopBehind(spec.sweep_dir, signal_name(spec.sweep_dir), planned_seeds(spec, configs))]
@@ -104,14 +105,14 @@ def build_tuner(
     save_spec(spec)
     if spec.search == "grid":  # with stopping.behind, each batch size's middle lrs first (its likely best)
         if behind:
-            from analysis.decisions.stop_behind import centre_first
+            from analysis.features.stop_behind.stop_behind import centre_first
 
             configs = [configs[i] for i in centre_first(configs)]
         param_space, search_alg, num_samples = {"trial": tune.grid_search(configs)}, None, 1
     elif (
         spec.search == "adaptive"
-    ):  # trials chosen by the B_crit interval until it stops (orchestrator.search.adaptive_search)
-        from orchestrator.search.adaptive_search import AdaptiveSearch
+    ):  # trials chosen by the B_crit interval until it stops (orchestrator.features.adaptive.adaptive_search)
+        from orchestrator.features.adaptive.adaptive_search import AdaptiveSearch
 
         # one more than the space: the searcher, not Tune's count, ends the sweep (and records why)
         search_alg, param_space, num_samples = AdaptiveSearch.from_spec(spec), {}, len(configs) + 1
@@ -203,9 +204,11 @@ def restore_tuner(spec: SweepSpec, worker_failures: int = 3, verbose: bool = Fal
         raise UserError(f"{spec.sweep_dir}: no interrupted sweep to resume; run it without --resume")
     quiet_driver_logs(verbose)
     tuner = Tuner.restore(path, trainable=sweep_trainable(spec, worker_failures, verbose), resume_unfinished=True)
-    if spec.search == "adaptive":  # its goal and budget may have changed (orchestrator.search.adaptive_resume)
+    if (
+        spec.search == "adaptive"
+    ):  # its goal and budget may have changed (orchestrator.features.adaptive.adaptive_resume)
+        from orchestrator.features.adaptive.adaptive_resume import renew
         from orchestrator.records.progress import SweepProgress
-        from orchestrator.search.adaptive_resume import renew
 
         renew(tuner._local_tuner._tune_config.search_alg, spec, path)
         for cb in _tuner_callbacks(tuner):

@@ -5,7 +5,7 @@ upload from the driver's staging directory while the previous one runs). A trial
 still running when the driver is SIGKILLed is unknown to ``Tuner.restore``, which never runs it again: a grid makes
 its config again under a new trial id (Tune's generator is restored from the same save), the Optuna searcher
 recounts its quotas from the restored trials and suggests another trial in its place (orchestrator.search.optuna_search,
-``reconcile``), the adaptive one hands its setting out again (orchestrator.search.adaptive_search,
+``reconcile``), the adaptive one hands its setting out again (orchestrator.features.adaptive.adaptive_search,
 ``reconcile``). bcrit's records of the lost trial -- its "running" row and metric
 rows in the tables, its MLflow child run -- would stay beside its replacement, never finished: a group of an Optuna
 sweep with 4 trials for a quota of 3, an MLflow run RUNNING for ever. `ForgetLost` removes them at the driver's

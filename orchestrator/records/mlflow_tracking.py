@@ -172,9 +172,9 @@ class MLflowTracking(Callback):
     def _log_study_settings(self) -> None:
         """A branched study's analysis settings (the file ``bcrit branch`` writes before its first trial) as an
         artifact of the parent run, so that ``bcrit analyze --mlflow-experiment`` reads the same settings."""
-        from analysis.fits.branched import SETTINGS_FILE
+        from analysis.sources.schema import BRANCH_SETTINGS_FILE
 
-        path = os.path.join(self.sweep_dir, SETTINGS_FILE)
+        path = os.path.join(self.sweep_dir, BRANCH_SETTINGS_FILE)
         if os.path.isfile(path):
             self.client.log_artifact(self.parent_id, path)
 
@@ -342,7 +342,7 @@ class MLflowTracking(Callback):
         status = result.get("status", M.STATUS_RUNNING)
         ckpt = F.checkpoint_path(trial.path, result)
         tags = {F.TAG_CHECKPOINT: ckpt} if ckpt else {}
-        if result.get(M.STOP_REASON):  # stopping.behind's why (orchestrator.execution.behind_callback)
+        if result.get(M.STOP_REASON):  # stopping.behind's why (orchestrator.features.stop_behind.behind_callback)
             tags[M.STOP_REASON] = str(result[M.STOP_REASON])
         self.log_rows(trial.trial_id, result.get("rows") or [], status, result=result, extra_tags=tags)
         if status != M.STATUS_RUNNING:

@@ -21,12 +21,14 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 
 from analysis.core import metrics as M
-from analysis.fits.branched import BRANCH_STEP, PARENT, K
 from analysis.sources.schema import (
+    BRANCH_STEP,
     METRICS_FILE,
     METRICS_SCHEMA_WITH_WALL_TIME,
+    PARENT,
     TRIALS_FILE,
     TRIALS_SCHEMA,
+    K,
     validate_metrics,
     validate_trials,
 )
@@ -60,12 +62,12 @@ def trial_row(trial_id: str, cfg: dict, status: str, result: dict | None = None)
         row[k] = None if v is None else float(v)
     if cfg.get("batch_schedule"):  # a scheduled trial (analysis.core.stages): its stages as JSON text; absent otherwise
         row["batch_schedule"] = json.dumps(cfg["batch_schedule"])
-    if (result or {}).get(M.STOP_REASON):  # stopping.behind's why (orchestrator.execution.behind_callback)
+    if (result or {}).get(M.STOP_REASON):  # stopping.behind's why (orchestrator.features.stop_behind.behind_callback)
         row[M.STOP_REASON] = str(result[M.STOP_REASON])
     if "timestep_sampling" in cfg:  # a scientific variable when a sweep compares samplers (docs/allocation.md)
         row["timestep_sampling"] = str(cfg["timestep_sampling"])
     tags = cfg.get("extra") or {}
-    if tags.get(PARENT):  # a branch of a branched study (orchestrator.execution.branch_study)
+    if tags.get(PARENT):  # a branch of a branched study (orchestrator.features.branched.branch_study)
         row.update({PARENT: str(tags[PARENT]), BRANCH_STEP: int(tags[BRANCH_STEP]), K: float(tags[K])})
     return row
 

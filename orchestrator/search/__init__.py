@@ -1,2 +1,1 @@
-"""Tune searchers: Optuna (TPE) per batch-size group, and the adaptive searcher on the analysis's decision rule (its
-progress view and its resume with a new goal)."""
+"""Tune searchers: Optuna (TPE) per batch-size group (the adaptive searcher: orchestrator.features.adaptive)."""

@@ -23,7 +23,7 @@ from functools import reduce
 from typing import Any
 
 from analysis.core.lr_rules import LR_RULES, lr_factor
-from analysis.fits.branched import COMPARE
+from analysis.features.branched.branched import COMPARE
 from orchestrator.errors import UserError
 from orchestrator.specs.sweep_spec import (
     SPLIT_KEYS,

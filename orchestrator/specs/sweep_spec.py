@@ -136,7 +136,7 @@ class SweepSpec:
     ] = ()  # scientific.timestep_sampling: every trial runs once per sampler (docs/allocation.md)
     gpus_per_worker: float = 1.0  # scientific.gpus_per_worker: the share of one GPU a worker holds (use_gpu)
     storage_uri: str | None = None  # storage as a URI (s3://...): Ray's files there, bcrit's in sweep_dir, mirrored
-    # stopping.behind: stop the trials the fit only needs to know are slower (analysis.decisions.stop_behind); it
+    # stopping.behind: stop the trials the fit only needs to know are slower (analysis.features.stop_behind); it
     # acts only where trials have a target_loss to reach
     stop_behind: bool = True
 

@@ -7,9 +7,8 @@ from __future__ import annotations
 import os
 from dataclasses import dataclass
 
-from analysis.reporting.adaptive_report import DECISIONS_FILE
 from analysis.sources.loaders import SWEEP_PARENT_FILE
-from analysis.sources.schema import METRICS_FILE, TRIALS_FILE
+from analysis.sources.schema import DECISIONS_FILE, METRICS_FILE, TRIALS_FILE
 from orchestrator.storage.uri import MIRROR, join
 
 SPEC_FILE = "sweep_spec.yaml"  # the resolved spec (what --resume reads)

@@ -10,9 +10,8 @@ import numpy as np
 import pytest
 
 from analysis.core import metrics as M
-from analysis.decisions.allocation_pairs import paired_ratios, reached_by_all
-from analysis.decisions.allocation_report import samplers_of
-from analysis.sources.loaders import runs_from_tables
+from analysis.features.allocation.allocation_pairs import paired_ratios, reached_by_all
+from analysis.sources.loaders import runs_from_tables, samplers_of
 from analysis.sources.schema import metrics_table, trials_table
 from orchestrator.cli.main import main
 from tests.oracles.sweep_dir import write_sweep_dir
@@ -88,7 +87,7 @@ def test_allocate_uniform_only_sweep_leaves_the_measured_table_out(tmp_path, cap
 def test_allocate_on_a_flagged_fit_says_so_first(tmp_path, capsys):
     from test_allocation_report import nqm_two_samplers
 
-    from analysis.decisions.allocation_report import measured
+    from analysis.features.allocation.allocation_report import measured
 
     runs = nqm_two_samplers()
     flags = sorted({f for m in measured(runs, 0.3, bootstrap=0).values() for f in m["flags"]})

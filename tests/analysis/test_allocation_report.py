@@ -1,5 +1,5 @@
-"""`bcrit allocate`'s analysis (analysis.decisions.allocation_report): the prediction reads exactly the uniform trials'
-GNS
+"""`bcrit allocate`'s analysis (analysis.features.allocation.allocation_report): the prediction reads exactly the
+uniform trials' GNS
 measurements in the window ending at the target (brute force over a hand-built runs table), the measured ratios are
 those of each sampler's own analysis, and the command's bad input is one line and exit 2."""
 
@@ -12,9 +12,14 @@ import pytest
 from analysis.core import gns
 from analysis.core import metrics as M
 from analysis.core.allocation import bin_shares, noise_allocation, predict
-from analysis.decisions.allocation_report import compare, measured, measured_b_simple, predictions, samplers_of, subset
+from analysis.features.allocation.allocation_report import (
+    compare,
+    measured,
+    measured_b_simple,
+    predictions,
+)
 from analysis.fits.sweep_fit import analyze_metric
-from analysis.sources.loaders import runs_from_tables
+from analysis.sources.loaders import runs_from_tables, samplers_of, subset
 from analysis.sources.schema import metrics_table, trials_table
 from orchestrator.cli.main import main
 from tests.oracles import nqm

@@ -1,5 +1,5 @@
-"""Per-timestep-bin goals of the adaptive sweep (``Goal.bins``; analysis.decisions.bin_goals) on synthetic sweeps
-whose bins have known, different B_crit (tests/oracles/synth_runs.py)."""
+"""Per-timestep-bin goals of the adaptive sweep (``Goal.bins``; analysis.features.adaptive.bin_goals) on synthetic
+sweeps whose bins have known, different B_crit (tests/oracles/synth_runs.py)."""
 
 from __future__ import annotations
 
@@ -8,9 +8,9 @@ import pyarrow as pa
 import pyarrow.compute as pc
 import pytest
 
-from analysis.decisions import next_trials as nt
-from analysis.decisions.adaptive import narrowing
-from analysis.decisions.bin_goals import NO_FIT
+from analysis.features.adaptive import narrowing
+from analysis.features.adaptive import next_trials as nt
+from analysis.features.adaptive.bin_goals import NO_FIT
 from analysis.fits.answer import bins_at
 from analysis.fits.sweep_fit import analyze_metric
 from analysis.sources.loaders import runs_from_tables
@@ -138,7 +138,7 @@ def test_bins_asked_but_none_reported_never_meets_the_goal():
 
 
 def test_a_bin_without_a_fit_is_flagged_no_fit(runs, probe, monkeypatch):
-    from analysis.decisions import bin_goals
+    from analysis.features.adaptive import bin_goals
 
     monkeypatch.setattr(bin_goals, "matched_bin_target", lambda *a: None)  # no trial crosses: no matched target
     got = bin_goals.bin_intervals(runs, probe.fits, "eval/loss", 20, 0, 0.9)

@@ -1,4 +1,4 @@
-"""analysis.fits.branched against synthetic branched studies with a known answer.
+"""analysis.features.branched.branched against synthetic branched studies with a known answer.
 
 Every branch's loss after Δ examples is ``L1 · (1 + a·log2 k)`` (times seed noise), so the relative excess over the
 ``k = 1`` branch is ``a·log2 k`` and the critical multiplier at tolerance ε is exactly ``2**(ε/a)`` (linear in
@@ -13,8 +13,9 @@ import pytest
 
 from analysis.core import metrics as m
 from analysis.core.lr_rules import lr_factor
-from analysis.fits import branched as br
-from analysis.sources.loaders import runs_from_tables
+from analysis.features.branched import branched as br
+from analysis.sources import schema as S
+from analysis.sources.loaders import is_branched, runs_from_tables
 from analysis.sources.schema import RunsTableError, metrics_table, trials_table
 
 B0, DELTA, EVALS = 8, 1024, 8
@@ -36,7 +37,7 @@ def make_study(
     ``bump_window``: the evaluations before Δ are higher by this relative amount for k > 1 (tests the window)."""
     rng = np.random.default_rng(rng_seed)
     tr = {k: [] for k in ("trial_id", "batch_size", "micro_batch_size", "grad_accum", "num_workers", "lr", "seed")}
-    tr.update({"status": [], "max_steps": [], br.PARENT: [], br.BRANCH_STEP: [], br.K: []})
+    tr.update({"status": [], "max_steps": [], S.PARENT: [], S.BRANCH_STEP: [], S.K: []})
     rows = {k: [] for k in ("trial_id", "step", "examples", "metric", "value")}
 
     def add_trial(tid, b, seed, status, max_steps, parent=None, point=None, k=None):
@@ -47,9 +48,9 @@ def make_study(
         tr["seed"].append(seed)
         tr["status"].append(status)
         tr["max_steps"].append(float(max_steps))
-        tr[br.PARENT].append(parent)
-        tr[br.BRANCH_STEP].append(point)
-        tr[br.K].append(k)
+        tr[S.PARENT].append(parent)
+        tr[S.BRANCH_STEP].append(point)
+        tr[S.K].append(k)
 
     def add_row(tid, step, b, metric, value):
         rows["trial_id"].append(tid)
@@ -96,7 +97,7 @@ def answer(result_points, p_index, eps_index=0):
 
 def test_known_answer_globally_and_per_bin():
     runs = make_study(seeds=(0,))
-    assert br.is_branched(runs)
+    assert is_branched(runs)
     out = br.analyze(runs, epsilons=[0.025], bootstrap=0)
     assert out["b0"] == B0 and out["delta_examples"] == DELTA and out["multipliers"] == list(map(float, KS))
     for i, p in enumerate(POINTS):
@@ -199,7 +200,7 @@ def test_bad_studies_are_refused():
         ),
         metrics_table({k: [] for k in ("trial_id", "step", "examples", "metric", "value")}),
     )
-    assert not br.is_branched(plain)
+    assert not is_branched(plain)
     with pytest.raises(RunsTableError, match="not a branched study"):
         br.study_of(plain)
     with pytest.raises(ValueError, match="window"):

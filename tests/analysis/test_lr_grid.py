@@ -176,7 +176,7 @@ def test_points_carry_their_gap_and_the_decisions_see_the_flag():
     """A flagged target's points say which batch size is at the divergence edge and by how much (flagged where the gap
     exceeds 1% and a quarter of the interval's log half-width); ``recommend``'s
     trust note (the same analyze_metric) carries the flag into its UNTRUSTED line, with no case of its own."""
-    from analysis.decisions.trust_note import flags_at, untrusted_line
+    from analysis.reporting.trust_note import flags_at, untrusted_line
 
     runs = simulate(np.random.default_rng(4), COARSE)
     r = next(r for r in _global(COARSE, 4) if fl.LR_AT_DIVERGENCE in r["flags"])

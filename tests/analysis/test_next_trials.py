@@ -1,4 +1,4 @@
-"""The adaptive sweep's decision rule (analysis.decisions.next_trials) on NQM runs with a known closed form."""
+"""The adaptive sweep's decision rule (analysis.features.adaptive.next_trials) on NQM runs with a known closed form."""
 
 from __future__ import annotations
 
@@ -8,8 +8,8 @@ import types
 import numpy as np
 import pytest
 
-from analysis.decisions import next_trials as nt
-from analysis.decisions.adaptive import candidates, goal_checks, ledger, lr_moves, narrowing
+from analysis.features.adaptive import candidates, goal_checks, ledger, lr_moves, narrowing
+from analysis.features.adaptive import next_trials as nt
 from analysis.fits import flags as fl
 from tests.oracles.nqm import closed_form_b_crit
 from tests.oracles.nqm_adaptive import adaptive_sweep, concat, run_trial
@@ -309,7 +309,7 @@ def test_a_counted_bins_missing_seed_comes_first(monkeypatch):
     """Through next_trials with ``Goal.bins``: the global answer meets its goal (2 seeds everywhere, no flags, narrow),
     one counted bin has its best at another tried lr with 1 seed (the goal needs 2). That seed comes first (score
     inf), not by its expected narrowing."""
-    from analysis.decisions.bin_goals import BinInterval
+    from analysis.features.adaptive.bin_goals import BinInterval
 
     goal = nt.Goal((0.5,), rel_ci=0.15, min_seeds=2, bins=True)
     runs = _runs([*nt.initial_design(SPACE), nt.Trial(16, 0.5, 0)])
@@ -508,7 +508,7 @@ def test_neighbours_and_the_lr_past_an_edge_are_read_from_the_tried_lrs():
 
 
 def test_a_bin_exactly_at_the_goal_width_is_met():
-    from analysis.decisions.bin_goals import BinInterval
+    from analysis.features.adaptive.bin_goals import BinInterval
 
     goal = nt.Goal((0.5,), rel_ci=0.25, min_seeds=2, bins=True)
     fit = {"points": [{"seeds": 2}, {"seeds": 3}]}

@@ -1,5 +1,5 @@
-"""bcrit recommend's science (analysis.decisions.recommend): fastest, cheapest and front against the known truth of
-synthetic
+"""bcrit recommend's science (analysis.features.recommend.recommend): fastest, cheapest and front against the known
+truth of synthetic
 sweeps, interval coverage, memory exclusion, extrapolation marking, the Pollux comparison."""
 
 from __future__ import annotations
@@ -7,8 +7,8 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from analysis.decisions import recommend as rc
-from analysis.fits import throughput as th
+from analysis.features.recommend import recommend as rc
+from analysis.features.recommend import throughput as th
 from tests.oracles import recommend_check as ck
 from tests.oracles.synth_splits import synth_split_runs, true_step_time, u_of
 
@@ -156,7 +156,7 @@ def test_time_interval_covers_the_truth():
 
 def test_pooled_splits_keep_the_steps_interval_honest():
     """Splits of one batch size share their seeds' noise; resampled as independent settings and minimised over, the
-    S(B) interval covered ~0.6 (analysis.decisions.recommend.pool_splits); pooled it covers ~0.9."""
+    S(B) interval covered ~0.6 (analysis.features.recommend.recommend.pool_splits); pooled it covers ~0.9."""
     hits = []
     for d in range(40):
         runs = synth_split_runs(np.random.default_rng(1000 + d), seeds=3, sigma=0.1, sigma_t=0.1)

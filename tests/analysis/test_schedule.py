@@ -1,5 +1,5 @@
-"""The schedule proposal (analysis.decisions.schedule): segments from an analysis, the step-minimising plans against
-brute
+"""The schedule proposal (analysis.features.schedule.schedule): segments from an analysis, the step-minimising plans
+against brute
 force, and the known answer on the noisy quadratic model (closed forms of tests.oracles.nqm and
 tests.oracles.nqm_schedule)."""
 
@@ -10,7 +10,7 @@ import itertools
 import numpy as np
 import pytest
 
-from analysis.decisions.schedule import Segment, pareto_front, plan, propose, segments_of
+from analysis.features.schedule.schedule import Segment, pareto_front, plan, propose, segments_of
 from tests.oracles.nqm import closed_form_b_crit
 from tests.oracles.nqm_schedule import expected_to_target_staged
 

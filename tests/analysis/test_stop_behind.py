@@ -1,5 +1,5 @@
-"""stopping.behind's rule (analysis.decisions.stop_behind): the bound it compares against, what it stops and what it
-never stops, and -- on a simulated sweep replayed with the rule on -- that the analysis of what it leaves is the
+"""stopping.behind's rule (analysis.features.stop_behind.stop_behind): the bound it compares against, what it stops and
+what it never stops, and -- on a simulated sweep replayed with the rule on -- that the analysis of what it leaves is the
 analysis of the full sweep (issue 44)."""
 
 from __future__ import annotations
@@ -11,7 +11,7 @@ import numpy as np
 import pytest
 
 from analysis.core import metrics as m
-from analysis.decisions.stop_behind import MARGIN, Curve, _bound, behind, curves_from_runs, setting_of
+from analysis.features.stop_behind.stop_behind import MARGIN, Curve, _bound, behind, curves_from_runs, setting_of
 from analysis.fits import flags as fl
 from analysis.fits.sweep_fit import analyze_metric
 from tests.oracles.stop_behind_replay import replay
@@ -151,7 +151,7 @@ def test_a_replayed_sweep_with_the_rule_on_gives_the_full_sweep_s_answer(metric)
 
 
 def test_a_grid_launches_each_batch_size_s_middle_learning_rates_first():
-    from analysis.decisions.stop_behind import centre_first
+    from analysis.features.stop_behind.stop_behind import centre_first
 
     cfgs = [{"batch_size": b, "lr": lr, "seed": s} for b in (64, 8) for s in range(2) for lr in (1, 2, 3, 4, 5)]
     got = [(cfgs[i]["batch_size"], cfgs[i]["lr"], cfgs[i]["seed"]) for i in centre_first(cfgs)]
@@ -186,7 +186,7 @@ def test_a_batch_size_none_reached_where_a_trial_stopped_behind_counts_as_censor
 def test_a_comparator_needs_every_seed_the_sweep_will_run():
     """Two of the best's three planned seeds finished: a third, still to come, could raise the bound, so nothing
     stops until it has finished (a grid's configs counted: Seeds.of_configs)."""
-    from analysis.decisions.stop_behind import Seeds
+    from analysis.features.stop_behind.stop_behind import Seeds
 
     curves = [c for c in _grid() if c.trial_id != "best2"]
     plan = Seeds.of_configs([{"batch_size": 64, "lr": 3.0, "seed": s} for s in range(3)])

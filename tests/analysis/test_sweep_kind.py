@@ -7,9 +7,9 @@ import pyarrow as pa
 import pytest
 
 from analysis.core import metrics as M
-from analysis.fits.branched import BRANCH_COLUMNS, PARENT
 from analysis.reporting.sweep_kind import BRANCHED, SWEEP, KindError, sweep_kind
 from analysis.sources.loaders import runs_from_tables
+from analysis.sources.schema import BRANCH_COLUMNS, PARENT
 
 
 def runs(n: int = 4, **columns):

@@ -1,4 +1,4 @@
-"""Step time per split, measured and modelled (analysis.fits.throughput), against float64 references."""
+"""Step time per split, measured and modelled (analysis.features.recommend.throughput), against float64 references."""
 
 from __future__ import annotations
 
@@ -7,7 +7,7 @@ import itertools
 import numpy as np
 import pytest
 
-from analysis.fits import throughput as th
+from analysis.features.recommend import throughput as th
 from tests.oracles.synth_splits import SPLITS, TRUE_STEP, synth_split_runs, true_step_time
 
 

@@ -295,7 +295,7 @@ def simulate_sweep(
     return runs_from_tables(trials, metrics, source="nqm-simulated")
 
 
-# --- the branched critical batch size (Merrill et al. 2025; analysis.fits.branched) in closed form
+# --- the branched critical batch size (Merrill et al. 2025; analysis.features.branched.branched) in closed form
 # ---------------------
 def branch_losses(
     h: np.ndarray,

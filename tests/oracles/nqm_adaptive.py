@@ -1,5 +1,5 @@
 """The adaptive sweep on the noisy quadratic model without Ray: the decision rule of
-:mod:`analysis.decisions.next_trials` choosing each next trial, every trial simulated by
+:mod:`analysis.features.adaptive.next_trials` choosing each next trial, every trial simulated by
 :func:`tests.oracles.nqm.simulate_sweep` (same stop rules as ``workload: quadratic``). Used to measure the
 adaptive sweep's coverage under its own stopping rule and its saving against the grid (benchmarks/bench_adaptive.py).
 """
@@ -9,7 +9,7 @@ from __future__ import annotations
 import numpy as np
 import pyarrow as pa
 
-from analysis.decisions.next_trials import CONFIRM_BOOTSTRAP, Budget, Decision, Goal, Space, Trial, next_trials
+from analysis.features.adaptive.next_trials import CONFIRM_BOOTSTRAP, Budget, Decision, Goal, Space, Trial, next_trials
 from analysis.sources.loaders import Runs, runs_from_tables
 from tests.oracles.nqm import simulate_sweep
 

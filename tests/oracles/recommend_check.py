@@ -6,8 +6,8 @@ check of ``bcrit recommend``'s predictions, used by tests/analysis/test_recommen
   target
   (``metrics.parquet``'s ``wall_time`` interpolated at each seed's crossing step, geometric mean over the seeds).
 - :func:`holdout`: drop one split's trials from the sweep, fit steps and step times on the rest, predict that
-  split's time-to-target (:func:`analysis.decisions.recommend.plan`) and Pollux's
-  (:func:`analysis.decisions.recommend.pollux_times`),
+  split's time-to-target (:func:`analysis.features.recommend.recommend.plan`) and Pollux's
+  (:func:`analysis.features.recommend.recommend.pollux_times`),
   and set both beside what was measured.
 """
 
@@ -17,8 +17,8 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 
-from analysis.decisions import recommend
-from analysis.fits import pareto, throughput
+from analysis.features.recommend import recommend, throughput
+from analysis.fits import pareto
 from analysis.fits.steps import aggregate_seeds, settings_of, steps_to_target, trial_extent, usable
 from analysis.sources.loaders import Runs, runs_from_tables
 

@@ -2,12 +2,12 @@
 
 Every trial of the recording runs on a simulated clock (``concurrency`` at once, in the recording's order, each
 taking its recorded training seconds, or its examples where none are recorded), its evaluations revealed in time
-order; after each, :func:`analysis.decisions.stop_behind.behind` decides on the trials then running, as the sweep's
-driver does on their reports. A trial it stops ends there (its slot goes to the next trial) with the status
+order; after each, :func:`analysis.features.stop_behind.stop_behind.behind` decides on the trials then running, as the
+sweep's driver does on their reports. A trial it stops ends there (its slot goes to the next trial) with the status
 ``stopped_behind`` and its rows up to that step. The result is the sweep the rule would have left -- the same
 trials, the stopped ones cut short -- for the analysis to compare with the full one
 (tests/analysis/test_stop_behind.py). The rule itself, and the curves it reads from a sweep's tables
-(``curves_from_runs``), are the product's (analysis.decisions.stop_behind).
+(``curves_from_runs``), are the product's (analysis.features.stop_behind.stop_behind).
 """
 
 from __future__ import annotations
@@ -20,7 +20,7 @@ import pyarrow as pa
 import pyarrow.compute as pc
 
 from analysis.core import metrics as m
-from analysis.decisions.stop_behind import MARGIN, Seeds, _empty_curve, _events, behind
+from analysis.features.stop_behind.stop_behind import MARGIN, Seeds, _empty_curve, _events, behind
 from analysis.sources.loaders import Runs, runs_from_tables
 
 

@@ -10,13 +10,13 @@ import numpy as np
 import pytest
 
 from analysis.core import metrics as M
-from analysis.decisions import next_trials as nt
-from analysis.reporting.adaptive_report import markdown_lines
+from analysis.features.adaptive import next_trials as nt
+from analysis.features.adaptive.adaptive_report import markdown_lines
 from orchestrator.cli.main import main
 from orchestrator.errors import UserError
 from orchestrator.execution.preflight import check_bins
-from orchestrator.search.adaptive_search import AdaptiveSearch, goal_key
-from orchestrator.search.adaptive_view import AdaptiveWatch, status_line
+from orchestrator.features.adaptive.adaptive_search import AdaptiveSearch, goal_key
+from orchestrator.features.adaptive.adaptive_view import AdaptiveWatch, status_line
 from orchestrator.specs.sweep_spec import parse_spec
 from orchestrator.storage.layout import DECISIONS_FILE
 from tests.analysis.test_bin_goals import BS, SPACE, _runs

@@ -14,11 +14,11 @@ import pytest
 from ray.tune.search import Searcher
 
 from analysis.core import metrics as M
-from analysis.decisions import next_trials as nt
-from analysis.reporting.adaptive_report import markdown_lines
+from analysis.features.adaptive import next_trials as nt
+from analysis.features.adaptive.adaptive_report import markdown_lines
 from analysis.sources.loaders import runs_from_tables
-from orchestrator.search.adaptive_search import AdaptiveSearch
-from orchestrator.search.adaptive_view import status_line
+from orchestrator.features.adaptive.adaptive_search import AdaptiveSearch
+from orchestrator.features.adaptive.adaptive_view import status_line
 from orchestrator.storage.layout import DECISIONS_FILE
 from tests.oracles.nqm_adaptive import concat, run_trial
 from tests.oracles.sweep_dir import write_sweep_dir

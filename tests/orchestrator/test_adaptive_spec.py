@@ -92,7 +92,7 @@ def test_resume_may_change_only_the_goal_and_budget(tmp_path):
     import os
 
     from orchestrator.execution.sweep_state import restore_spec
-    from orchestrator.search.adaptive_resume import resume_spec
+    from orchestrator.features.adaptive.adaptive_resume import resume_spec
     from orchestrator.specs.sweep_spec import load_spec
     from orchestrator.storage.layout import SPEC_FILE
 
@@ -125,8 +125,8 @@ def test_resume_gives_the_restored_searcher_the_specs_hold(tmp_path):
     """``bcrit sweep --resume`` restores the searcher Tune pickled; ``adaptive_resume.renew`` then sets what the spec
     says and the state does not hold. ``goal.hold`` among them: a searcher pickled before it existed has no ``_hold``
     (its first refit failed with AttributeError), and ``--set nuisance.goal.hold=false`` on resume must take."""
-    from orchestrator.search.adaptive_resume import renew
-    from orchestrator.search.adaptive_search import AdaptiveSearch
+    from orchestrator.features.adaptive.adaptive_resume import renew
+    from orchestrator.features.adaptive.adaptive_search import AdaptiveSearch
 
     old = AdaptiveSearch.from_spec(parse_spec(adaptive_spec(tmp_path)))
     del old._hold  # as pickled by the version before goal.hold
@@ -141,8 +141,8 @@ def test_resume_gives_the_restored_searcher_the_specs_hold(tmp_path):
 def test_resume_at_a_uri_names_goal_running_when_only_it_changed(tmp_path):
     """A sweep begun with ``goal.running: end`` and resumed at a URI with another ``running`` (its saved spec
     overridden, or a spec that leaves it at the default ``wait``): the one-line refusal says how to resume."""
-    from orchestrator.search.adaptive_resume import renew
-    from orchestrator.search.adaptive_search import AdaptiveSearch
+    from orchestrator.features.adaptive.adaptive_resume import renew
+    from orchestrator.features.adaptive.adaptive_search import AdaptiveSearch
 
     old = AdaptiveSearch.from_spec(parse_spec(adaptive_spec(tmp_path, goal={"rel_ci": 0.2, "running": "end"})))
     with pytest.raises(UserError, match=r"--set nuisance.goal.running=end\)$"):

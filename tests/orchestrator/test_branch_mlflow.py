@@ -6,10 +6,10 @@ from __future__ import annotations
 import pyarrow.compute as pc
 import pytest
 
-from analysis.reporting import branch_report
+from analysis.features.branched import branch_report
 from analysis.sources.loaders import load_mlflow, load_sweep_dir
 from analysis.sources.schema import RunsTableError
-from orchestrator.execution.branch_study import check_branch_spec, parse_branch_spec, run_inprocess
+from orchestrator.features.branched.branch_study import check_branch_spec, parse_branch_spec, run_inprocess
 from orchestrator.records.mlflow_tracking import MLflowTracking
 from tests.orchestrator.test_branch_quadratic import quadratic_branch_spec
 
@@ -18,10 +18,10 @@ def _replay(spec, uri: str, with_settings: bool = True) -> None:
     """Log the study's trials as the Ray callback does: the parent opens after the settings file is written."""
     import os
 
-    from analysis.fits.branched import SETTINGS_FILE
+    from analysis.sources.schema import BRANCH_SETTINGS_FILE
 
     ref_cfg, _ = check_branch_spec(spec)
-    settings = os.path.join(spec.sweep_dir, SETTINGS_FILE)
+    settings = os.path.join(spec.sweep_dir, BRANCH_SETTINGS_FILE)
     if not with_settings:
         os.rename(settings, settings + ".away")
     tracking = MLflowTracking(uri, "branched", spec.name, spec.sweep_dir, spec.to_yaml())

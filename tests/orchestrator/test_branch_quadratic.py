@@ -1,6 +1,6 @@
 """The branched study on the noisy quadratic model, in-process (no Ray): spec -> reference + branches (the real
-trial loop, checkpoints kept and branched from) -> Parquet rows -> analysis.fits.branched, against the closed form of
-tests.oracles.nqm.branched_critical_k started from the reference's actual state at each branch point."""
+trial loop, checkpoints kept and branched from) -> Parquet rows -> analysis.features.branched.branched, against the
+closed form of tests.oracles.nqm.branched_critical_k started from the reference's actual state at each branch point."""
 
 from __future__ import annotations
 
@@ -10,9 +10,9 @@ import os
 import numpy as np
 import pytest
 
-from analysis.fits import branched as br
+from analysis.features.branched import branched as br
 from analysis.sources.loaders import load_sweep_dir
-from orchestrator.execution.branch_study import parse_branch_spec, run_inprocess
+from orchestrator.features.branched.branch_study import parse_branch_spec, run_inprocess
 from tests.oracles.nqm import branched_critical_k
 from trainables.branch_points import kept_path
 from trainables.nqm_trial import STATE_FILE, QuadraticConfig

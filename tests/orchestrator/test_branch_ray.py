@@ -13,7 +13,7 @@ import yaml
 
 from analysis.core import metrics as M
 from orchestrator.cli.main import main
-from orchestrator.execution.branch_study import parse_branch_spec, run_inprocess
+from orchestrator.features.branched.branch_study import parse_branch_spec, run_inprocess
 from tests.orchestrator.conftest import mlflow_runs
 from tests.orchestrator.test_branch_quadratic import quadratic_branch_spec
 

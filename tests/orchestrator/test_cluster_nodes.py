@@ -1,7 +1,7 @@
 """bcrit against an existing multi-node Ray cluster, through the CLI with ``RAY_ADDRESS`` (and Ray's token auth on),
 as docs/cluster.md runs it. The cluster is real ``ray start`` processes on this machine
-(orchestrator.cluster.local_cluster): a head (Tune drivers) and worker nodes that each hold one ``fake_gpu``, an
-accelerator-like custom resource that the ``BCRIT_WORKER_RESOURCES`` hook makes every Train worker request, so CPU
+(orchestrator.features.rehearsal.local_cluster): a head (Tune drivers) and worker nodes that each hold one ``fake_gpu``,
+an accelerator-like custom resource that the ``BCRIT_WORKER_RESOURCES`` hook makes every Train worker request, so CPU
 trials are placed one worker per node as GPU trials would be. Quadratic workload: seconds per trial."""
 
 from __future__ import annotations
@@ -15,7 +15,7 @@ import time
 import pytest
 
 from analysis.core import metrics as M
-from orchestrator.cluster.local_cluster import LocalCluster
+from orchestrator.features.rehearsal.local_cluster import LocalCluster
 from tests.orchestrator.conftest import kill_sweep_midway, write_spec
 from tests.orchestrator.test_faults import check_consistent, slow_spec
 

@@ -68,7 +68,7 @@ def test_stop_behind_creates_the_actor_before_any_trial_asks(tmp_path, ray_local
     a word arrives at a later ask, and then stays."""
     import time
 
-    from orchestrator.execution.behind_callback import StopBehind
+    from orchestrator.features.stop_behind.behind_callback import StopBehind
 
     name = signal_name(str(tmp_path / "sweep"))
     missing = SignalReader(name, "a-trial")

@@ -11,7 +11,7 @@ import time
 
 import pytest
 
-from orchestrator.cluster.local_cluster import LocalCluster
+from orchestrator.features.rehearsal.local_cluster import LocalCluster
 from tests.orchestrator.conftest import write_spec
 from tests.orchestrator.test_cluster_nodes import _process_tree
 from tests.orchestrator.test_faults import check_consistent, slow_spec

@@ -54,7 +54,7 @@ def test_runs_end_with_mlflow_told_not_to_print_links(monkeypatch):
 def test_ending_runs_on_a_tracking_server_prints_no_run_links(tmp_path, capfd, monkeypatch):
     from mlflow.tracking import MlflowClient
 
-    from orchestrator.cluster.local_services import mlflow_server
+    from orchestrator.features.rehearsal.local_services import mlflow_server
 
     monkeypatch.delenv(QUIET_URLS_ENV, raising=False)
     with mlflow_server(str(tmp_path / "server")) as uri:

@@ -13,7 +13,7 @@ from tests.orchestrator.conftest import quadratic_spec, write_spec
 @pytest.fixture
 def mlflow_server(tmp_path_factory):
     """``mlflow server`` on a free loopback port, SQLite store and proxied artifacts; ended at the end."""
-    from orchestrator.cluster.local_services import mlflow_server as server
+    from orchestrator.features.rehearsal.local_services import mlflow_server as server
 
     root = tmp_path_factory.mktemp("mlflow-server")
     with server(str(root)) as uri:

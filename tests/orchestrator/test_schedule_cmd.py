@@ -66,7 +66,7 @@ def test_missing_or_unusable_analysis_is_one_line_exit_2(tmp_path, capsys):
 def test_seconds_come_from_the_median_throughput_per_batch_size(tmp_path, capsys):
     """A sweep directory with sys/examples_per_s rows: the proposal's seconds are examples / median throughput."""
     from analysis.core import metrics as M
-    from orchestrator.cli.schedule_plan import throughput_per_batch
+    from orchestrator.features.schedule.schedule_plan import throughput_per_batch
     from orchestrator.records.runs_tables import RunsTables, trial_row
 
     tables = RunsTables(str(tmp_path))

@@ -302,7 +302,8 @@ def test_timestep_sampling_is_a_scientific_variable(tmp_path, no_ray_address):
 
 
 def test_stopping_behind_is_on_by_default_a_sweep_key_and_checked(tmp_path, no_ray_address):
-    """stopping.behind (analysis.decisions.stop_behind): on unless set false; the sweep's, not its trials' config."""
+    """stopping.behind (analysis.features.stop_behind.stop_behind): on unless set false; the sweep's, not its trials'
+    config."""
     from orchestrator.execution.tuner import callbacks, stops_behind
 
     spec = parse_spec(quadratic_spec(tmp_path), sweep_dir=str(tmp_path / "s"))

@@ -1,4 +1,5 @@
-"""stopping.behind's driver side (orchestrator.execution.behind_callback): the callback builds each trial's curve from
+"""stopping.behind's driver side (orchestrator.features.stop_behind.behind_callback): the callback builds each trial's
+curve from
 its results' rows, names the trials the rule finds behind to the sweep's signal actor once each, and gives a stopped
 trial's last result its reason, which the tables and MLflow then record."""
 
@@ -11,7 +12,7 @@ import numpy as np
 import pytest
 
 from analysis.core import metrics as M
-from orchestrator.execution.behind_callback import StopBehind
+from orchestrator.features.stop_behind.behind_callback import StopBehind
 from orchestrator.records.runs_tables import trial_row
 
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
@@ -77,7 +78,7 @@ def test_planned_seeds_key_settings_as_the_trials_receive_them(tmp_path):
     """The seeds each setting will have are counted on the configs the trials get (beta2 and weight_decay filled
     in), so that a trial's curve (keyed by its own config) finds them: keyed on the spec's raw configs every
     examples/tiny.yaml setting got the default 0 and counted as known after its first seed."""
-    from analysis.decisions.stop_behind import setting_of
+    from analysis.features.stop_behind.stop_behind import setting_of
     from orchestrator.execution.preflight import check_spec
     from orchestrator.execution.tuner import planned_seeds
     from orchestrator.specs.sweep_spec import load_spec

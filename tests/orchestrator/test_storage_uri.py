@@ -1,5 +1,5 @@
 """``storage: s3://...`` against a real S3-compatible server the tests start (``moto_server``, tests/orchestrator/
-orchestrator/cluster/local_services.py), not a mock of bcrit's code.
+orchestrator/features/rehearsal/local_services.py), not a mock of bcrit's code.
 
 Fast (no Ray): the probe before launch refuses a missing bucket, an unreachable endpoint and unknown credentials in
 one line naming the fix, through ``bcrit sweep``; the mirror of bcrit's files round-trips; a spec takes a URI.
@@ -18,8 +18,8 @@ from pathlib import Path
 import pytest
 
 from orchestrator.cli.main import main
-from orchestrator.cluster.local_services import make_bucket, moto_server, s3_env
 from orchestrator.errors import UserError
+from orchestrator.features.rehearsal.local_services import make_bucket, moto_server, s3_env
 from tests.orchestrator.conftest import ROOT, kill_sweep_midway, quadratic_spec, write_spec
 
 BUCKET = "bcrit-test"

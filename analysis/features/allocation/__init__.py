@@ -1,0 +1,1 @@
+"""`bcrit allocate`: the timestep-sampler comparison, its paired ratios and its view."""

@@ -1,0 +1,1 @@
+"""`bcrit schedule`: a batch-size schedule proposed from the per-stage answers."""

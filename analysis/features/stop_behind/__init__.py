@@ -1,0 +1,1 @@
+"""`stopping.behind`: which trials the fit only needs to know are slower."""

@@ -1,0 +1,1 @@
+"""The orchestrator halves of the features: the Tune searchers, callbacks and runs that drive each one."""

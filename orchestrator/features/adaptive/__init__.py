@@ -1,0 +1,1 @@
+"""The adaptive searcher on the analysis's decision rule, its progress view and its resume with a new goal."""

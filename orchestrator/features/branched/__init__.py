@@ -1,0 +1,1 @@
+"""`bcrit branch`: running a branched study (reference run, branches at its checkpoints)."""

@@ -1,0 +1,203 @@
+"""Running a branched study (spec: orchestrator.specs.branch_spec): in-process (`run_inprocess`, no Ray: tests and quick
+checks) or through Ray Tune (`run_study`, ``bcrit branch``).
+
+1. the reference as one Tune trial (Tune experiment ``<dir>/reference``), keeping its checkpoints at the branch
+   points in ``<dir>/reference_checkpoints/step<N>`` (trainables.branch_points);
+2. every branch (point x k x seed) as one Tune trial (``<dir>/branches``) on the sweep's machinery: the same
+   trainable (Ray Train workers when ``num_workers >= 1``), resources, MLflow tracking (one child run per trial
+   under the study's parent run) and Parquet tables (with ``parent_trial_id``, ``branch_step``, ``k``).
+Both phases resume (``--resume``): a finished reference is not trained again, unfinished branches continue.
+``bcrit analyze <dir>`` then gives the answer (analysis.features.branched.branch_report) with the settings saved here.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+
+from analysis.sources.schema import BRANCH_SETTINGS_FILE
+from orchestrator.errors import UserError
+from orchestrator.specs.branch_spec import (
+    REFERENCE_ID,
+    STUDY_FILE,
+    BranchSpec,
+    branch_checkpoint,
+    check_branch_spec,
+    load_branch_spec,
+    parse_branch_spec,
+)
+
+__all__ = ["load_branch_spec", "parse_branch_spec", "run_inprocess", "run_study"]
+
+
+# --- running: in-process (no Ray; tests and quick checks) ---------------------------------------------------------
+class _TablesSession:
+    """A session writing a trial's rows straight into the study's Parquet parts (no Ray, no MLflow)."""
+
+    rank, world_size = 0, 1
+
+    def __init__(self, tables, trial_id: str, device: str = "cpu"):
+        self.tables, self.trial_id = tables, trial_id
+        self.last: dict = {}
+        self.rows: list = []
+        self._device = device
+
+    @property
+    def device(self):
+        import torch
+
+        return torch.device(self._device)
+
+    def report(self, metrics: dict, checkpoint_dir: str | None) -> None:
+        self.rows.extend(metrics.get("rows") or [])  # written once, at the end of the trial (few part files)
+        self.last = metrics
+
+    def restore(self):
+        import contextlib
+
+        return contextlib.nullcontext(None)
+
+
+def run_inprocess(spec: BranchSpec) -> str:
+    """Run the whole study in this process (every trial with ``num_workers: 0``): the reference, then every
+    branch, rows into ``trials.parquet`` / ``metrics.parquet`` of the study dir. Returns the study dir."""
+    from orchestrator.records.runs_tables import RunsTables, trial_row
+    from trainables.workloads import get_workload
+
+    ref_cfg, _ = check_branch_spec(spec)
+    if ref_cfg["num_workers"] or spec.ref_split.num_workers or spec.scale_by == "num_workers":
+        raise UserError("run_inprocess runs in-process trials only (num_workers: 0); use bcrit branch for workers")
+    w = get_workload(spec.workload)
+    tables = RunsTables(spec.sweep_dir)
+    ref_id = _external_reference(spec, ref_cfg) if spec.checkpoints else "reference"
+    jobs = [] if spec.checkpoints else [(ref_id, ref_cfg)]
+    jobs += [
+        (f"b{p}-k{k:g}-s{s}", cfg) for (p, k, s), cfg in zip(spec.branches(), spec.branch_configs(ref_id), strict=True)
+    ]
+    for tid, cfg in jobs:
+        session = _TablesSession(tables, tid)
+        summary = w.loop(w.config_cls.from_dict(cfg), session)
+        tables.add_rows(tid, session.rows)
+        tables.write_trial(trial_row(tid, cfg, summary["status"], session.last))
+    tables.compact()
+    _save_study(spec, ref_id)
+    return spec.sweep_dir
+
+
+EXTERNAL_ID = "external-reference"
+
+
+def _external_reference(spec: BranchSpec, ref_cfg: dict) -> str:
+    """The trial row of a reference trained elsewhere (``reference.checkpoints``): B0, lr and seed, no metrics."""
+    from analysis.core import metrics as M
+    from orchestrator.records.runs_tables import RunsTables, trial_row
+
+    RunsTables(spec.sweep_dir).write_trial(trial_row(EXTERNAL_ID, ref_cfg, M.STATUS_BUDGET_SPENT))
+    return EXTERNAL_ID
+
+
+def _save_study(spec: BranchSpec, ref_id: str | None = None) -> None:
+    """The resolved spec (what --resume reads) and the analysis settings (what ``bcrit analyze`` reads)."""
+    with open(os.path.join(spec.sweep_dir, STUDY_FILE), "w") as f:
+        f.write(spec.to_yaml())
+    settings = {
+        "epsilons": list(spec.epsilons),
+        "compare": spec.compare,
+        "window": spec.window,
+        "delta": spec.delta,
+        "lr_rule": spec.lr_rule,
+        "scale_by": spec.scale_by,
+    }
+    with open(os.path.join(spec.sweep_dir, BRANCH_SETTINGS_FILE), "w") as f:
+        json.dump(settings, f, indent=1)
+    if ref_id is not None:
+        with open(os.path.join(spec.sweep_dir, REFERENCE_ID), "w") as f:
+            f.write(ref_id + "\n")
+
+
+# --- running: Ray Tune (bcrit branch) ---------------------------------------------------------------------------
+REF_TUNE, BRANCH_TUNE = "reference", "branches"  # Tune experiments of the two phases, under the study dir
+
+
+def _tuner(
+    spec: BranchSpec, name: str, configs: list[dict], verbose: bool, worker_failures: int = 3, trial_retries: int = 2
+):
+    """A grid Tuner over ``configs`` with the sweep's trainable, resources and callbacks (MLflow, tables)."""
+    from ray import tune
+
+    from orchestrator.cluster.ray_start import sweep_capacity
+    from orchestrator.cluster.sizing import max_concurrent
+    from orchestrator.execution.tuner import tuner_of
+
+    return tuner_of(
+        spec,
+        {"trial": tune.grid_search(configs)},
+        max_concurrent=max_concurrent(configs, sweep_capacity()),
+        name=name,
+        storage_path=spec.sweep_dir,
+        total=len(configs),
+        worker_failures=worker_failures,
+        trial_retries=trial_retries,
+        verbose=verbose,
+    )
+
+
+def _phase(spec: BranchSpec, name: str, configs: list[dict], resume: bool, verbose: bool = False):
+    """Fit (or, when resuming and Tune can, restore and continue) one phase; returns the ResultGrid."""
+    from ray.tune import Tuner
+
+    from orchestrator.execution.tuner import run, sweep_trainable
+
+    path = os.path.join(spec.sweep_dir, name)
+    if resume and Tuner.can_restore(path):
+        tuner = Tuner.restore(path, trainable=sweep_trainable(spec, 3, verbose), resume_unfinished=True)
+    else:
+        tuner = _tuner(spec, name, configs, verbose)
+    return run(tuner, spec)
+
+
+def reference_id(sweep_dir: str) -> str | None:
+    path = os.path.join(sweep_dir, REFERENCE_ID)
+    if not os.path.exists(path):
+        return None
+    with open(path) as f:
+        return f.read().strip() or None
+
+
+def run_study(spec: BranchSpec, resume: bool = False, verbose: bool = False) -> tuple[str, list]:
+    """Both phases through Ray Tune. Returns (reference trial id, the branches' ResultGrid). ``verbose``: Ray's own
+    INFO logs and Tune's tables (as ``bcrit sweep --verbose``)."""
+    from analysis.core import metrics as M
+    from orchestrator.cluster.ray_start import acquire_ray
+    from orchestrator.cluster.sizing import ray_cpus
+    from orchestrator.records.runs_tables import RunsTables
+
+    place = acquire_ray(verbose)  # validated against what the cluster can hold, or this machine
+    ref_cfg, branch_cfgs = check_branch_spec(spec, place.resources())
+    place.start(ray_cpus([ref_cfg, *branch_cfgs]))
+    _save_study(spec)
+    ref_id = reference_id(spec.sweep_dir) if resume else None
+    if spec.checkpoints:
+        ref_id = _external_reference(spec, ref_cfg)
+    if ref_id is None:
+        print(
+            f"[bcrit] branched study {spec.name!r}: reference B0={spec.b0} lr={spec.lr0:g} to step {max(spec.points)}"
+        )
+        results = _phase(spec, REF_TUNE, [ref_cfg], resume, verbose)
+        ref_id = results[0].metrics.get("trial_id") if len(results) else None
+        status = RunsTables(spec.sweep_dir).trial_status(ref_id) if ref_id else None
+        missing = [p for p in spec.points if not os.path.isdir(branch_checkpoint(spec.keep_dir, p))]
+        if status != M.STATUS_BUDGET_SPENT or missing:
+            raise UserError(
+                f"the reference trial ended {status or 'without a result'} (kept checkpoints missing for steps "
+                f"{missing}); lower reference.lr or the branch points and start a new study"
+            )
+        _save_study(spec, ref_id)
+    configs = spec.branch_configs(ref_id)
+    print(
+        f"[bcrit] {len(configs)} branches: points {list(spec.points)} x k {[f'{k:g}' for k in spec.multipliers]} x "
+        f"seeds {list(spec.seeds)}, {spec.delta} examples each ({spec.lr_rule} lr rule)"
+    )
+    results = _phase(spec, BRANCH_TUNE, configs, resume, verbose)
+    RunsTables(spec.sweep_dir).compact()
+    return ref_id, results

@@ -1,0 +1,1 @@
+"""The Tune callback that stops the trials behind (`stopping.behind`)."""
