@@ -53,6 +53,8 @@ class Goal(SpecModel):
                 f"nuisance.goal.min_seeds {self.min_seeds} exceeds the {n_seeds} seed(s) of fixed.seeds; list more "
                 "seeds there or lower min_seeds"
             )
+        if "target_loss" not in ctx:  # the section alone (orchestrator.specs.sweep_models.Nuisance)
+            return self
         if self.targets == AUTO and not _number(stop):
             raise rule("nuisance.goal.targets: auto needs stopping.target_loss; set it or list the targets")
         if _number(stop) and any(t < stop for t in self.losses(stop)):

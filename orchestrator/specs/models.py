@@ -8,7 +8,7 @@ already reads numbers (orchestrator.specs.yaml_overrides), so a string is never 
 
 from __future__ import annotations
 
-from typing import Any
+from typing import Annotated, Any, get_args, get_origin
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 from pydantic_core import PydanticCustomError
@@ -51,15 +51,49 @@ def one_line(model: type[SpecModel], data: Any, where: str, err: dict, *, scoped
     path = [where] if where else []
     while loc and isinstance(data, dict) and isinstance(loc[0], str) and loc[0] in model.model_fields:
         name = loc.pop(0)
-        sub = model.model_fields[name].annotation
         path.append(name)
-        if not (isinstance(sub, type) and issubclass(sub, SpecModel)) or not loc:
-            value = data.get(name, model.model_fields[name].default)
+        value = data.get(name, model.model_fields[name].default)
+        layers, sub = _layers(model.model_fields[name].annotation)
+        for layer in layers if sub is not None else ():  # into list items ([i]) and mapping values (.key)
+            if not loc or not isinstance(value, (list, dict)):
+                break
+            if layer == "list" and isinstance(value, list) and isinstance(loc[0], int) and loc[0] < len(value):
+                path[-1] += f"[{loc[0]}]"
+                value = value[loc.pop(0)]
+            elif layer == "dict" and isinstance(value, dict) and str(loc[0]) in map(str, value):
+                key = str(loc.pop(0))
+                path.append(key)
+                value = next(v for k, v in value.items() if str(k) == key)
+            else:
+                break
+        if sub is None or not loc or not isinstance(value, dict):
+            if sub is not None and not loc and err["type"] == "model_type":
+                return f"{'.'.join(path)} must be a mapping of keys to values"
             fix = (model.model_fields[name].json_schema_extra or {}).get("fix", "has a wrong value")
             return f"{'.'.join(path)} {fix}, got {value!r}"
-        model, data = sub, data.get(name)
+        model, data = sub, value
     key = ".".join([*path, str(loc[0])]) if loc else ".".join(path)
     if err["type"] == "extra_forbidden":
         scope = f" of {'.'.join(path)}" if scoped and path else ""
         return f"unknown key {key}; valid keys{scope}: {list(model.model_fields)}"
+    if err["type"] in ("model_type", "dict_type"):
+        return f"{key or 'spec'} must be a mapping of keys to values"
     return f"{key or 'spec'}: {err['msg']}"
+
+
+def _layers(annotation: Any) -> tuple[list[str], type[SpecModel] | None]:
+    """The containers (``list``, ``dict``) around the SpecModel an annotation holds, and that model (None: none):
+    ``Goal | None`` -> ([], Goal); ``dict[int, list[SplitModel]]`` -> (["dict", "list"], SplitModel)."""
+    if isinstance(annotation, type) and issubclass(annotation, SpecModel):
+        return [], annotation
+    origin, args = get_origin(annotation), get_args(annotation)
+    if origin is Annotated:
+        return _layers(args[0])
+    if origin in (list, dict):
+        inner, model = _layers(args[-1])
+        return [origin.__name__, *inner], model
+    for arg in args:  # a union
+        layers, model = _layers(arg)
+        if model is not None:
+            return layers, model
+    return [], None
