@@ -27,8 +27,9 @@ AUTO = "auto"
 
 
 class Goal(SpecModel):
-    """``nuisance.goal``: when an adaptive sweep has its answer. Context: ``n_seeds`` (of fixed.seeds) and
-    ``target_loss`` (stopping.target_loss, or None)."""
+    """nuisance.goal: when an adaptive sweep has its answer."""
+
+    # validated with context n_seeds (of fixed.seeds) and target_loss (stopping.target_loss, or None)
 
     rel_ci: Annotated[float, Field(gt=0, lt=1)] = field(fix="must be a number in (0, 1) (e.g. 0.15 for +-15%)")
     targets: Literal["auto"] | float | Annotated[list[float], Field(min_length=1)] = field(
@@ -71,7 +72,7 @@ class Goal(SpecModel):
 
 
 class Budget(SpecModel):
-    """``nuisance.budget``: the most an adaptive sweep may spend."""
+    """nuisance.budget: the most an adaptive sweep may spend."""
 
     examples: Annotated[float, Field(gt=0)] | None = field(None, fix="must be a number > 0 (training examples)")
     trials: Annotated[int, Field(ge=1)] | None = field(None, fix="must be an integer >= 1")

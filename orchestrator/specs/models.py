@@ -1,10 +1,11 @@
 """The base of the typed spec models (pydantic 2): types, ranges and unknown keys checked by the model, every
 mistake turned into the project's one UserError line.
 
-A model's fields carry their fix in ``json_schema_extra={"fix": ...}`` (the words after the key: ``must be an integer
->= 1``); a field error reads ``<where>.<key> <fix>, got <value>``, an unknown key ``unknown key <where>.<key>; valid
-keys[ of <where>]: [...]``, and a cross-field rule raises `rule` (its message is the line as written). Strict: YAML
-already reads numbers (orchestrator.specs.yaml_overrides), so a string is never taken for a number here."""
+A model's fields carry their fix as their description (the words after the key, ``must be an integer >= 1``, also
+what an editor shows from the JSON Schema). A field error reads ``<where>.<key> <fix>, got <value>``; an unknown key
+``unknown key <where>.<key>; valid keys[ of <where>]: [...]``; a cross-field rule raises `rule` (its message is the
+line as written). Strict: YAML already reads numbers (orchestrator.specs.yaml_overrides), so a string is never taken
+for a number here."""
 
 from __future__ import annotations
 
@@ -26,7 +27,7 @@ class SpecModel(BaseModel):
 
 def field(default: Any = ..., *, fix: str, **kw: Any) -> Any:
     """A model field whose error line is ``<key> <fix>, got <value>``."""
-    return Field(default, description=kw.pop("description", fix), json_schema_extra={"fix": fix}, **kw)
+    return Field(default, description=fix, **kw)
 
 
 def rule(message: str) -> PydanticCustomError:
@@ -69,7 +70,7 @@ def one_line(model: type[SpecModel], data: Any, where: str, err: dict, *, scoped
         if sub is None or not loc or not isinstance(value, dict):
             if sub is not None and not loc and err["type"] == "model_type":
                 return f"{'.'.join(path)} must be a mapping of keys to values"
-            fix = (model.model_fields[name].json_schema_extra or {}).get("fix", "has a wrong value")
+            fix = model.model_fields[name].description or "has a wrong value"
             return f"{'.'.join(path)} {fix}, got {value!r}"
         model, data = sub, value
     key = ".".join([*path, str(loc[0])]) if loc else ".".join(path)

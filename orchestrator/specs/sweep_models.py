@@ -26,8 +26,9 @@ def schema_only(schema: dict, description: str) -> Any:
 
 
 class SplitModel(SpecModel):
-    """How one batch size is reached: micro_batch_size x grad_accum x max(1, num_workers). Context: ``batch_size``
-    and ``split_key`` (where the split is): the product must be that batch size."""
+    """How one batch size is reached: micro_batch_size x grad_accum x max(1, num_workers)."""
+
+    # validated with context batch_size and split_key (where the split is): the product must be that batch size
 
     micro_batch_size: PosInt | None = field(None, fix="must be an integer >= 1")
     grad_accum: PosInt = field(1, fix="must be an integer >= 1")
@@ -98,8 +99,8 @@ class Nuisance(SpecModel):
     weight_decay: schema_only({"anyOf": [*NUMBERS["anyOf"], RANGE]}, "grid: values; optuna: {low, high}") = None
     trials_per_batch_size: PosInt = field(8, fix="must be an integer >= 1")
     seed: Annotated[int, Field(ge=0)] = field(0, fix="must be an integer >= 0")
-    goal: Goal | None = field(None, fix="must be a mapping of keys to values", description="search: adaptive")
-    budget: Budget | None = field(None, fix="must be a mapping of keys to values", description="search: adaptive")
+    goal: Goal | None = field(None, fix="search: adaptive: when the sweep has its answer")
+    budget: Budget | None = field(None, fix="search: adaptive: the most it may spend")
 
 
 class Stopping(SpecModel):
