@@ -25,6 +25,12 @@ class SpecModel(BaseModel):
     model_config = ConfigDict(extra="forbid", strict=True, frozen=True)
 
 
+def required(*keys: str) -> ConfigDict:
+    """A model's config whose JSON Schema requires ``keys``: keys the spec parser checks (a value of Any type in the
+    model, so that its message is the parser's), required all the same."""
+    return ConfigDict(**SpecModel.model_config, json_schema_extra={"required": list(keys)})
+
+
 def field(default: Any = ..., *, fix: str, **kw: Any) -> Any:
     """A model field whose error line is ``<key> <fix>, got <value>``."""
     return Field(default, description=fix, **kw)
@@ -53,8 +59,9 @@ def one_line(model: type[SpecModel], data: Any, where: str, err: dict, *, scoped
     while loc and isinstance(data, dict) and isinstance(loc[0], str) and loc[0] in model.model_fields:
         name = loc.pop(0)
         path.append(name)
-        value = data.get(name, model.model_fields[name].default)
-        layers, sub = _layers(model.model_fields[name].annotation)
+        info = model.model_fields[name]
+        value = data.get(name, None if info.is_required() else info.default)  # a missing key: None
+        layers, sub = _layers(info.annotation)
         for layer in layers if sub is not None else ():  # into list items ([i]) and mapping values (.key)
             if not loc or not isinstance(value, (list, dict)):
                 break
@@ -70,7 +77,7 @@ def one_line(model: type[SpecModel], data: Any, where: str, err: dict, *, scoped
         if sub is None or not loc or not isinstance(value, dict):
             if sub is not None and not loc and err["type"] == "model_type":
                 return f"{'.'.join(path)} must be a mapping of keys to values"
-            fix = model.model_fields[name].description or "has a wrong value"
+            fix = info.description or "has a wrong value"
             return f"{'.'.join(path)} {fix}, got {value!r}"
         model, data = sub, value
     key = ".".join([*path, str(loc[0])]) if loc else ".".join(path)

@@ -10,7 +10,7 @@ from typing import Annotated, Any, Literal
 from pydantic import Field, ValidationInfo, WithJsonSchema, model_validator
 
 from orchestrator.specs.adaptive_spec import Budget, Goal
-from orchestrator.specs.models import SpecModel, field, rule
+from orchestrator.specs.models import SpecModel, field, required, rule
 
 PosInt = Annotated[int, Field(ge=1)]
 NUMBER = {"type": "number"}
@@ -25,21 +25,16 @@ def schema_only(schema: dict, description: str) -> Any:
     return Annotated[Any, WithJsonSchema({**schema, "description": description})]
 
 
-class SplitModel(SpecModel):
+class SplitKeys(SpecModel):
     """How one batch size is reached: micro_batch_size x grad_accum x max(1, num_workers)."""
 
     # validated with context batch_size and split_key (where the split is): the product must be that batch size
-
     micro_batch_size: PosInt | None = field(None, fix="must be an integer >= 1")
     grad_accum: PosInt = field(1, fix="must be an integer >= 1")
     num_workers: Annotated[int, Field(ge=0)] = field(0, fix="must be an integer >= 0")
-    lr: Annotated[float, Field(gt=0)] | Annotated[list[Annotated[float, Field(gt=0)]], Field(min_length=1)] | None = (
-        field(None, fix="must be a learning rate of nuisance.lr or a list of them")
-    )
-    num_seeds: PosInt | None = field(None, fix="must be an integer >= 1")
 
     @model_validator(mode="after")
-    def _reaches_the_batch_size(self, info: ValidationInfo) -> SplitModel:
+    def _reaches_the_batch_size(self, info: ValidationInfo) -> SplitKeys:
         ctx = info.context or {}
         if "batch_size" not in ctx:
             return self
@@ -58,6 +53,16 @@ class SplitModel(SpecModel):
             )
         return self
 
+
+class SplitModel(SplitKeys):
+    """How one batch size is reached (micro_batch_size x grad_accum x max(1, num_workers)), optionally at some grid
+    learning rates or the first seeds only."""
+
+    lr: Annotated[float, Field(gt=0)] | Annotated[list[Annotated[float, Field(gt=0)]], Field(min_length=1)] | None = (
+        field(None, fix="must be a learning rate of nuisance.lr or a list of them")
+    )
+    num_seeds: PosInt | None = field(None, fix="must be an integer >= 1")
+
     def lrs(self) -> tuple[float, ...] | None:
         return (
             None if self.lr is None else tuple(float(x) for x in (self.lr if isinstance(self.lr, list) else [self.lr]))
@@ -67,10 +72,12 @@ class SplitModel(SpecModel):
 class Scientific(SpecModel):
     """The variable under study: the effective batch sizes and how each is reached."""
 
+    model_config = required("batch_sizes")
+
     batch_sizes: schema_only(
         {"type": "array", "items": {"type": "integer", "minimum": 1}, "minItems": 1},
         "the effective batch sizes, e.g. [16, 32, 64, 128]",
-    )
+    ) = None  # required (in the schema); checked by the spec parser
     splits: Annotated[list[SplitModel], Field(min_length=1)] = field(
         [SplitModel()], fix="must be a non-empty list like [{grad_accum: 1, num_workers: 0}]"
     )
@@ -92,8 +99,10 @@ class Scientific(SpecModel):
 class Nuisance(SpecModel):
     """Re-tuned per batch size: a grid, an Optuna study, or the adaptive design's lr grid."""
 
+    model_config = required("lr")
+
     search: Literal["grid", "optuna", "adaptive"] = field("grid", fix="must be 'grid', 'optuna' or 'adaptive'")
-    lr: schema_only({"anyOf": [*NUMBERS["anyOf"], RANGE]}, "grid, adaptive: values; optuna: {low, high}")
+    lr: schema_only({"anyOf": [*NUMBERS["anyOf"], RANGE]}, "grid, adaptive: values; optuna: {low, high}") = None
     warmup_steps: schema_only({"anyOf": [*NUMBERS["anyOf"], RANGE]}, "grid: values; optuna: {low, high}") = None
     beta2: schema_only({"anyOf": [*NUMBERS["anyOf"], RANGE]}, "grid: values; optuna: {low, high}") = None
     weight_decay: schema_only({"anyOf": [*NUMBERS["anyOf"], RANGE]}, "grid: values; optuna: {low, high}") = None

@@ -10,13 +10,14 @@ from pathlib import Path
 import pytest
 
 from orchestrator.cli.schema_cmd import KINDS, schema_text
+from orchestrator.specs.branch_models import BranchModel
 from orchestrator.specs.models import validate
 from orchestrator.specs.sweep_models import SweepModel
 from orchestrator.specs.yaml_overrides import load_yaml
 
 ROOT = Path(__file__).parents[2]
-MODELS = {"sweep": SweepModel}
-UNMODELLED = {"branched-quadratic.yaml", "branched-tiny.yaml", "trial.yaml"}  # kinds without a model yet
+MODELS = {"sweep": SweepModel, "branch": BranchModel}
+UNMODELLED = {"trial.yaml"}  # the trial config: no model yet
 
 
 @pytest.mark.parametrize("kind", KINDS)
@@ -32,12 +33,12 @@ def test_every_example_names_its_schema_and_validates(example):
     if example in UNMODELLED:
         pytest.skip("no typed model for this spec kind yet")
     path = ROOT / "examples" / example
-    kind = "sweep"
+    kind = "branch" if example.startswith("branched-") else "sweep"
     assert path.read_text().splitlines()[0] == f"# yaml-language-server: $schema=../docs/schema/{kind}.schema.json"
     validate(MODELS[kind], load_yaml(str(path)), "", scoped=True)
 
 
 def test_bcrit_schema_prints_it():
-    out = subprocess.run([sys.executable, "-m", "orchestrator.cli.main", "schema", "sweep"], capture_output=True,
+    out = subprocess.run([sys.executable, "-m", "orchestrator.cli.main", "schema", "branch"], capture_output=True,
                          text=True, check=True, cwd=ROOT).stdout  # fmt: skip
-    assert out == schema_text("sweep")
+    assert out == schema_text("branch")
