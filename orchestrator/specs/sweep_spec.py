@@ -413,12 +413,6 @@ def _stopping(stop: dict) -> dict[str, Any]:
     return {"stopping": trials, "stop_behind": stop.get("behind", STOP_BEHIND_DEFAULT)}
 
 
-def _bool(v: Any, where: str) -> bool:
-    if not isinstance(v, bool):
-        raise UserError(f"{where} must be true or false, got {v!r}")
-    return v
-
-
 def _batch_sizes(v: Any) -> list[int]:
     if not isinstance(v, list) or not v:
         raise UserError("scientific.batch_sizes must be a non-empty list of integers, e.g. [16, 32, 64, 128]")
