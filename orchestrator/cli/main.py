@@ -21,6 +21,7 @@ from orchestrator.cli import (
     probe_cmd,
     recommend_cmd,
     schedule_cmd,
+    schema_cmd,
     sweep_cmd,
     train_cmd,
 )
@@ -37,6 +38,7 @@ COMMANDS = (
     pack_cmd,
     migrate_cmd,
     check_cluster_cmd,
+    schema_cmd,
 )
 
 

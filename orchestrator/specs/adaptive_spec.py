@@ -1,5 +1,5 @@
-"""The ``nuisance`` keys of ``search: adaptive`` (orchestrator.search.adaptive_search; every key: docs/sweeps.md,
-"Adaptive search"; an example: examples/adaptive-tiny.yaml).
+"""The ``nuisance`` keys of ``search: adaptive`` (orchestrator.features.adaptive.adaptive_search; every key:
+docs/sweeps.md, "Adaptive search"; an example: examples/adaptive-tiny.yaml).
 
 ``lr``: the learning-rate grid the design may draw from. ``goal``: ``rel_ci`` (stop when the relative half-width
 ``(hi - lo) / (2 B_crit)`` of the 90% interval is at most this at every target), ``targets`` (loss values, or ``auto``:
@@ -14,15 +14,72 @@ may get. Each mistake is one UserError line, raised before any compute."""
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Any
+from typing import Annotated, Any, Literal
+
+from pydantic import Field, ValidationInfo, model_validator
 
 from orchestrator.errors import UserError
+from orchestrator.specs.models import SpecModel, field, rule, validate
 
-GOAL_KEYS = ("rel_ci", "targets", "bins", "min_seeds", "running", "hold")
 RUNNING = ("wait", "end")
 RUNNING_DEFAULT, HOLD_DEFAULT, MIN_SEEDS_DEFAULT = "wait", True, 2  # pinned in the saved spec (sweep_spec._saved)
-BUDGET_KEYS = ("examples", "trials")
 AUTO = "auto"
+
+
+class Goal(SpecModel):
+    """nuisance.goal: when an adaptive sweep has its answer."""
+
+    # validated with context n_seeds (of fixed.seeds) and target_loss (stopping.target_loss, or None)
+
+    rel_ci: Annotated[float, Field(gt=0, lt=1)] = field(fix="must be a number in (0, 1) (e.g. 0.15 for +-15%)")
+    targets: Literal["auto"] | float | Annotated[list[float], Field(min_length=1)] = field(
+        AUTO, fix="must be 'auto' or a non-empty list of losses"
+    )
+    bins: bool = field(False, fix="must be true or false (per-timestep-bin goals)")
+    min_seeds: Annotated[int, Field(ge=1)] = field(MIN_SEEDS_DEFAULT, fix="must be an integer >= 1")
+    running: Literal["wait", "end"] = field(
+        RUNNING_DEFAULT, fix="must be wait or end (the trials running when the goal is met)"
+    )
+    hold: bool = field(
+        HOLD_DEFAULT,
+        fix="must be true or false (start no trial while the running ones are expected to meet the goal)",
+    )
+
+    @model_validator(mode="after")
+    def _against_seeds_and_stopping(self, info: ValidationInfo) -> Goal:
+        ctx = info.context or {}
+        n_seeds, stop = ctx.get("n_seeds"), ctx.get("target_loss")
+        if n_seeds is not None and self.min_seeds > n_seeds:
+            raise rule(
+                f"nuisance.goal.min_seeds {self.min_seeds} exceeds the {n_seeds} seed(s) of fixed.seeds; list more "
+                "seeds there or lower min_seeds"
+            )
+        if "target_loss" not in ctx:  # the section alone (orchestrator.specs.sweep_models.Nuisance)
+            return self
+        if self.targets == AUTO and not _number(stop):
+            raise rule("nuisance.goal.targets: auto needs stopping.target_loss; set it or list the targets")
+        if _number(stop) and any(t < stop for t in self.losses(stop)):
+            raise rule(
+                f"nuisance.goal.targets: {min(self.losses(stop)):g} is below stopping.target_loss {stop:g}, where "
+                "trials stop, so no trial reaches it; use targets >= the stopping target"
+            )
+        return self
+
+    def losses(self, target_loss: float | None) -> tuple[float, ...]:
+        """The target losses (``auto``: the stopping target)."""
+        t = self.targets
+        return (float(target_loss),) if t == AUTO else tuple(float(x) for x in (t if isinstance(t, list) else [t]))
+
+
+class Budget(SpecModel):
+    """nuisance.budget: the most an adaptive sweep may spend."""
+
+    examples: Annotated[float, Field(gt=0)] | None = field(None, fix="must be a number > 0 (training examples)")
+    trials: Annotated[int, Field(ge=1)] | None = field(None, fix="must be an integer >= 1")
+
+
+GOAL_KEYS = tuple(Goal.model_fields)
+BUDGET_KEYS = tuple(Budget.model_fields)
 
 
 @dataclass(frozen=True)
@@ -48,59 +105,12 @@ def parse_adaptive(nui: dict, stopping: dict, n_seeds: int) -> Adaptive:
     goal, budget = nui.get("goal"), nui.get("budget")
     if not isinstance(goal, dict):
         raise UserError("search: adaptive needs nuisance.goal, e.g. goal: {rel_ci: 0.15, targets: auto}")
-    unknown = [k for k in goal if k not in GOAL_KEYS]
-    if unknown:
-        raise UserError(f"unknown key nuisance.goal.{unknown[0]}; valid keys: {list(GOAL_KEYS)}")
-    rel = goal.get("rel_ci")
-    if not _number(rel) or not 0 < rel < 1:
-        raise UserError(f"nuisance.goal.rel_ci must be a number in (0, 1) (e.g. 0.15 for +-15%), got {rel!r}")
-    bins = goal.get("bins", False)
-    if not isinstance(bins, bool):
-        raise UserError(f"nuisance.goal.bins must be true or false (per-timestep-bin goals), got {bins!r}")
-    min_seeds = goal.get("min_seeds", MIN_SEEDS_DEFAULT)
-    if isinstance(min_seeds, bool) or not isinstance(min_seeds, int) or min_seeds < 1:
-        raise UserError(f"nuisance.goal.min_seeds must be an integer >= 1, got {min_seeds!r}")
-    if min_seeds > n_seeds:
-        raise UserError(
-            f"nuisance.goal.min_seeds {min_seeds} exceeds the {n_seeds} seed(s) of fixed.seeds; list more seeds "
-            "there or lower min_seeds"
-        )
-    stop_target = stopping.get("target_loss")
-    targets = goal.get("targets", AUTO)
-    if targets == AUTO:
-        if not _number(stop_target):
-            raise UserError("nuisance.goal.targets: auto needs stopping.target_loss; set it or list the targets")
-        targets = [stop_target]
-    targets = [targets] if _number(targets) else targets
-    if not isinstance(targets, list) or not targets or not all(_number(t) for t in targets):
-        raise UserError(f"nuisance.goal.targets must be 'auto' or a non-empty list of losses, got {targets!r}")
-    if _number(stop_target) and any(t < stop_target for t in targets):
-        low = min(targets)
-        raise UserError(
-            f"nuisance.goal.targets: {low:g} is below stopping.target_loss {stop_target:g}, where trials stop, so "
-            "no trial reaches it; use targets >= the stopping target"
-        )
-    running = goal.get("running", RUNNING_DEFAULT)
-    if running not in RUNNING:
-        raise UserError(f"nuisance.goal.running must be wait or end (the trials running when the goal is met), got "
-                        f"{running!r}")  # fmt: skip
-    hold = goal.get("hold", HOLD_DEFAULT)
-    if not isinstance(hold, bool):
-        raise UserError(f"nuisance.goal.hold must be true or false (start no trial while the running ones are "
-                        f"expected to meet the goal), got {hold!r}")  # fmt: skip
-    return Adaptive(float(rel), tuple(float(t) for t in targets), min_seeds, bins, *_budget(budget),
-                    end_running=running == "end", hold=hold)  # fmt: skip
-
-
-def _budget(budget: Any) -> tuple[float | None, int | None]:
+    stop = stopping.get("target_loss")
+    defaults = {"min_seeds": MIN_SEEDS_DEFAULT, "running": RUNNING_DEFAULT, "hold": HOLD_DEFAULT}  # read now
+    g = validate(Goal, defaults | goal, "nuisance.goal", n_seeds=n_seeds, target_loss=stop)
     if not isinstance(budget, dict) or not budget:
         raise UserError("search: adaptive needs nuisance.budget, e.g. budget: {trials: 40} or {examples: 2.0e+6}")
-    unknown = [k for k in budget if k not in BUDGET_KEYS]
-    if unknown:
-        raise UserError(f"unknown key nuisance.budget.{unknown[0]}; valid keys: {list(BUDGET_KEYS)}")
-    ex, tr = budget.get("examples"), budget.get("trials")
-    if ex is not None and (not _number(ex) or ex <= 0):
-        raise UserError(f"nuisance.budget.examples must be a number > 0 (training examples), got {ex!r}")
-    if tr is not None and (isinstance(tr, bool) or not isinstance(tr, int) or tr < 1):
-        raise UserError(f"nuisance.budget.trials must be an integer >= 1, got {tr!r}")
-    return (None if ex is None else float(ex)), tr
+    b = validate(Budget, budget, "nuisance.budget")
+    return Adaptive(float(g.rel_ci), g.losses(stop), g.min_seeds, g.bins,
+                    None if b.examples is None else float(b.examples), b.trials,
+                    end_running=g.running == "end", hold=g.hold)  # fmt: skip

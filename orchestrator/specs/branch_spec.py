@@ -1,5 +1,5 @@
-"""The branched-study spec (Merrill et al. 2025; analysis.fits.branched), validated before anything runs; the trial
-configs of its reference and branches. Run by orchestrator.execution.branch_study (``bcrit branch SPEC.yaml``).
+"""The branched-study spec (Merrill et al. 2025; analysis.features.branched), validated before anything runs; the trial
+configs of its reference and branches. Run by orchestrator.features.branched.branch_study (``bcrit branch SPEC.yaml``).
 
 ``kind: branched`` marks the spec (``bcrit sweep`` refuses it and points here). ``reference``: the trial branched
 from (``batch_size`` = B0, ``lr``, ``seed``, optional ``split``; or ``checkpoints``: an earlier study's
@@ -23,13 +23,12 @@ from functools import reduce
 from typing import Any
 
 from analysis.core.lr_rules import LR_RULES, lr_factor
-from analysis.features.branched.branched import COMPARE
 from orchestrator.errors import UserError
+from orchestrator.specs.branch_models import Analysis, Branches, BranchModel, BranchStopping, Reference
+from orchestrator.specs.sweep_models import Tracking
 from orchestrator.specs.sweep_spec import (
     SPLIT_KEYS,
-    TRACKING_KEYS,
     Split,
-    _bool,
     _keys,
     _pos_int,
     _resolve_split,
@@ -42,12 +41,11 @@ from trainables.config import ConfigError
 from trainables.workloads import get_workload
 
 KIND = "branched"
-TOP_KEYS = ("kind", "name", "workload", "reference", "branches", "analysis", "fixed", "stopping", "tracking", "storage")
-REFERENCE_KEYS = ("batch_size", "lr", "seed", "split", "checkpoints", "use_gpu", "cpus_per_worker")
-BRANCH_KEYS = ("points", "multipliers", "lr_rule", "examples", "evals", "seeds", "scale_by")
-ANALYSIS_KEYS = ("epsilons", "compare", "window")
-SCALE_BY = ("micro_batch_size", "grad_accum", "num_workers")
-STOPPING_KEYS = ("divergence_factor",)
+TOP_KEYS = tuple(BranchModel.model_fields)
+REFERENCE_KEYS = tuple(Reference.model_fields)
+BRANCH_KEYS = tuple(Branches.model_fields)
+ANALYSIS_KEYS = tuple(Analysis.model_fields)
+STOPPING_KEYS = tuple(BranchStopping.model_fields)
 # set by the study for every trial (a clear error instead of a silent conflict)
 OWNED = (
     "batch_size",
@@ -206,12 +204,12 @@ def parse_branch_spec(data: dict, *, sweep_dir: str | None = None, source: str =
         raise UserError(f"{source}: kind must be {KIND!r} for bcrit branch (a sweep spec goes to bcrit sweep)")
     name, workload = name_and_workload(data, source, example="branched-tiny")
     w = get_workload(workload)
-    ref = _section(data, "reference", REFERENCE_KEYS, required=True)
-    br = _section(data, "branches", BRANCH_KEYS, required=True)
-    an = _section(data, "analysis", ANALYSIS_KEYS)
+    ref = _section(data, "reference", Reference, required=True)
+    br = _section(data, "branches", Branches, required=True)
+    an = _section(data, "analysis", Analysis)
     fixed = dict(_section(data, "fixed", None))
-    stop = _section(data, "stopping", STOPPING_KEYS)
-    track = _section(data, "tracking", TRACKING_KEYS)
+    stop = _section(data, "stopping", BranchStopping)
+    track = _section(data, "tracking", Tracking)
     for key in (*OWNED, *([w.noise_key] if w.noise_key else [])):
         if key in fixed:
             raise UserError(f"fixed.{key} is set by the branched study (reference/branches sections); remove it")
@@ -230,8 +228,8 @@ def parse_branch_spec(data: dict, *, sweep_dir: str | None = None, source: str =
         workload=workload,
         **reference,
         checkpoints=checkpoints,
-        use_gpu=_bool(ref.get("use_gpu", False), "reference.use_gpu"),
-        cpus_per_worker=_pos_int(ref.get("cpus_per_worker", 1), "reference.cpus_per_worker"),
+        use_gpu=ref.get("use_gpu", False),
+        cpus_per_worker=ref.get("cpus_per_worker", 1),
         **branches,
         **analysis,
         fixed=fixed,
@@ -248,15 +246,8 @@ def parse_branch_spec(data: dict, *, sweep_dir: str | None = None, source: str =
 
 def _parse_reference(ref: dict) -> dict[str, Any]:
     """The ``reference`` section: B0, its learning rate, seed and split, and a directory of kept checkpoints."""
-    b0 = _pos_int(ref.get("batch_size"), "reference.batch_size")
-    lr0 = _number(ref.get("lr"), "reference.lr")
-    ref_seed = _pos_int(ref.get("seed", 0), "reference.seed", minimum=0)
-    split_raw = ref.get("split", {"grad_accum": 1, "num_workers": 0})
-    _keys(split_raw, SPLIT_KEYS, "reference.split")
-    ref_split = _resolve_split(b0, split_raw, "reference.split")
-    checkpoints = ref.get("checkpoints")
-    if checkpoints is not None and not isinstance(checkpoints, str):
-        raise UserError("reference.checkpoints must be a directory of kept checkpoints (step<N>/ inside)")
+    b0, lr0, ref_seed, checkpoints = ref["batch_size"], float(ref["lr"]), ref.get("seed", 0), ref.get("checkpoints")
+    ref_split = _resolve_split(b0, ref.get("split", {"grad_accum": 1, "num_workers": 0}), "reference.split")
     return {"b0": b0, "lr0": lr0, "ref_seed": ref_seed, "ref_split": ref_split, "checkpoints": checkpoints}
 
 
@@ -270,8 +261,6 @@ def _parse_branches(br: dict, b0: int, default_lr_rule: str) -> dict[str, Any]:
         raise UserError("branches.multipliers must be a non-empty list of numbers > 0, e.g. [2, 4, 8]")
     ks = sorted({1.0, *(_number(k, "branches.multipliers[]") for k in raw_k)})
     scale_by = br.get("scale_by", "micro_batch_size")
-    if scale_by not in SCALE_BY:
-        raise UserError(f"branches.scale_by must be one of {list(SCALE_BY)}, got {scale_by!r}")
     for k in ks:
         if abs(k * b0 - round(k * b0)) > 1e-9:
             raise UserError(f"branches.multipliers: k={k:g} x B0 {b0} is not an integer batch size")
@@ -280,8 +269,7 @@ def _parse_branches(br: dict, b0: int, default_lr_rule: str) -> dict[str, Any]:
     lr_rule = br.get("lr_rule", default_lr_rule)
     if lr_rule not in LR_RULES:
         raise UserError(f"branches.lr_rule must be one of {list(LR_RULES)}, got {lr_rule!r}")
-    delta = _pos_int(br.get("examples"), "branches.examples")
-    evals = _pos_int(br.get("evals", 4), "branches.evals")
+    delta, evals = br["examples"], br.get("evals", 4)
     for k in ks:
         b = round(k * b0)
         if delta % b or (delta // b) % evals:
@@ -311,8 +299,6 @@ def _parse_analysis(an: dict) -> dict[str, Any]:
     if any(e < 0 for e in eps):
         raise UserError(f"analysis.epsilons must be >= 0, got {eps}")
     compare = an.get("compare", "reference")
-    if compare not in COMPARE:
-        raise UserError(f"analysis.compare must be one of {list(COMPARE)}, got {compare!r}")
     window = _number(an.get("window", 0.0), "analysis.window", positive=False)
     if not 0 <= window < 1:
         raise UserError(f"analysis.window must be in [0, 1) (a fraction of branches.examples), got {window}")

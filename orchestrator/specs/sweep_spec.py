@@ -39,27 +39,21 @@ from typing import Any
 from analysis.core.device_share import share_error
 from orchestrator.errors import UserError
 from orchestrator.specs.adaptive_spec import Adaptive, parse_adaptive
+from orchestrator.specs.models import SpecModel, validate
+from orchestrator.specs.sweep_models import Nuisance, Scientific, SplitModel, Stopping, SweepModel, Tracking
 from orchestrator.specs.yaml_overrides import apply_overrides, dump_yaml, load_yaml
 from orchestrator.storage.layout import MLFLOW_DB, SweepLayout
 from trainables import workloads
 
-TOP_KEYS = ("name", "workload", "scientific", "nuisance", "fixed", "stopping", "tracking", "storage")
-SCIENTIFIC_KEYS = (
-    "batch_sizes",
-    "splits",
-    "per_batch_size",
-    "use_gpu",
-    "cpus_per_worker",
-    "gpus_per_worker",
-    "timestep_sampling",
-)
+TOP_KEYS = tuple(SweepModel.model_fields)
+SCIENTIFIC_KEYS = tuple(Scientific.model_fields)
 SPLIT_KEYS = ("micro_batch_size", "grad_accum", "num_workers")
 NUISANCE_PARAMS = ("lr", "warmup_steps", "beta2", "weight_decay")
-NUISANCE_KEYS = ("search", "trials_per_batch_size", "seed", "goal", "budget", *NUISANCE_PARAMS)
-STOPPING_KEYS = ("target_loss", "max_steps", "divergence_factor", "behind")
+NUISANCE_KEYS = tuple(Nuisance.model_fields)
+STOPPING_KEYS = tuple(Stopping.model_fields)
 SWEEP_STOPPING_KEYS = ("behind",)  # stopping keys of the sweep, not of its trials' configs
 STOP_BEHIND_DEFAULT = True  # pinned in the saved spec (_saved)
-TRACKING_KEYS = ("mlflow_uri", "experiment")
+TRACKING_KEYS = tuple(Tracking.model_fields)
 # trial-config keys owned by other sections (a clear error instead of a silent conflict)
 OWNED = {
     "batch_size": "scientific.batch_sizes",
@@ -236,22 +230,20 @@ def name_and_workload(data: dict, source: str, example: str) -> tuple[str, str]:
 
 
 def parse_spec(data: dict, *, sweep_dir: str | None = None, source: str = "spec") -> SweepSpec:
-    if isinstance(data, dict) and data.get("kind") == "branched":  # orchestrator.execution.branch_study
+    if isinstance(data, dict) and data.get("kind") == "branched":  # orchestrator.features.branched.branch_study
         raise UserError(f"{source} is a branched study (kind: branched); run it with bcrit branch {source}")
     _keys(data, TOP_KEYS, "")
     name, workload = name_and_workload(data, source, example="tiny")
     name = name.strip()
-    sci = _section(data, "scientific", SCIENTIFIC_KEYS, required=True)
-    nui = _section(data, "nuisance", NUISANCE_KEYS, required=True)
+    sci = _section(data, "scientific", Scientific, required=True)
+    nui = _section(data, "nuisance", Nuisance, required=True)
     fixed = dict(_section(data, "fixed", None))
-    stop = _section(data, "stopping", STOPPING_KEYS)
-    track = _section(data, "tracking", TRACKING_KEYS)
+    stop = _section(data, "stopping", Stopping)
+    track = _section(data, "tracking", Tracking)
 
     batch_sizes = _batch_sizes(sci.get("batch_sizes"))
     default_splits = _splits(sci.get("splits", [{"grad_accum": 1, "num_workers": 0}]), "scientific.splits")
     per_b = sci.get("per_batch_size") or {}
-    if not isinstance(per_b, dict):
-        raise UserError("scientific.per_batch_size must map a batch size to its list of splits")
     splits: dict[int, tuple[Split, ...]] = {}
     for b in batch_sizes:
         raw_splits = per_b.get(b, per_b.get(str(b)))
@@ -281,12 +273,8 @@ def parse_spec(data: dict, *, sweep_dir: str | None = None, source: str = "spec"
     storage_uri, sweep_dir = _storage(data.get("storage"), name, sweep_dir)
     uri = track.get("mlflow_uri")
     uri = (os.environ.get("MLFLOW_TRACKING_URI") or local_mlflow_uri(sweep_dir)) if uri is None else uri
-    if not isinstance(uri, str):
-        raise UserError(f"tracking.mlflow_uri must be a URI (sqlite:///PATH/mlflow.db or http://...), got {uri!r}")
     experiment = track.get("experiment")
     experiment = "bcrit" if experiment is None else experiment
-    if not isinstance(experiment, str) or not experiment.strip():
-        raise UserError("tracking.experiment must be a non-empty string (an MLflow experiment name)")
     stopping = _stopping(stop)
     adaptive = _adaptive(nui, stop, seeds, batch_sizes, splits, nuisance) if search == "adaptive" else None
     return SweepSpec(
@@ -294,13 +282,13 @@ def parse_spec(data: dict, *, sweep_dir: str | None = None, source: str = "spec"
         workload=workload,
         batch_sizes=tuple(batch_sizes),
         splits=splits,
-        use_gpu=_bool(sci.get("use_gpu", False), "scientific.use_gpu"),
-        cpus_per_worker=_pos_int(sci.get("cpus_per_worker", 1), "scientific.cpus_per_worker"),
+        use_gpu=sci.get("use_gpu", False),
+        cpus_per_worker=sci.get("cpus_per_worker", 1),
         gpus_per_worker=_gpu_share(sci.get("gpus_per_worker", 1)),
         search=search,
         nuisance=nuisance,
         trials_per_batch_size=trials_per_b,
-        search_seed=_pos_int(nui.get("seed", 0), "nuisance.seed", minimum=0),
+        search_seed=nui.get("seed", 0),
         fixed=fixed,
         seeds=tuple(seeds),
         **stopping,
@@ -391,12 +379,17 @@ def _keys(d: Any, allowed: tuple[str, ...] | None, where: str) -> None:
         raise UserError(f"unknown key {prefix}{unknown[0]}; valid keys{scope}: {list(allowed)}")
 
 
-def _section(data: dict, name: str, allowed: tuple[str, ...] | None, required: bool = False) -> dict:
+def _section(data: dict, name: str, allowed: tuple[str, ...] | type[SpecModel] | None, required: bool = False) -> dict:
+    """Section ``name`` of ``data`` ({} where absent), its keys ``allowed`` (None: any) or checked by a model."""
     if name not in data or data[name] is None:
         if required:
             raise UserError(f"missing section '{name}'; see examples/tiny.yaml")
         return {}
-    _keys(data[name], allowed, name)
+    if isinstance(allowed, type):
+        _keys(data[name], None, name)
+        validate(allowed, data[name], name, scoped=True)
+    else:
+        _keys(data[name], allowed, name)
     return data[name]
 
 
@@ -417,13 +410,7 @@ def _gpu_share(v: Any) -> float:
 def _stopping(stop: dict) -> dict[str, Any]:
     """The spec's ``stopping`` section as SweepSpec fields: the trials' keys, and the sweep's ``behind``."""
     trials = {k: stop.get(k) for k in STOPPING_KEYS if k in stop and k not in SWEEP_STOPPING_KEYS}
-    return {"stopping": trials, "stop_behind": _bool(stop.get("behind", STOP_BEHIND_DEFAULT), "stopping.behind")}
-
-
-def _bool(v: Any, where: str) -> bool:
-    if not isinstance(v, bool):
-        raise UserError(f"{where} must be true or false, got {v!r}")
-    return v
+    return {"stopping": trials, "stop_behind": stop.get("behind", STOP_BEHIND_DEFAULT)}
 
 
 def _batch_sizes(v: Any) -> list[int]:
@@ -435,44 +422,15 @@ def _batch_sizes(v: Any) -> list[int]:
     return out
 
 
-def _splits(v: Any, where: str) -> list[tuple[dict, str]]:
-    if not isinstance(v, list) or not v:
-        raise UserError(f"{where} must be a non-empty list like [{{grad_accum: 1, num_workers: 0}}]")
-    out = []
-    for i, s in enumerate(v):
-        _keys(s, (*SPLIT_KEYS, "lr", "num_seeds"), f"{where}[{i}]")
-        out.append((s, f"{where}[{i}]"))
-    return out
+def _splits(v: list, where: str) -> list[tuple[dict, str]]:
+    """The splits of ``where`` (a list the Scientific model checked), each with its key."""
+    return [(s, f"{where}[{i}]") for i, s in enumerate(v)]
 
 
 def _resolve_split(b: int, s: dict, where: str) -> Split:
-    a = _pos_int(s.get("grad_accum", 1), f"{where}.grad_accum")
-    w = _pos_int(s.get("num_workers", 0), f"{where}.num_workers", minimum=0)
-    per = a * max(1, w)
-    micro = s.get("micro_batch_size")
-    if micro is None:
-        if b % per:
-            raise UserError(
-                f"{where}: batch size {b} is not divisible by grad_accum x workers = {per}; "
-                f"use a batch size that is a multiple of {per} or another split"
-            )
-        micro = b // per
-    micro = _pos_int(micro, f"{where}.micro_batch_size")
-    if micro * per != b:
-        raise UserError(
-            f"{where}: micro_batch_size {micro} x grad_accum {a} x workers {max(1, w)} = {micro * per} != "
-            f"batch size {b}; fix the split or drop micro_batch_size to derive it"
-        )
-    lr = s.get("lr")
-    if lr is not None:
-        lr = [lr] if isinstance(lr, (int, float)) and not isinstance(lr, bool) else lr
-        if not isinstance(lr, list) or not lr or not all(isinstance(x, (int, float)) and x > 0 for x in lr):
-            raise UserError(f"{where}.lr must be a learning rate of nuisance.lr or a list of them, got {s['lr']!r}")
-        lr = tuple(float(x) for x in lr)
-    num_seeds = s.get("num_seeds")
-    if num_seeds is not None:
-        num_seeds = _pos_int(num_seeds, f"{where}.num_seeds")
-    return Split(micro, a, w, lr, num_seeds)
+    m = validate(SplitModel, s, where, scoped=True, batch_size=b, split_key=where)
+    micro = m.micro_batch_size or b // (m.grad_accum * max(1, m.num_workers))
+    return Split(micro, m.grad_accum, m.num_workers, m.lrs(), m.num_seeds)
 
 
 def _per_batch_size(v: dict, batch_sizes: list[int], where: str) -> dict[int, Any]:
@@ -518,8 +476,6 @@ def _check_split_seeds(splits: dict[int, tuple[Split, ...]], n_seeds: int) -> No
 
 def _nuisance(nui: dict) -> tuple[str, dict[str, Any], int]:
     search = nui.get("search", "grid")
-    if search not in ("grid", "optuna", "adaptive"):
-        raise UserError(f"nuisance.search must be 'grid', 'optuna' or 'adaptive', got {search!r}")
     if search != "adaptive" and ("goal" in nui or "budget" in nui):
         raise UserError("nuisance.goal and nuisance.budget are for search: adaptive; drop them or set it")
     if "lr" not in nui:
@@ -548,7 +504,7 @@ def _nuisance(nui: dict) -> tuple[str, dict[str, Any], int]:
             raise UserError(f"nuisance.{k} must be {{low, high}} or a constant for search: optuna, got {v!r}")
     if search != "optuna" and "trials_per_batch_size" in nui:
         raise UserError(f"nuisance.trials_per_batch_size is for search: optuna, not {search}; drop it")
-    n = _pos_int(nui.get("trials_per_batch_size", 8), "nuisance.trials_per_batch_size") if search == "optuna" else 0
+    n = nui.get("trials_per_batch_size", 8) if search == "optuna" else 0
     if search == "optuna" and not isinstance(out["lr"], tuple):
         raise UserError("nuisance.lr must be a range {low, high} for search: optuna")
     return search, out, n
