@@ -272,7 +272,7 @@ CORE_TO_FEATURE = {
     "orchestrator/execution/tuner.py -> orchestrator.features.adaptive.adaptive_search",
     "orchestrator/execution/tuner.py -> orchestrator.features.adaptive.adaptive_view",
     "orchestrator/execution/tuner.py -> orchestrator.features.stop_behind.behind_callback",
-    "orchestrator/specs/branch_spec.py -> analysis.features.branched.branched",
+    "orchestrator/specs/branch_models.py -> analysis.features.branched.branched",
 }
 
 
