@@ -21,6 +21,7 @@ from dataclasses import dataclass
 
 import torch
 
+from analysis.core.bins import timestep_bins
 from trainables.config import GNS_HALVES, GNS_MICRO, GNS_NONE, GNS_OFF, GNS_RANKS, measures_global
 from trainables.data.pipeline import MicroBatches
 from trainables.diffusion import NUM_TIMESTEPS, per_example_loss
@@ -36,6 +37,7 @@ class StepStats:
     b_small: float | None  # examples per small batch (micro / 2 for the halves of an odd micro-batch)
     b_big: int
     finite: bool
+    adaln: list[list[float]] | None = None  # adaLN-gradient GNS sums, (K + 1) rows of 4 (analysis.core.gns_pairs)
 
 
 def global_gns_available(cfg) -> bool:
@@ -45,7 +47,19 @@ def global_gns_available(cfg) -> bool:
 
 class TrainStep:
     def __init__(
-        self, cfg, model, ddp_model, data, scheduler, rank, world_size, device, autocast, hook=None, sampler=None
+        self,
+        cfg,
+        model,
+        ddp_model,
+        data,
+        scheduler,
+        rank,
+        world_size,
+        device,
+        autocast,
+        hook=None,
+        sampler=None,
+        adaln=None,
     ):
         self.cfg, self.model, self.ddp = cfg, model, ddp_model
         self.data, self.scheduler = data, scheduler
@@ -66,6 +80,10 @@ class TrainStep:
         info = data.info
         self.shape = (info.channels, info.image_size, info.image_size)
         self.sampler = sampler  # trainables.timestep_sampler.TimestepSampler; None = uniform (the original draws)
+        self.adaln = adaln  # trainables.gns_adaln.AdaLNCollector (config gns_adaln), or None
+        if adaln is not None:
+            lows = [lo for lo, _ in timestep_bins(adaln.num_bins, NUM_TIMESTEPS)]
+            self._bin_lows = torch.tensor(lows, dtype=torch.int64, device=self.device)
 
     def draws(self, step: int) -> tuple[torch.Tensor, ...]:
         """The global batch's ``(timesteps [B], uniforms [B], noise [B, C, H, W])`` of ``step`` on the device (``B``
@@ -98,6 +116,9 @@ class TrainStep:
         pieces = self.pieces if mode in (GNS_MICRO, GNS_HALVES) else None
         cuts = [(0, micro // 2), (micro // 2, micro)] if halves else [(0, micro)]
         for i, (lo, hi) in enumerate(cuts):
+            if self.adaln is not None:  # the backward loss below is scale x the sum of the per-example losses
+                bins = torch.bucketize(t[lo:hi], self._bin_lows, right=True) - 1
+                self.adaln.begin(bins, 1.0 / micro if halves else 1.0 / ((hi - lo) * A))
             with self.autocast():
                 losses = per_example_loss(self.ddp, self.scheduler, x[lo:hi], y[lo:hi], t[lo:hi], noise[lo:hi])
             if wk:  # importance weights q_k / p_k: an unbiased estimate of the uniform objective
@@ -108,6 +129,8 @@ class TrainStep:
             else:
                 (losses.mean() / A).backward()  # mean over the effective batch after DDP's average over W
             loss_sum += losses.detach().double().sum()
+            if self.adaln is not None:
+                self.adaln.end_piece()
             if pieces is not None:
                 pieces.after_piece(hi - lo, last=m == A - 1 and i == len(cuts) - 1)
 
@@ -143,11 +166,15 @@ class TrainStep:
             local_g2 = self.hook.pop_tensor().to(device=self.device, dtype=torch.float64)
         else:
             local_g2 = torch.zeros((), dtype=torch.float64, device=self.device)
-        reduced = torch.cat([torch.stack([loss_sum, local_g2]), bin_stats.flatten()])
+        adaln = self.adaln.pop_tensor().flatten() if self.adaln is not None else loss_sum.new_zeros(0)
+        reduced = torch.cat([torch.stack([loss_sum, local_g2]), bin_stats.flatten(), adaln])
         if self.world > 1:
             torch.distributed.all_reduce(reduced)
-        # the step's one host synchronisation: [loss sum, |G_B|^2, pieces' |G_b|^2, sum of local |G|^2, bins...]
+        # the step's one host synchronisation: [loss sum, |G_B|^2, pieces' |G_b|^2, sum of local |G|^2, bins...,
+        # adaLN sums...]
         synced = torch.cat([torch.stack([reduced[0], g2_big, small, reduced[1]]), reduced[2:]]).tolist()
+        tail = synced[4 + 2 * nbins :]
+        adaln_rows = [tail[4 * j : 4 * j + 4] for j in range(len(tail) // 4)] if self.adaln is not None else None
         loss_total, g2_big_f, small_f, local_sum = synced[:4]
         if self.sampler is not None:
             self.sampler.observe([synced[4 + 2 * j : 6 + 2 * j] for j in range(nbins)])
@@ -159,4 +186,4 @@ class TrainStep:
         else:
             g2_small, b_small = None, None
         finite = math.isfinite(loss) and math.isfinite(g2_big_f)
-        return StepStats(loss, g2_big_f, g2_small, b_small, B, finite)
+        return StepStats(loss, g2_big_f, g2_small, b_small, B, finite, adaln_rows)
