@@ -108,7 +108,20 @@ class TrainStep:
         """Stop the prefetching thread."""
         self.batches.close()
 
-    def _backward(self, x, y, t, noise, m: int, A: int, mode: str, loss_sum: torch.Tensor, wk=(), bin_stats=None):
+    def _backward(
+        self,
+        x,
+        y,
+        t,
+        noise,
+        m: int,
+        A: int,
+        mode: str,
+        loss_sum: torch.Tensor,
+        wk=(),
+        bin_stats=None,
+        adaln_groups=None,
+    ):
         """Micro-batch ``m`` of ``A``: its forward and backward, one pass or (``halves``, A = 1) one per half.
         ``wk``: ``[weights, bins]`` of a non-uniform sampler (each loss is weighted; ``bin_stats`` collects per-bin
         L^2)."""
@@ -117,8 +130,7 @@ class TrainStep:
         cuts = [(0, micro // 2), (micro // 2, micro)] if halves else [(0, micro)]
         for i, (lo, hi) in enumerate(cuts):
             if self.adaln is not None:  # the backward loss below is scale x the sum of the per-example losses
-                bins = torch.bucketize(t[lo:hi], self._bin_lows, right=True) - 1
-                self.adaln.begin(bins, 1.0 / micro if halves else 1.0 / ((hi - lo) * A))
+                self.adaln.begin(adaln_groups[lo:hi], 1.0 / micro if halves else 1.0 / ((hi - lo) * A))
             with self.autocast():
                 losses = per_example_loss(self.ddp, self.scheduler, x[lo:hi], y[lo:hi], t[lo:hi], noise[lo:hi])
             if wk:  # importance weights q_k / p_k: an unbiased estimate of the uniform objective
@@ -150,12 +162,16 @@ class TrainStep:
             self.pieces.total = B
         nbins = self.sampler.num_bins if self.sampler is not None else 0
         bin_stats = torch.zeros(nbins, 2, dtype=torch.float64, device=self.device)  # per bin [sum L^2, count]
+        indicators, micro = None, cfg.micro_batch_size
+        if self.adaln is not None:  # each example's timestep bin (analysis.core.bins), as indicators, once a step
+            indicators = self.adaln.indicators(torch.bucketize(draws[0], self._bin_lows, right=True) - 1)
         for m in range(A):
             x, y, t, noise, wk = self._micro_batch(step, draws, m, B, A)
             last = m == A - 1
             sync = contextlib.nullcontext() if (last or self.world == 1) else self.ddp.no_sync()
             with sync:
-                self._backward(x, y, t, noise, m, A, mode, loss_sum, wk, bin_stats)
+                groups = None if indicators is None else indicators[local_slice(B, self.world, self.rank, A, micro, m)]
+                self._backward(x, y, t, noise, m, A, mode, loss_sum, wk, bin_stats, groups)
         g2_big = sq_norm([p.grad for p in self.params]).to(self.device)
         small, k = torch.zeros((), dtype=torch.float64, device=self.device), 0
         pieces = self.pieces is not None and mode in (GNS_MICRO, GNS_HALVES)
@@ -166,7 +182,8 @@ class TrainStep:
             local_g2 = self.hook.pop_tensor().to(device=self.device, dtype=torch.float64)
         else:
             local_g2 = torch.zeros((), dtype=torch.float64, device=self.device)
-        adaln = self.adaln.pop_tensor().flatten() if self.adaln is not None else loss_sum.new_zeros(0)
+        adaln, adaln_scale = self.adaln.pop_tensor() if self.adaln is not None else (loss_sum.new_zeros(0), 1.0)
+        adaln = adaln.flatten()
         reduced = torch.cat([torch.stack([loss_sum, local_g2]), bin_stats.flatten(), adaln])
         if self.world > 1:
             torch.distributed.all_reduce(reduced)
@@ -174,7 +191,7 @@ class TrainStep:
         # adaLN sums...]
         synced = torch.cat([torch.stack([reduced[0], g2_big, small, reduced[1]]), reduced[2:]]).tolist()
         tail = synced[4 + 2 * nbins :]
-        adaln_rows = [tail[4 * j : 4 * j + 4] for j in range(len(tail) // 4)] if self.adaln is not None else None
+        adaln_rows = self.adaln.rows(tail, adaln_scale) if self.adaln is not None else None
         loss_total, g2_big_f, small_f, local_sum = synced[:4]
         if self.sampler is not None:
             self.sampler.observe([synced[4 + 2 * j : 6 + 2 * j] for j in range(nbins)])

@@ -261,7 +261,7 @@ class GNSWindow:
             self._steps.append(int(step))
             self._g2.append(g2)
             self._trace.append(trace)
-        cut, span = 0, int(window_span(step, self.window, self.half))
+        cut, span = 0, min(self.window, (step + 1) // 2) if self.half else self.window  # window_span, for one step
         while cut < len(self._steps) and self._steps[cut] <= step - span:
             cut += 1
         del self._steps[:cut], self._g2[:cut], self._trace[:cut]

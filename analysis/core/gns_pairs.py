@@ -100,15 +100,24 @@ class AdaLNWindows:
     def __init__(self, num_bins: int, window: int, half: bool = False) -> None:
         self.num_bins = int(num_bins)
         self.windows = [GNSWindow(window, half) for _ in range(self.num_bins + 1)]  # bins, then global
+        self._pending: list[tuple[int, Sequence[Sequence[float]]]] = []  # steps not yet in the windows
 
-    def update(self, step: int, sums: ArrayLike) -> None:
-        g2, trace = step_estimates(sums)
-        if g2.shape != (self.num_bins + 1,):
-            raise ValueError(f"expected {self.num_bins + 1} rows of sums, got {g2.shape[0]}")
-        for w, g, t in zip(self.windows, g2.tolist(), trace.tolist(), strict=True):
-            w.add(step, g, t)
+    def update(self, step: int, sums: Sequence[Sequence[float]]) -> None:
+        """Add a step's summed ``pair_sums`` rows. Kept as given until the next ``metrics`` or ``state_dict`` (the
+        windows only move then: a step pays for an append, not for eleven window updates)."""
+        if len(sums) != self.num_bins + 1:
+            raise ValueError(f"expected {self.num_bins + 1} rows of sums, got {len(sums)}")
+        self._pending.append((int(step), sums))
+
+    def _flush(self) -> None:
+        for step, sums in self._pending:
+            g2, trace = step_estimates(sums)
+            for w, g, t in zip(self.windows, g2.tolist(), trace.tolist(), strict=True):
+                w.add(step, g, t)
+        self._pending = []
 
     def metrics(self) -> dict[str, float]:
+        self._flush()
         out: dict[str, float] = {}
         for k, w in enumerate(self.windows):
             names = adaln_names(None if k == self.num_bins else k)
@@ -125,10 +134,12 @@ class AdaLNWindows:
         return {k: v for k, v in out.items() if not (isinstance(v, float) and math.isnan(v))}
 
     def state_dict(self) -> dict[str, Any]:
+        self._flush()
         return {"num_bins": self.num_bins, "windows": [w.state_dict() for w in self.windows]}
 
     def load_state_dict(self, state: Mapping[str, Any] | None) -> None:
         """Restore from ``state_dict()``; ``None`` (a checkpoint without it) starts empty windows."""
+        self._pending = []
         if state is None:
             return
         if int(state["num_bins"]) != self.num_bins or len(state["windows"]) != len(self.windows):

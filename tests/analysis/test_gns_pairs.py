@@ -112,3 +112,28 @@ def test_windows_metrics_and_state_round_trip() -> None:
     assert again.metrics() == out
     with pytest.raises(ValueError, match="bins"):
         AdaLNWindows(3, window=10).load_state_dict(w.state_dict())
+
+
+def test_adaln_bins_figure_from_logged_metrics(tmp_path) -> None:
+    from analysis.reporting.plots import adaln_bins
+    from analysis.sources.loaders import runs_from_tables
+    from analysis.sources.schema import metrics_table, trials_table
+
+    trials = {
+        "trial_id": ["a"], "batch_size": [32], "micro_batch_size": [32], "grad_accum": [1], "num_workers": [1],
+        "lr": [1e-3], "seed": [0], "status": [M.STATUS_BUDGET_SPENT],
+    }  # fmt: skip
+    cols: dict[str, list] = {k: [] for k in ("trial_id", "step", "examples", "metric", "value")}
+    steps = list(range(20, 201, 20))
+    for k in range(3):
+        for name, value in ((M.GNS_ADALN_BIN_B_SIMPLE, 10.0 * (k + 1)), (M.GNS_ADALN_BIN_B_SIMPLE_SE, 2.0)):
+            cols["trial_id"] += ["a"] * len(steps)
+            cols["step"] += steps
+            cols["examples"] += [32 * s for s in steps]
+            cols["metric"] += [M.per_bin(name, k)] * len(steps)
+            cols["value"] += [value] * len(steps)
+    runs = runs_from_tables(trials_table(trials), metrics_table(cols), source="t")
+    path = adaln_bins(runs, 0, tmp_path / "adaln_bins.png")
+    assert path is not None and path.stat().st_size > 10_000
+    empty = runs_from_tables(trials_table(trials), metrics_table({k: [] for k in cols}), source="t")
+    assert adaln_bins(empty, 0, tmp_path / "none.png") is None
