@@ -10,6 +10,8 @@ Global GNS needs the squared norms of a "small" and a "big" batch gradient of me
 - ``W = A = 1`` with ``gns_halves`` ("halves"): two backward passes over the micro-batch's halves (the update equals
   the one-backward one up to float rounding); small = the halves' (size-weighted, ``b = micro / 2``); else no GNS.
 ``halves`` and ``micro-batches`` measure every ``gns_global_every``-th step only, the other steps run as with GNS off.
+With ``gns_adaln`` every backward pass also feeds `trainables.gns_adaln.AdaLNCollector` (per-example gradients of the
+modulation linears, read by hooks), whose per-bin sums join the step's all-reduce and host read.
 Norms: float32 gradients accumulated in float64, after unscaling, before clipping. One read of a small stats tensor
 at the end is the step's only host synchronisation (inputs and draws stay on the device)."""
 
