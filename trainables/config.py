@@ -152,6 +152,8 @@ class TrialConfig(BaseConfig):
     gns_every: int = 1000  # per-bin GNS cadence in steps (0 = off); one pass (K=10 x 32 examples) costs ~12-13
     # steps of B=32 on a CPU and ~17 of B=256 on a GPU: +1.2-1.7% at 1000 (was 300: +3.3-4.4%; benchmarks/RESULTS.md)
     gns_bin_examples: int = 32  # examples per bin per measurement (split in two halves); 0 = micro_batch_size
+    gns_adaln: bool = True  # adaLN-gradient GNS every step, global and per bin, from the step's own per-example
+    # gradients of the modulation linears (trainables.gns_adaln; off with compile: true); docs/gns.md
     # --- timestep sampling (trainables.timestep_sampler, docs/allocation.md) ---------------------------------
     timestep_sampling: str = "uniform"  # uniform (today's draws) | noise (p_k ∝ q_k sqrt(m_k) from per-bin GNS) |
     # loss (p_k ∝ q_k sqrt(E[L^2]) of recent steps); noise and loss weight examples by q_k / p_k (unbiased)
@@ -425,6 +427,7 @@ BOUNDS: dict[str, Bound] = {  # TrialConfig's
     "gns_window_half": Bound("bool"),
     "gns_every": COUNT,
     "gns_bin_examples": COUNT,
+    "gns_adaln": Bound("bool"),
     "timestep_sampling": Bound("str"),
     "alloc_every": POS,
     "alloc_floor": Bound("float", 0, 1, lo_open=True),

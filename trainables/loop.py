@@ -103,7 +103,14 @@ class DiTLearner(Learner):
             from trainables.timestep_sampler import TimestepSampler
 
             self.sampler = TimestepSampler(cfg, NUM_TIMESTEPS, device)
-        args = (cfg, model, ddp, data, scheduler, rank, world, device, autocast, hook, self.sampler)
+        self.adaln, self.adaln_windows = None, None  # adaLN-gradient GNS (trainables.gns_adaln); not with compile
+        if cfg.gns_adaln and not cfg.compile:
+            from analysis.core.gns_pairs import AdaLNWindows
+            from trainables.gns_adaln import AdaLNCollector
+
+            self.adaln = AdaLNCollector(model, cfg.timestep_bins, device)
+            self.adaln_windows = AdaLNWindows(cfg.timestep_bins, cfg.gns_steps, cfg.gns_window_half)
+        args = (cfg, model, ddp, data, scheduler, rank, world, device, autocast, hook, self.sampler, self.adaln)
         self.train_step = TrainStep(*args)
         self.bin_gns = None
         if cfg.gns_every:
@@ -135,6 +142,8 @@ class DiTLearner(Learner):
         bin_values = self.bin_gns.measure(done) if measure_bins else {}
         if self.sampler is not None:  # re-estimate the allocation (after this step's per-bin measurement)
             bin_values.update(self.sampler.update(done, self.bin_gns.windows if self.bin_gns else ()))
+        if s.adaln is not None and s.finite:  # every step into the window; logged at each report (interval)
+            self.adaln_windows.update(done, s.adaln)
         seconds = self.timer.stop()  # training time includes the GNS measurements
         values = {M.TRAIN_LOSS: s.loss, M.LR: lr, M.GRAD_NORM: s.g2_big**0.5}
         if s.g2_small is not None and s.finite:  # a non-finite step ends the trial as diverged
@@ -156,7 +165,10 @@ class DiTLearner(Learner):
         return self.timer.flush()
 
     def interval(self, step: int, train_seconds: float) -> dict[str, float]:
-        return self.sys_metrics.interval(step, train_seconds)
+        out = self.sys_metrics.interval(step, train_seconds)
+        if self.adaln_windows is not None:
+            out.update(self.adaln_windows.metrics())
+        return out
 
     def close(self) -> None:
         self.train_step.close()
@@ -171,6 +183,7 @@ class DiTLearner(Learner):
             "gns_ema": self.gns_window.state_dict(),
             "bin_gns": self.bin_gns.state_dict() if self.bin_gns is not None else None,
             "timestep_sampler": self.sampler.state_dict() if self.sampler is not None else None,
+            "gns_adaln": self.adaln_windows.state_dict() if self.adaln_windows is not None else None,
             "config": self.cfg.to_dict(),
             "dataset_info": vars(self.data.info),
         }
@@ -187,6 +200,8 @@ class DiTLearner(Learner):
             self.bin_gns.load_state_dict(state["bin_gns"])
         if self.sampler is not None:
             self.sampler.load_state_dict(state.get("timestep_sampler"))
+        if self.adaln_windows is not None:
+            self.adaln_windows.load_state_dict(state.get("gns_adaln"))
 
     def save(self, directory: str, state) -> None:
         checkpoint.save(directory, self.rank, state() if self.rank == 0 else None)
@@ -219,6 +234,7 @@ def train_loop(cfg: TrialConfig, session: Session) -> dict:
         "gns_window": cfg.gns_steps,
         "gns_window_half": cfg.gns_window_half,
         "gns_global": global_gns_summary(cfg, learner.gns_window),
+        "gns_adaln": "on" if learner.adaln is not None else "off (compile: true)" if cfg.gns_adaln else "off",
         "last": dict(trial.last),
         "pid": os.getpid(),
     }

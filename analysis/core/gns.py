@@ -242,28 +242,40 @@ class GNSWindow:
         """Add the raw two-batch statistics measured at optimizer ``step``; return the window's estimate.
 
         Non-finite statistics (an overflowed step) are not added; the window still moves to ``step``."""
-        if self._steps and step <= self._steps[-1]:
-            raise ValueError(f"GNS measurements must come in increasing steps, got {step} after {self._steps[-1]}")
         with np.errstate(over="ignore", invalid="ignore"):
             g2 = float(g2_unbiased(g2_small, g2_big, b, B))
             trace = float(trace_unbiased(g2_small, g2_big, b, B))
-        if math.isfinite(g2) and math.isfinite(trace):
-            self._steps.append(int(step))
-            self._g2.append(g2)
-            self._trace.append(trace)
-        cut, span = 0, int(window_span(step, self.window, self.half))
-        while cut < len(self._steps) and self._steps[cut] <= step - span:
-            cut += 1
-        del self._steps[:cut], self._g2[:cut], self._trace[:cut]
+        self.add(step, g2, trace)
         est = self.estimate
         if est.state == "undefined":
             self.undefined += 1
         return est
 
+    def add(self, step: int, g2: float, trace: float) -> None:
+        """Add the unbiased ``|G|^2`` and ``tr(Sigma)`` of the measurement at ``step`` themselves (any estimator's:
+        ``analysis.core.gns_pairs``) and move the window to ``step``, without forming the estimate (``update`` is
+        this plus ``estimate`` and the undefined count). Non-finite ones (no measurement this step) are not added."""
+        if self._steps and step <= self._steps[-1]:
+            raise ValueError(f"GNS measurements must come in increasing steps, got {step} after {self._steps[-1]}")
+        if math.isfinite(g2) and math.isfinite(trace):
+            self._steps.append(int(step))
+            self._g2.append(g2)
+            self._trace.append(trace)
+        cut, span = 0, min(self.window, (step + 1) // 2) if self.half else self.window  # window_span, for one step
+        while cut < len(self._steps) and self._steps[cut] <= step - span:
+            cut += 1
+        del self._steps[:cut], self._g2[:cut], self._trace[:cut]
+
     @property
     def estimate(self) -> WindowEstimate:
         """``window_estimate`` of the measurements now in the window."""
         return window_estimate(self._g2, self._trace)
+
+    def means(self) -> tuple[float, float]:
+        """The window means ``(mean |G|^2, mean tr(Sigma))`` (``nan`` for an empty window)."""
+        if not self._g2:
+            return math.nan, math.nan
+        return float(np.mean(self._g2)), float(np.mean(self._trace))
 
     def state_dict(self) -> dict[str, Any]:
         """Plain-python state for checkpoints (the window's measurements and the undefined count)."""

@@ -46,6 +46,21 @@ GNS_BIN_B_SIMPLE = "gns/bin{k}/b_simple"
 GNS_BIN_B_SIMPLE_SE = "gns/bin{k}/b_simple_se"
 GNS_BIN_B_SIMPLE_UNDEFINED = "gns/bin{k}/b_simple_undefined"
 
+# --- adaLN-gradient GNS (config gns_adaln): the modulation parameters' per-example gradients of the training step,
+# every step into the window, logged at each report; globally and per timestep bin k (analysis.core.gns_pairs)
+GNS_ADALN_G2_MEAN = "gns/adaln/g2_mean"  # window mean of the per-step unbiased |G|^2 (pair mean)
+GNS_ADALN_TRACE_MEAN = "gns/adaln/trace_mean"  # window mean of the per-step unbiased tr(Sigma)
+GNS_ADALN_MEASUREMENTS = "gns/adaln/measurements"  # steps in the window that measured (had a pair)
+GNS_ADALN_B_SIMPLE = "gns/adaln/b_simple"  # trace_mean / g2_mean: the modulation parameters' noise scale
+GNS_ADALN_B_SIMPLE_SE = "gns/adaln/b_simple_se"
+GNS_ADALN_B_SIMPLE_UNDEFINED = "gns/adaln/b_simple_undefined"
+GNS_ADALN_BIN_G2_MEAN = "gns/adaln/bin{k}/g2_mean"
+GNS_ADALN_BIN_TRACE_MEAN = "gns/adaln/bin{k}/trace_mean"
+GNS_ADALN_BIN_MEASUREMENTS = "gns/adaln/bin{k}/measurements"
+GNS_ADALN_BIN_B_SIMPLE = "gns/adaln/bin{k}/b_simple"
+GNS_ADALN_BIN_B_SIMPLE_SE = "gns/adaln/bin{k}/b_simple_se"
+GNS_ADALN_BIN_B_SIMPLE_UNDEFINED = "gns/adaln/bin{k}/b_simple_undefined"
+
 # --- timestep allocation (config timestep_sampling noise / loss), at each re-estimation -----------------------
 ALLOC_BIN_P = "alloc/bin{k}/p"  # probability of drawing timestep bin k (uniform = its share of the timesteps)
 
@@ -77,6 +92,18 @@ def gns_names(k: int | None = None) -> dict[str, str]:
     if k is None:
         return glob
     return {role: name.replace("gns/", f"gns/bin{k}/", 1) for role, name in glob.items()}
+
+
+def adaln_names(k: int | None = None) -> dict[str, str]:
+    """The adaLN-gradient GNS metric names (global, ``k=None``, or timestep bin ``k``) by role."""
+    glob = {
+        "g2_mean": GNS_ADALN_G2_MEAN, "trace_mean": GNS_ADALN_TRACE_MEAN, "measurements": GNS_ADALN_MEASUREMENTS,
+        "b_simple": GNS_ADALN_B_SIMPLE, "b_simple_se": GNS_ADALN_B_SIMPLE_SE,
+        "b_simple_undefined": GNS_ADALN_B_SIMPLE_UNDEFINED,
+    }  # fmt: skip
+    if k is None:
+        return glob
+    return {role: name.replace("gns/adaln/", f"gns/adaln/bin{k}/", 1) for role, name in glob.items()}
 
 
 # --- MLflow child runs only (orchestrator.records.mlflow_tracking): sortable copies and the outcome of each trial
@@ -139,6 +166,24 @@ METRIC_DOCS: dict[str, str] = {
     "measurements)",
     GNS_BIN_B_SIMPLE_SE: "its standard error",
     GNS_BIN_B_SIMPLE_UNDEFINED: "per-bin running count of measurements without a valid `B_simple`",
+    GNS_ADALN_G2_MEAN: "adaLN-gradient GNS (`gns_adaln`, every step, logged at each report): window mean of the "
+    "per-step unbiased `|G|^2` of the modulation parameters' gradient (every block's adaLN-Zero linear and the final "
+    "layer's `proj_out_1`), the mean of `g_i . g_j` over pairs of examples of one micro-batch",
+    GNS_ADALN_TRACE_MEAN: "window mean of the per-step unbiased `tr(Sigma)` of the same parameters (mean `|g_i|^2` "
+    "minus the pair mean)",
+    GNS_ADALN_MEASUREMENTS: "steps in the window that measured (all of them globally; per bin, the steps with two "
+    "examples of the bin in one micro-batch)",
+    GNS_ADALN_B_SIMPLE: "`trace_mean / g2_mean`: the noise scale of the modulation parameters, over the same window "
+    "as `gns/b_simple` (`gns_window`, `gns_window_half`); not the whole model's B_simple (docs/gns.md, "
+    '"adaLN-gradient GNS"); logged only when defined',
+    GNS_ADALN_B_SIMPLE_SE: "its standard error (delta method on the window means, as `gns/b_simple_se`)",
+    GNS_ADALN_B_SIMPLE_UNDEFINED: "running count of reports whose window gave no valid ratio; logged when non-zero",
+    GNS_ADALN_BIN_G2_MEAN: "the same restricted to timestep bin k (pairs of the bin's examples only)",
+    GNS_ADALN_BIN_TRACE_MEAN: "per-bin window mean `tr(Sigma_k)`",
+    GNS_ADALN_BIN_MEASUREMENTS: "per-bin measurements in the window",
+    GNS_ADALN_BIN_B_SIMPLE: "per-bin `trace_mean / g2_mean` of the modulation parameters, every step's window",
+    GNS_ADALN_BIN_B_SIMPLE_SE: "its standard error",
+    GNS_ADALN_BIN_B_SIMPLE_UNDEFINED: "per-bin running count of reports without a valid ratio",
     ALLOC_BIN_P: "probability of drawing a training timestep from bin k (`timestep_sampling` `noise` / `loss`; "
     "logged every `alloc_every` steps; its examples carry the weight `q_k / p_k`, `q_k` the bin's share of the "
     "timesteps; docs/allocation.md)",

@@ -39,8 +39,13 @@ def gns_names(k: int | None = None) -> tuple[str, str, str, str]:
 
 
 def bins_in(runs: Runs, prefix: str) -> list[int]:
-    """Bin indices k for which some metric ``{prefix}/bin{k}...`` was reported, ascending."""
-    ks = {int(g.group(1)) for name in runs.metric_names() if name.startswith(prefix) and (g := _BIN_RE.search(name))}
+    """Bin indices k for which some metric ``{prefix}bin{k}...`` was reported (``bin{k}`` right after the prefix:
+    ``gns/`` finds ``gns/bin3/g2``, not ``gns/adaln/bin3/...``), ascending."""
+    ks = {
+        int(g.group(1))
+        for name in runs.metric_names()
+        if name.startswith(prefix) and (g := _BIN_RE.match("/" + name[len(prefix) :]))
+    }
     return sorted(ks)
 
 

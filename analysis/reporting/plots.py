@@ -6,6 +6,8 @@
 - ``bcrit_vs_target.png``: ``B_crit`` vs target loss with the bootstrap band;
 - ``bins.png``: per timestep bin, ``B_crit`` and ``B_simple`` vs target side by side;
 - ``gns_training.png``: re-smoothed ``B_simple`` over training, globally and per bin;
+- ``adaln_bins.png``: the adaLN-gradient noise scale of every timestep bin over one trial's training (``gns_adaln``:
+  one line per bin, log scale, ± SE bands), for the largest batch size of ``gns_training``'s picks;
 - ``answer.png``: the answer (`answer`): steps vs B at the trustworthy targets, and per bin B_crit beside B_simple.
 
 Flagged targets (``analysis.fits.flags``) are drawn hollow with dashed fits and "(flagged)" in the legend; points
@@ -19,6 +21,7 @@ from pathlib import Path
 
 import numpy as np
 
+from analysis.core import metrics as M
 from analysis.fits import gns_view
 from analysis.fits.trust import headline
 from analysis.sources.loaders import Runs
@@ -209,6 +212,33 @@ def gns_training(result: dict, runs: Runs, path: Path, window: int | None = None
     return path
 
 
+def adaln_bins(runs: Runs, row: int, path: Path, label: str = "") -> Path | None:
+    """Trial ``row``'s ``gns/adaln/bin{k}/b_simple`` over training: one line per timestep bin, log y, ± SE bands
+    (what the training step measured at every step; docs/gns.md, "adaLN-gradient GNS"). None without such metrics."""
+    ks = gns_view.bins_in(runs, "gns/adaln/")
+    lines = []
+    for k in ks:
+        v, se = (runs.series(M.per_bin(name, k)) for name in (M.GNS_ADALN_BIN_B_SIMPLE, M.GNS_ADALN_BIN_B_SIMPLE_SE))
+        lo, hi = np.searchsorted(v.trial, [row, row + 1])
+        slo, shi = np.searchsorted(se.trial, [row, row + 1])
+        steps, vals = v.step[lo:hi], v.value[lo:hi]
+        err = dict(zip(se.step[slo:shi].tolist(), se.value[slo:shi].tolist(), strict=True))
+        if steps.size:
+            lines.append((k, steps, vals, np.array([err.get(s, np.nan) for s in steps.tolist()])))
+    if not lines:
+        return None
+    fig, (ax,) = _figure()
+    colors = _colors(len(lines))
+    for (k, steps, vals, err), c in zip(lines, colors, strict=True):
+        ax.plot(steps, vals, color=c, lw=1.2, label=f"bin {k}")
+        ax.fill_between(steps, np.maximum(vals - err, vals * 0.05), vals + err, color=c, alpha=0.15, lw=0)
+    ax.set(yscale="log", xlabel="optimizer step", ylabel="adaLN-gradient B_simple (examples)")
+    ax.set_title(f"Per-bin noise scale of the modulation parameters over training{label}", fontsize=9)
+    ax.legend(fontsize=6, ncols=2)
+    fig.savefig(path, dpi=100)
+    return path
+
+
 def _plain_ticks(ax, x: bool = True) -> None:
     """Log axes labelled 8, 16, 30 ... rather than 10^1 (batch sizes and steps are read as plain numbers)."""
     from matplotlib.ticker import LogLocator, NullFormatter, ScalarFormatter
@@ -286,5 +316,9 @@ def make_all(result: dict, runs: Runs, out: Path, gns_window: int | None = None)
     if result["bins"]:
         paths.append(bins(result, out / "bins.png"))
     g = gns_training(result, runs, out / "gns_training.png", gns_window)
+    mid = result["targets"][len(result["targets"]) // 2] if result["targets"] else {"points": []}
+    row_of = {t: i for i, t in enumerate(runs.trial_ids)}
+    picks = sorted((p["batch_size"], row_of[p["trial_id"]]) for p in mid["points"] if p["trial_id"] in row_of)
+    ad = adaln_bins(runs, picks[-1][1], out / "adaln_bins.png", f" (B={picks[-1][0]})") if picks else None
     a = answer(result, out / ANSWER_PNG)
-    return ([a] if a is not None else []) + paths + ([g] if g is not None else [])
+    return ([a] if a is not None else []) + paths + [p for p in (g, ad) if p is not None]

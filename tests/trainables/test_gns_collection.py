@@ -180,7 +180,9 @@ def test_w1_a1_says_global_gns_unavailable(capsys) -> None:
     s = run_local(TrialConfig(**cfg))
     assert s.summary["gns_global"] == GNS_UNAVAILABLE  # `bcrit train` prints it; a sweep says it once, not per trial
     assert GNS_UNAVAILABLE not in capsys.readouterr().out
-    assert not [r for rep in s.reports for r in rep["rows"] if r[2].startswith("gns/")]
+    # only the adaLN-gradient GNS, which needs no second batch size (trainables.gns_adaln)
+    assert not [r for rep in s.reports for r in rep["rows"] if r[2].startswith("gns/") and "/adaln/" not in r[2]]
+    assert s.summary["gns_adaln"] == "on"
 
 
 def test_global_gns_on_off_identical_losses() -> None:

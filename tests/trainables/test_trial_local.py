@@ -146,7 +146,7 @@ def test_global_gns_unavailable_is_said_plainly(capsys):
     # said once where a person reads it (`bcrit train`'s summary; a sweep's header line), not by every trial
     assert "gns    global: unavailable: global GNS needs" in format_summary(s.summary, cfg.timestep_bins)
     assert "unavailable" not in capsys.readouterr().out
-    assert not any(r[2].startswith("gns/") for rep in s.reports for r in rep["rows"])
+    assert not any(r[2].startswith("gns/") and "/adaln/" not in r[2] for rep in s.reports for r in rep["rows"])
     on = run_local(TrialConfig(**{**TINY, "max_steps": 2})).summary["gns_global"]  # halves: the default, sparse
     assert on.startswith("on: halves, every 40 steps (only 0 measurements in the last window")
 
