@@ -1,4 +1,5 @@
-"""No symlink is tracked (issue 28): a committed `.venv` symlink once replaced a contributor's venv on checkout."""
+"""The checkout as git and pytest see it: no tracked symlink (a committed `.venv` symlink once replaced a contributor's
+venv on checkout); no two test files of one basename (pytest's default import mode cannot collect both)."""
 
 from __future__ import annotations
 
@@ -39,3 +40,12 @@ def test_the_scan_names_a_tracked_symlink(tmp_path) -> None:
     (tmp_path / ".venv").symlink_to("/nonexistent/venv")
     subprocess.run(["git", "-C", str(tmp_path), "add", "real", ".venv"], check=True)
     assert tracked_symlinks(tmp_path) == [".venv"]
+
+
+def test_test_files_have_distinct_basenames():
+    """Test modules are imported by basename (no ``__init__.py`` in tests/'s folders): two ``test_x.py`` in different
+    folders fail the whole run's collection with 'import file mismatch'."""
+    seen: dict[str, list[str]] = {}
+    for p in (CHECKOUT / "tests").rglob("test_*.py"):
+        seen.setdefault(p.name, []).append(str(p.relative_to(CHECKOUT)))
+    assert {k: v for k, v in seen.items() if len(v) > 1} == {}
