@@ -14,6 +14,10 @@ from __future__ import annotations
 import os
 from dataclasses import dataclass, field
 
+import yaml
+
+from orchestrator.errors import UserError
+
 CONFIG_ENV = "BCRIT_CLUSTER_CONFIG"
 BOOTSTRAP = "~/ray_bootstrap_config.yaml"
 
@@ -39,6 +43,7 @@ class Capacity:
 
 def capacity() -> Capacity:
     """What the connected cluster can hold: its live nodes, grown by its autoscaler's node types if any."""
+    # Ray: deferred, the dry run (bcrit sweep --dry-run) loads this module
     import ray
 
     if not ray.is_initialized():  # Ray's state API would join whatever /tmp/ray/ray_current_cluster names, stale too
@@ -68,6 +73,7 @@ def combine(now: dict[str, float], live: list[dict[str, float]], types) -> Capac
 def _reported_node_types() -> tuple[str, list[tuple[dict[str, float], int]]] | None:
     """Node groups the autoscaler reported to the GCS (resources, most nodes), or None."""
     try:
+        # Ray: deferred, the dry run (bcrit sweep --dry-run) loads this module
         from ray._private.state import state
 
         config = state.get_cluster_config()
@@ -82,10 +88,6 @@ def _reported_node_types() -> tuple[str, list[tuple[dict[str, float], int]]] | N
 def _config_node_types(path: str | None = None) -> tuple[str, list[tuple[dict[str, float], int]]] | None:
     """``available_node_types`` of an autoscaler YAML: each type's ``resources`` and most nodes (the head type
     once; a worker type at most its ``max_workers`` and the cluster's). None without a readable file."""
-    import yaml
-
-    from orchestrator.errors import UserError
-
     path = path or os.environ.get(CONFIG_ENV) or os.path.expanduser(BOOTSTRAP)
     explicit = bool(os.environ.get(CONFIG_ENV))
     try:

@@ -31,6 +31,7 @@ def ray_dial_target(address: str) -> tuple[str, int, str] | None:
     (a GCS process on this machine, else ``/tmp/ray/ray_current_cluster`` -- which a crashed head leaves behind,
     so it is dialled too); none found is Ray's own immediate ConnectionError, re-raised as one line here.
     ``localhost``/``127.0.0.1`` are dialled as Ray does: at this node's IP (services.resolve_ip_for_localhost)."""
+    # Ray: deferred, the dry run (bcrit sweep --dry-run) loads this module
     from ray._common.network_utils import parse_address
     from ray._private import services
 
@@ -88,6 +89,7 @@ def _resolve(host: str, port: int, timeout_s: float):
 
 def _grpc_answer(target: str, method: str, timeout_s: float):
     """(code, details) of one unary call with an empty request: a plaintext gRPC exchange bounded by ``timeout_s``."""
+    # grpc: deferred, the dry run (bcrit sweep --dry-run) loads this module
     import grpc  # ray[default] brings grpcio
 
     channel = grpc.insecure_channel(target)
@@ -107,6 +109,7 @@ def check_ray_address(address: str, timeout_s: float = CHECK_TIMEOUT_S, rpc_time
     Client server). The service is asked what Ray asks first (GCS: ``GetClusterId``; Ray Client: ``ClusterInfo``):
     an answer, or a refusal for a missing/wrong token, is a Ray head (the token is ``ray.init``'s to check). With
     ``RAY_USE_TLS`` on, only the TCP connection is checked."""
+    # grpc: deferred, the dry run (bcrit sweep --dry-run) loads this module
     import grpc
     from ray._common.network_utils import build_address, parse_address
 

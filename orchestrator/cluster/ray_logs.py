@@ -42,6 +42,7 @@ def filter_driver_logs() -> bool:
     prints the workers' logs, and the function the driver's error listener prints the raylet's warnings with.
     Returns whether the log printer was found and wrapped."""
     try:
+        # Ray: deferred, the dry run (bcrit sweep --dry-run) loads this module
         from ray._private import worker as ray_worker
         from ray._private.ray_logging import global_worker_stdstream_dispatcher as dispatcher
     except ImportError:

@@ -8,6 +8,8 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
 from orchestrator.cluster.capacity import capacity
+from orchestrator.cluster.ray_address import check_ray_address
+from orchestrator.cluster.ray_logs import filter_driver_logs
 from orchestrator.cluster.sizing import local_cpus, ray_cpus
 from orchestrator.errors import UserError
 
@@ -58,9 +60,8 @@ def sweep_cpus(spec: SweepSpec, configs: list[dict] | None = None) -> int:
 def connect(verbose: bool = False) -> None:
     """Join the cluster at ``RAY_ADDRESS``; a cluster that cannot be reached (or refuses the token) is one
     UserError line naming the fix, not Ray's traceback or its minutes of retries."""
+    # Ray: deferred, the dry run (bcrit sweep --dry-run) loads this module
     import ray
-
-    from orchestrator.cluster.ray_address import check_ray_address
 
     if ray.is_initialized():
         return
@@ -81,6 +82,7 @@ def connect(verbose: bool = False) -> None:
 
 def local_resources(spec: SweepSpec) -> dict[str, float]:
     """What the embedded local Ray of a sweep will hold (to validate before starting it)."""
+    # torch: deferred, the dry run (bcrit sweep --dry-run) loads this module
     import torch
 
     return {"CPU": float(local_cpus(spec)), "GPU": float(torch.cuda.device_count())}
@@ -90,6 +92,7 @@ def sweep_capacity() -> dict[str, float]:
     """The resources a started sweep's concurrency is sized for: on a cluster (``RAY_ADDRESS``) what it can hold at
     its largest (orchestrator.cluster.capacity: the autoscaler's node types), so trials start as nodes join; else the
     running Ray's own."""
+    # Ray: deferred, the dry run (bcrit sweep --dry-run) loads this module
     import ray
 
     return capacity().total if on_cluster() else dict(ray.cluster_resources())
@@ -103,7 +106,7 @@ def start_ray(spec: SweepSpec, verbose: bool = False) -> None:
 def start_quiet_ray(num_cpus: int, verbose: bool = False) -> None:
     """``RAY_ADDRESS`` if set, else a local Ray of ``num_cpus`` logical CPUs (trainables.trial.ensure_ray); without
     ``verbose``, Ray's known-harmless log lines are kept out of the terminal (orchestrator.cluster.ray_logs)."""
-    from orchestrator.cluster.ray_logs import filter_driver_logs
+    # torch: deferred, the dry run (bcrit sweep --dry-run) loads this module
     from trainables.trial import ensure_ray
 
     ensure_ray(num_cpus=num_cpus, quiet=not verbose)

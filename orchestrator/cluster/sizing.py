@@ -46,6 +46,7 @@ def worker_bundle(cfg: dict) -> dict[str, float]:
 
 
 def worker_bundle_extra(share: float = 1.0) -> dict[str, float]:
+    # torch: deferred, the dry run (bcrit sweep --dry-run) loads this module
     from trainables.trial import extra_worker_resources
 
     return extra_worker_resources(share)

@@ -7,8 +7,19 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from orchestrator.cluster.ray_start import acquire_ray, local_resources, sweep_cpus
+from orchestrator.errors import UserError
 from orchestrator.execution.preflight import check_spec
+from orchestrator.execution.sweep_state import (
+    NO_SWEEP,
+    RESTORABLE,
+    UNSTARTED,
+    check_resumable_tracking,
+    has_results,
+    reset_unstarted,
+    sweep_state,
+)
 from orchestrator.specs.sweep_spec import SweepSpec
+from orchestrator.storage.uri import Mirror
 
 
 @dataclass(frozen=True)
@@ -35,17 +46,6 @@ def plan_start(spec, resume: bool) -> bool:
     """Decide, before Ray starts, how the sweep dir is used; returns whether to ``Tuner.restore``. A sweep
     killed before Tune's first state file is started again from scratch (its leftovers cleared); a fresh start
     is refused only for a directory holding a restorable sweep or results of an earlier one."""
-    from orchestrator.errors import UserError
-    from orchestrator.execution.sweep_state import (
-        NO_SWEEP,
-        RESTORABLE,
-        UNSTARTED,
-        check_resumable_tracking,
-        has_results,
-        reset_unstarted,
-        sweep_state,
-    )
-
     state = sweep_state(spec.sweep_dir, spec.storage_uri)
     if state == RESTORABLE:
         if not resume:
@@ -78,8 +78,6 @@ def mirror_at_end(spec) -> None:
     """A URI sweep's last push of its local directory to ``<URI>/bcrit/`` (also after Ctrl-C or a failure)."""
     if not spec.storage_uri:
         return
-    from orchestrator.storage.uri import Mirror
-
     try:
         n = Mirror(spec.storage_uri, spec.sweep_dir).push()
     except OSError as e:

@@ -16,11 +16,24 @@ follows the bound: each batch size's trials stopping at the share of ``max_steps
 
 from __future__ import annotations
 
+import dataclasses
 import os
+import tempfile
 from collections import defaultdict
 from dataclasses import dataclass, field
 
+import pyarrow.parquet as pq
+
+from analysis.sources.mlflow_uri import TrackingUriError, check_tracking_uri, sqlite_path
+from orchestrator.cluster import capacity, ray_start
+from orchestrator.cluster.ray_start import local_resources, on_cluster, sweep_cpus
+from orchestrator.cluster.sizing import compute_slots, max_concurrent, ray_cpus, trial_need
 from orchestrator.errors import UserError
+from orchestrator.execution.preflight import check_trials, local_where
+from orchestrator.execution.sweep_state import NO_SWEEP, has_results, sweep_state
+from orchestrator.specs.branch_spec import check_branch_spec
+from orchestrator.specs.yaml_overrides import load_yaml
+from orchestrator.storage.layout import SPEC_FILE
 
 # the spec keys a throughput must share with the sweep it is quoted for (the model, the data, the device)
 SAME = (("workload",), ("fixed", "preset"), ("fixed", "dataset"), ("scientific", "use_gpu"))
@@ -43,10 +56,6 @@ class Plan:
 def sweep_plan(spec) -> Plan:
     """The plan of `orchestrator.execution.launch.prepare` without its side effects: no Ray started, nothing
     written."""
-    from orchestrator.cluster.ray_start import local_resources, on_cluster, sweep_cpus
-    from orchestrator.cluster.sizing import compute_slots, max_concurrent
-    from orchestrator.execution.preflight import check_trials, local_where
-
     notes = check_places(spec.sweep_dir, spec.mlflow_uri, spec.storage_uri)
     if on_cluster():
         cap = cluster_capacity()
@@ -67,14 +76,6 @@ def sweep_plan(spec) -> Plan:
 
 def branch_plan(spec) -> Plan:
     """A branched study's plan: its reference trial, then its branches (with a placeholder parent)."""
-    import dataclasses
-    import tempfile
-
-    from orchestrator.cluster.ray_start import on_cluster
-    from orchestrator.cluster.sizing import max_concurrent, ray_cpus
-    from orchestrator.execution.preflight import local_where
-    from orchestrator.specs.branch_spec import check_branch_spec
-
     notes = check_places(spec.sweep_dir, spec.mlflow_uri, None)
     with tempfile.TemporaryDirectory() as tmp:  # the study's own checks write a probe file: here, not in its directory
         elsewhere = dataclasses.replace(spec, sweep_dir=tmp, mlflow_uri=f"sqlite:///{tmp}/mlflow.db")
@@ -83,6 +84,7 @@ def branch_plan(spec) -> Plan:
     if cap is not None:
         held, where = cap.total, cap.describe()
     else:
+        # torch: deferred, the dry run (bcrit sweep --dry-run) loads this module
         import torch
 
         held = {"CPU": float(ray_cpus([ref, *branches])), "GPU": float(torch.cuda.device_count())}
@@ -98,19 +100,13 @@ def branch_plan(spec) -> Plan:
 
 def cluster_capacity():
     """What the cluster at ``RAY_ADDRESS`` can hold: joined (no Ray started), read, as a launch reads it."""
-    from orchestrator.cluster.capacity import capacity
-    from orchestrator.cluster.ray_start import connect
-
-    connect()
-    return capacity()
+    ray_start.connect()  # both looked up at call time: tests stand in a cluster
+    return capacity.capacity()
 
 
 def check_places(sweep_dir: str, mlflow_uri: str, storage_uri: str | None) -> list[str]:
     """The sweep directory and the MLflow store checked without writing to either (a real launch writes a probe
     file and creates them); returns what the plan notes about them. Raises UserError as a launch would."""
-    from analysis.sources.mlflow_uri import TrackingUriError, check_tracking_uri, sqlite_path
-    from orchestrator.execution.sweep_state import NO_SWEEP, has_results, sweep_state
-
     if os.path.exists(sweep_dir) and not os.path.isdir(sweep_dir):
         raise UserError(f"storage {sweep_dir!r} is a file, not a directory; choose another storage path")
     if not os.access(_existing_parent(sweep_dir), os.W_OK):
@@ -159,11 +155,6 @@ def split_key(cfg: dict) -> tuple:
 def throughput_from(sweep_dir: str, spec_raw: dict) -> Throughput:
     """The throughput of the sweep in ``sweep_dir``, refused in one line unless it ran the same workload, preset,
     dataset and device as ``spec_raw`` (the planned spec's YAML) and has trials with measured seconds."""
-    import pyarrow.parquet as pq
-
-    from orchestrator.specs.yaml_overrides import load_yaml
-    from orchestrator.storage.layout import SPEC_FILE
-
     saved = os.path.join(sweep_dir, SPEC_FILE)
     trials = os.path.join(sweep_dir, "trials.parquet")
     if not (os.path.isfile(saved) and os.path.isfile(trials)):
@@ -236,8 +227,6 @@ def makespan(seconds: list[float], slots: int) -> float:
 def show(plan: Plan, tp: Throughput | None = None) -> list[str]:
     """The plan's lines: one per batch size and split (its learning rates, seeds, trials, step budget), the totals,
     and with a throughput the predicted seconds."""
-    from orchestrator.cluster.sizing import trial_need
-
     groups: dict[tuple, list[dict]] = defaultdict(list)
     for c in plan.configs:
         groups[(int(c["batch_size"]), int(c["micro_batch_size"]), int(c.get("grad_accum") or 1),

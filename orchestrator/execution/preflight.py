@@ -6,11 +6,15 @@ from __future__ import annotations
 import os
 from typing import Any
 
+from orchestrator.cluster import capacity  # looked up at call time: tests stand in a cluster's capacity
 from orchestrator.cluster.sizing import trial_need, worker_bundle
 from orchestrator.errors import UserError
 from orchestrator.records.tracking_uri import check_tracking
 from orchestrator.specs.sweep_spec import SweepSpec
+from orchestrator.storage import shared_dir  # looked up at call time: tests stand in a one-node probe
 from orchestrator.storage.shared_dir import check_storage
+from orchestrator.storage.uri import probe
+from trainables.config import ConfigError
 from trainables.workloads import get_workload
 
 
@@ -21,18 +25,13 @@ def check_spec(spec: SweepSpec, resources: dict | None = None) -> list[dict[str,
     Raises UserError; nothing is launched."""
     check_storage(spec.sweep_dir)
     if spec.storage_uri:
-        from orchestrator.storage.uri import probe
-
         probe(spec.storage_uri)  # write and read back: a missing bucket, endpoint or credentials, one line
     check_tracking(spec.mlflow_uri)
     cap = None
     if resources is None:
-        from orchestrator.cluster.capacity import capacity
-        from orchestrator.storage.shared_dir import check_shared_storage
-
         if not spec.storage_uri:  # a URI is what every node reaches; a directory must be shared (one line if not)
-            check_shared_storage(spec.sweep_dir)
-        cap = capacity()
+            shared_dir.check_shared_storage(spec.sweep_dir)
+        cap = capacity.capacity()
     return check_trials(spec, resources, cap)
 
 
@@ -46,8 +45,6 @@ def check_trials(spec: SweepSpec, resources: dict | None, cap=None) -> list[dict
         assert resources is not None
         where = local_where(resources)
     w = get_workload(spec.workload)
-    from trainables.config import ConfigError
-
     out, checked = [], set()
     for raw in spec.trial_configs():
         trial = f"trial B={raw['batch_size']} split {raw['micro_batch_size']}x{raw['grad_accum']}x{raw['num_workers']}"

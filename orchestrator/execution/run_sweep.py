@@ -17,6 +17,7 @@ from orchestrator.execution.sweep_state import restore_spec
 from orchestrator.features.adaptive.adaptive_resume import resume_spec
 from orchestrator.specs.resume_rules import Request, spec_to_run
 from orchestrator.specs.sweep_spec import SweepSpec, load_spec
+from orchestrator.storage.uri import Mirror, explain, fetch, is_uri, probe
 
 
 @dataclass(frozen=True)
@@ -35,8 +36,6 @@ def open_spec(path: str, overrides: list[str] | None = None, resume: bool = Fals
     holds pulled first: `load_and_fetch`), a sweep directory or a storage URI (only with ``resume``), an adaptive
     sweep resumed with a new goal or budget (orchestrator.features.adaptive.adaptive_resume); the rules of
     orchestrator.specs.resume_rules.spec_to_run. Raises UserError."""
-    from orchestrator.storage.uri import fetch, is_uri, probe
-
     if is_uri(path):  # `bcrit sweep --resume s3://...`: the sweep's files fetched into its local directory
         if not resume:
             raise UserError(f"{path} is a storage URI; pass a spec YAML, or --resume to continue its sweep")
@@ -59,8 +58,6 @@ def fetch_sweep(spec: SweepSpec) -> None:
     spec's local directory (nothing for a directory storage)."""
     if not spec.storage_uri:
         return
-    from orchestrator.storage.uri import Mirror, explain, probe
-
     probe(spec.storage_uri)
     try:
         Mirror(spec.storage_uri, spec.sweep_dir).pull()

@@ -6,12 +6,16 @@ from __future__ import annotations
 import contextlib
 import fnmatch
 import glob
+import json
 import os
+import shutil
 
+from analysis.sources.mlflow_uri import sqlite_path
 from orchestrator.errors import UserError
 from orchestrator.specs.sweep_spec import SweepSpec, parse_spec
 from orchestrator.specs.yaml_overrides import load_yaml
 from orchestrator.storage.layout import BCRIT_FILES, PARENT_FILE, PARTS, SPEC_FILE, TRAIN_DIR, TUNE_DIR
+from orchestrator.storage.uri import Mirror, exists, glob_names, remove_dirs
 
 NO_SWEEP, UNSTARTED, RESTORABLE = "none", "unstarted", "restorable"
 
@@ -22,8 +26,6 @@ def sweep_state(sweep_dir: str, storage_uri: str | None = None) -> str:
     yes, then ``Tuner.restore`` fails with ``KeyError: 'trial'``); `NO_SWEEP`: no Tune experiment at all.
     Tune's experiment is read at ``storage_uri`` when the sweep's storage is a URI."""
     if storage_uri:
-        from orchestrator.storage.uri import exists, glob_names
-
         if not exists(storage_uri, TUNE_DIR, "tuner.pkl"):
             return NO_SWEEP
         names = glob_names(storage_uri, TUNE_DIR)
@@ -53,8 +55,6 @@ def reset_unstarted(spec: SweepSpec) -> None:
     parts and tables, the searchers' files (Optuna's journal, the adaptive decisions), and the child runs under the
     MLflow parent (the parent itself is kept and adopted) -- so that it starts again from scratch with nothing stale
     mixed in. For a URI sweep also at ``<URI>/bcrit/`` (else a pull would bring them back)."""
-    import shutil
-
     d = spec.sweep_dir
     for sub in (TUNE_DIR, TRAIN_DIR, PARTS):
         shutil.rmtree(os.path.join(d, sub), ignore_errors=True)
@@ -63,14 +63,13 @@ def reset_unstarted(spec: SweepSpec) -> None:
         with contextlib.suppress(FileNotFoundError):
             os.remove(os.path.join(d, name))
     if spec.storage_uri:
-        from orchestrator.storage.uri import Mirror, remove_dirs
-
         remove_dirs(spec.storage_uri, TUNE_DIR, TRAIN_DIR)
         mirror = Mirror(spec.storage_uri, d)
         for prefix in (f"{TUNE_DIR}/", f"{TRAIN_DIR}/", f"{PARTS}/", *files):
             mirror.remove(prefix)
     parent = recorded_parent(spec)
     if parent:
+        # MLflow: deferred, the dry run (bcrit sweep --dry-run) loads this module
         from mlflow.tracking import MlflowClient
 
         client = MlflowClient(spec.mlflow_uri)
@@ -93,8 +92,6 @@ def _saved_spec_text(sweep_dir: str) -> str | None:
 
 def recorded_parent(spec: SweepSpec) -> str | None:
     """The MLflow parent run id the sweep dir recorded for the spec's tracking URI (None: none yet)."""
-    import json
-
     path = os.path.join(spec.sweep_dir, PARENT_FILE)
     try:
         with open(path) as f:
@@ -109,8 +106,6 @@ def recorded_parent(spec: SweepSpec) -> str | None:
 def check_resumable_tracking(spec: SweepSpec) -> None:
     """The MLflow parent a resumed sweep continues must still exist -- checked before Ray starts, touching
     nothing (a deleted SQLite store is not re-created empty)."""
-    from analysis.sources.mlflow_uri import sqlite_path
-
     parent = recorded_parent(spec)
     if not parent:
         return
@@ -121,6 +116,7 @@ def check_resumable_tracking(spec: SweepSpec) -> None:
     db = sqlite_path(spec.mlflow_uri)
     if db is not None and not os.path.exists(db):
         raise UserError(f"the sweep's MLflow store {db} is gone; {fix}")
+    # MLflow: deferred, the dry run (bcrit sweep --dry-run) loads this module
     from mlflow.exceptions import MlflowException
     from mlflow.tracking import MlflowClient
 

@@ -22,12 +22,14 @@ def hand_off_pending_results(session=None, settle_s: float = SETTLE_S, timeout_s
     """Report the results Tune has not taken yet from this (training) thread; returns how many it reported.
     ``session``: the Tune/Train ``_TrainSession`` (default: the current one)."""
     if session is None:
+        # Ray: deferred, importing tune_handoff loads no Ray
         from ray.train._internal.session import get_session
 
         session = get_session()
     inter = getattr(session, "_inter_actor_queue", None)
     if session is None or inter is None:  # no Train run reported through this session
         return 0
+    # Ray: deferred, importing tune_handoff loads no Ray
     from ray.util.queue import Empty
 
     reported = 0

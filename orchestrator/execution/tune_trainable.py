@@ -13,13 +13,20 @@ never by Tune: the placement-group leak of ray#54305 (docs/design.md).
 from __future__ import annotations
 
 import contextlib
+import logging
 import math
 import os
 from collections.abc import Callable
 
+from ray import tune
+from ray.tune.integration.ray_train import TuneReportCallback
+
 from analysis.core import metrics as M
+from orchestrator.execution.tune_handoff import hand_off_pending_results
 from orchestrator.search.optuna_search import OBJECTIVE
 from orchestrator.storage.layout import TRAIN_DIR
+from orchestrator.storage.uri import is_uri, join
+from trainables.sweep_signal import SignalReader
 from trainables.workloads import Workload, get_workload  # noqa: F401 (Workload: its public home here before)
 
 
@@ -51,25 +58,20 @@ class TuneSession:
         signal: str | None = None,
         trial_id: str | None = None,
     ):
+        # torch: deferred, importing tune_trainable loads no torch
         import torch
-
-        from trainables.sweep_signal import SignalReader
 
         self.device = torch.device("cuda" if use_gpu else "cpu")
         self._target, self._max_steps = target_loss, max_steps
         self.sweep_ended = SignalReader(signal, trial_id)  # end at the goal / stopped behind (trainables.sweep_signal)
 
     def report(self, metrics: dict, checkpoint_dir: str | None) -> None:
-        from ray import tune
-
         metrics = {**metrics, OBJECTIVE: objective(metrics, self._target, self._max_steps)}
         ckpt = tune.Checkpoint.from_directory(checkpoint_dir) if checkpoint_dir else None
         tune.report(metrics, checkpoint=ckpt)
 
     @contextlib.contextmanager
     def restore(self):
-        from ray import tune
-
         ckpt = tune.get_checkpoint()
         if ckpt is None:
             yield None
@@ -80,7 +82,6 @@ class TuneSession:
 
 def objective_report_callback(target_loss: float | None, max_steps: int):
     """A ``TuneReportCallback`` that adds `OBJECTIVE` to rank 0's metrics (built lazily: it needs a Tune session)."""
-    from ray.tune.integration.ray_train import TuneReportCallback
 
     class ObjectiveReportCallback(TuneReportCallback):
         def after_report(self, run_context, metrics, checkpoint):
@@ -99,16 +100,10 @@ def make_trainable(
     ``verbose``: the trial's INFO logs (a line per checkpoint, Train's worker-group set-up) stay out of the driver's
     output. ``signal``: the name of the sweep's `trainables.sweep_signal.GoalSignal`, which its trials ask at each
     evaluation whether to end (``goal.running: end``) or stop alone (``stopping.behind``); None: they never ask."""
-    from orchestrator.storage.uri import is_uri, join
-
     uri = is_uri(sweep_dir)
     train_storage = join(sweep_dir, TRAIN_DIR) if uri else os.path.join(os.path.abspath(sweep_dir), TRAIN_DIR)
 
     def bcrit_trial(config: dict) -> None:
-        import logging
-
-        from ray import tune
-
         if not verbose:  # "Checkpoint successfully created at: ..." per Tune checkpoint of an in-process trial
             logging.getLogger("ray.train._internal.storage").setLevel(logging.WARNING)
 
@@ -117,6 +112,7 @@ def make_trainable(
         target, budget = cfg.target_loss, cfg.max_steps
         trial_id = tune.get_context().get_trial_id()
         if cfg.num_workers == 0:
+            # torch: deferred, importing tune_trainable loads no torch
             from trainables.trial import gpu_share
 
             session = TuneSession(cfg.use_gpu, target, budget, signal, trial_id)
@@ -124,6 +120,7 @@ def make_trainable(
                 w.loop(cfg, session)
             return
         cb = objective_report_callback(target, budget)
+        # torch: deferred, importing tune_trainable loads no torch
         from trainables.trial import build_trainer
 
         trainer = build_trainer(
@@ -138,8 +135,6 @@ def make_trainable(
             trial_id=trial_id,
         )
         trainer.fit()
-        from orchestrator.execution.tune_handoff import hand_off_pending_results
-
         # else Ray 2.60 can deadlock on the run's last report (orchestrator.execution.tune_handoff)
         hand_off_pending_results()
 

@@ -3,26 +3,37 @@ sweep restored with ``Tuner.restore``; ``run``, which leaves no MLflow run RUNNI
 
 from __future__ import annotations
 
+from ray import tune
+from ray.tune import Tuner
+from ray.tune.execution.placement_groups import PlacementGroupFactory
+
+from analysis.features.stop_behind.stop_behind import Seeds, centre_first
 from orchestrator.cluster.ray_logs import quiet_driver_logs
-from orchestrator.cluster.ray_start import sweep_capacity
+from orchestrator.cluster.ray_start import on_cluster, sweep_capacity
 from orchestrator.cluster.sizing import compute_slots, max_concurrent, trial_bundle
 from orchestrator.errors import UserError
 from orchestrator.execution.preflight import check_spec
 from orchestrator.execution.sweep_state import can_restore
 from orchestrator.execution.tune_trainable import make_trainable
+from orchestrator.faults import fault_callbacks
+from orchestrator.features.adaptive.adaptive_resume import renew
+from orchestrator.features.adaptive.adaptive_search import AdaptiveSearch
+from orchestrator.features.adaptive.adaptive_view import AdaptiveWatch
+from orchestrator.features.stop_behind.behind_callback import StopBehind
+from orchestrator.records.lost_trials import ForgetLost
+from orchestrator.records.mlflow_tracking import MLflowTracking
+from orchestrator.records.progress import SweepProgress
+from orchestrator.records.tables_callback import StripRows, TablesCallback
+from orchestrator.search.optuna_search import GroupedOptunaSearch
 from orchestrator.specs.sweep_spec import SweepSpec
 from orchestrator.storage.layout import TUNE_DIR
+from trainables.sweep_signal import signal_name
 from trainables.workloads import get_workload
 
 
 def sweep_trainable(spec: SweepSpec, worker_failures: int, verbose: bool = False, behind: bool | None = None):
     """The workload's Tune function trainable, holding what `trial_bundle` says (its Train workers hold their own).
     ``behind``: `stops_behind` of the spec, when the caller has it."""
-    from ray import tune
-    from ray.tune.execution.placement_groups import PlacementGroupFactory
-
-    from trainables.sweep_signal import signal_name
-
     adaptive = getattr(spec, "search", None) == "adaptive"  # a BranchSpec has no search
     ends = adaptive and spec.adaptive.end_running  # goal.running: end: its trials ask whether to end
     behind = stops_behind(spec) if behind is None else behind
@@ -43,8 +54,6 @@ def planned_seeds(spec, configs: list[dict] | None = None):
     counted; an adaptive sweep may give any setting every seed of its space; an Optuna study's settings have one.
     ``configs``: the checked trial configs, as the trials receive them (their defaults filled in, so that a setting's
     key is the one its trials' rows give); default the spec's configs through its workload's config class."""
-    from analysis.features.stop_behind.stop_behind import Seeds
-
     if spec.search == "grid":
         if configs is None:
             cls = get_workload(spec.workload).config_cls
@@ -61,25 +70,14 @@ def callbacks(
     (orchestrator.records.lost_trials); fault injection for tests (orchestrator.faults); ``stopping.behind``'s
     (orchestrator.features.stop_behind.behind_callback), first, so that the others see why a trial stopped (``behind``:
     `stops_behind` of the spec, when the caller has it; ``configs``: the checked trial configs, when it has them)."""
-    from orchestrator.faults import fault_callbacks
-    from orchestrator.records.lost_trials import ForgetLost
-    from orchestrator.records.mlflow_tracking import MLflowTracking
-    from orchestrator.records.progress import SweepProgress
-    from orchestrator.records.tables_callback import TablesCallback
-
     tracking = MLflowTracking(spec.mlflow_uri, spec.experiment, spec.name, spec.sweep_dir, spec.to_yaml())
     progress = SweepProgress(spec.num_trials() if total is None else total, live=not verbose)
     watch = []
     if getattr(spec, "search", None) == "adaptive":  # its refits as progress lines and parent-run metrics
-        from orchestrator.features.adaptive.adaptive_view import AdaptiveWatch
-
         watch = [AdaptiveWatch(spec.sweep_dir, tracking, progress)]
     tables = TablesCallback(spec.sweep_dir, storage_uri=spec.storage_uri)
     stop = []
     if stops_behind(spec) if behind is None else behind:
-        from orchestrator.features.stop_behind.behind_callback import StopBehind
-        from trainables.sweep_signal import signal_name
-
         stop = [StopBehind(spec.sweep_dir, signal_name(spec.sweep_dir), planned_seeds(spec, configs))]
     return [*fault_callbacks(), ForgetLost(tracking, tables), *stop, *watch, tracking, tables, progress]
 
@@ -98,28 +96,20 @@ def build_tuner(
     result's ``rows``, which a last callback then drops (orchestrator.records.tables_callback.StripRows).
     ``verbose``: Tune's
     own tables and Ray Train's INFO logs instead of bcrit's progress bar."""
-    from ray import tune
-
     configs = configs if configs is not None else check_spec(spec)
     behind = stops_behind(spec)
     save_spec(spec)
     if spec.search == "grid":  # with stopping.behind, each batch size's middle lrs first (its likely best)
         if behind:
-            from analysis.features.stop_behind.stop_behind import centre_first
-
             configs = [configs[i] for i in centre_first(configs)]
         param_space, search_alg, num_samples = {"trial": tune.grid_search(configs)}, None, 1
     elif (
         spec.search == "adaptive"
     ):  # trials chosen by the B_crit interval until it stops (orchestrator.features.adaptive.adaptive_search)
-        from orchestrator.features.adaptive.adaptive_search import AdaptiveSearch
-
         # one more than the space: the searcher, not Tune's count, ends the sweep (and records why)
         search_alg, param_space, num_samples = AdaptiveSearch.from_spec(spec), {}, len(configs) + 1
     # one TPE study per (batch size, split, seed) group; its quota of trials each (orchestrator.search.optuna_search)
     else:
-        from orchestrator.search.optuna_search import GroupedOptunaSearch
-
         search_alg = GroupedOptunaSearch.from_spec(spec)
         param_space, num_samples = {}, search_alg.total_trials
     return tuner_of(
@@ -157,10 +147,6 @@ def tuner_of(
     """The ``Tuner`` of a sweep's (or a branched study phase's) trials: the workload's trainable (`sweep_trainable`),
     bcrit's callbacks (`callbacks`; ``total`` trials on the bar) then ``extra_callbacks``, Tune's experiment ``name``
     under ``storage_path`` (default the spec's storage root), trial directories named by trial id."""
-    from ray import tune
-
-    from orchestrator.records.tables_callback import StripRows
-
     quiet_driver_logs(verbose)
     return tune.Tuner(
         sweep_trainable(spec, worker_failures, verbose, behind),
@@ -187,8 +173,6 @@ def sweep_concurrency(spec: SweepSpec, configs: list[dict]) -> int:
     an adaptive sweep on the embedded local Ray no more than compute at once on the cores
     (:func:`orchestrator.cluster.sizing.compute_slots`): its refits choose each trial from the ones finished, and a
     local Ray's oversubscribed CPUs would only add trials chosen blind. On a cluster (``RAY_ADDRESS``) its capacity."""
-    from orchestrator.cluster.ray_start import on_cluster
-
     n = max_concurrent(configs, sweep_capacity())
     return min(n, compute_slots(configs)) if spec.search == "adaptive" and not on_cluster() else n
 
@@ -197,8 +181,6 @@ def restore_tuner(spec: SweepSpec, worker_failures: int = 3, verbose: bool = Fal
     """``Tuner.restore`` of the sweep: finished trials stay finished, unfinished ones resume from checkpoints.
     (The run config, callbacks included, is the one the sweep was started with: ``verbose`` sets the trainable
     and the driver's logs.)"""
-    from ray.tune import Tuner
-
     path = spec.layout.tune
     if not can_restore(spec.sweep_dir, spec.storage_uri):
         raise UserError(f"{spec.sweep_dir}: no interrupted sweep to resume; run it without --resume")
@@ -207,9 +189,6 @@ def restore_tuner(spec: SweepSpec, worker_failures: int = 3, verbose: bool = Fal
     if (
         spec.search == "adaptive"
     ):  # its goal and budget may have changed (orchestrator.features.adaptive.adaptive_resume)
-        from orchestrator.features.adaptive.adaptive_resume import renew
-        from orchestrator.records.progress import SweepProgress
-
         renew(tuner._local_tuner._tune_config.search_alg, spec, path)
         for cb in _tuner_callbacks(tuner):
             if isinstance(cb, SweepProgress):
@@ -220,8 +199,6 @@ def restore_tuner(spec: SweepSpec, worker_failures: int = 3, verbose: bool = Fal
 
 def run(tuner, spec: SweepSpec):
     """Fit the tuner; on any interruption every MLflow run this driver opened is ended (KILLED), none RUNNING."""
-    from orchestrator.records.mlflow_tracking import MLflowTracking
-
     try:
         return tuner.fit()
     except BaseException:

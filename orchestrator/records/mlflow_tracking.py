@@ -25,9 +25,11 @@ import uuid
 from importlib import metadata
 from typing import Any
 
+import yaml
 from ray.tune import Callback
 
 from analysis.core import metrics as M
+from analysis.sources.schema import BRANCH_SETTINGS_FILE
 from orchestrator.faults import fault_point
 from orchestrator.records import run_fields as F
 from orchestrator.storage.layout import PARENT_FILE, SPEC_FILE
@@ -104,6 +106,7 @@ class MLflowTracking(Callback):
     @property
     def client(self):
         if self._client is None:
+            # MLflow: deferred, importing mlflow_tracking loads no MLflow
             from mlflow.tracking import MlflowClient
 
             self._client = MlflowClient(tracking_uri=self.tracking_uri)
@@ -151,12 +154,11 @@ class MLflowTracking(Callback):
             )
             self.parent_id = run.info.run_id
             fault_point("parent_created")
+        # MLflow: deferred, importing mlflow_tracking loads no MLflow
         from mlflow.entities import Param
 
         params = [Param(f"env.{k}", v) for k, v in environment().items()]
         if self.spec_yaml:
-            import yaml
-
             # spec_yaml is SweepSpec.to_yaml(), which plain PyYAML reads as bcrit's loader does (yaml_overrides)
             spec = flatten(yaml.safe_load(self.spec_yaml) or {}, "spec.")
             params += [Param(k, str(v)[:6000]) for k, v in spec.items()]
@@ -172,8 +174,6 @@ class MLflowTracking(Callback):
     def _log_study_settings(self) -> None:
         """A branched study's analysis settings (the file ``bcrit branch`` writes before its first trial) as an
         artifact of the parent run, so that ``bcrit analyze --mlflow-experiment`` reads the same settings."""
-        from analysis.sources.schema import BRANCH_SETTINGS_FILE
-
         path = os.path.join(self.sweep_dir, BRANCH_SETTINGS_FILE)
         if os.path.isfile(path):
             self.client.log_artifact(self.parent_id, path)
@@ -209,8 +209,6 @@ class MLflowTracking(Callback):
         return self.client.create_experiment(self.experiment, artifact_location=loc, tags=F.EXPERIMENT_TAGS)
 
     def _parent_tags(self) -> dict[str, str]:
-        import yaml
-
         spec = (yaml.safe_load(self.spec_yaml) if self.spec_yaml else None) or {}
         return {**F.code_tags(), F.TAG_DESCRIPTION: F.parent_description(self.sweep_name, self.sweep_dir, spec)}
 
@@ -233,6 +231,7 @@ class MLflowTracking(Callback):
                 self.client.update_run(run.info.run_id, status="RUNNING")
             self._children[trial_id] = run.info.run_id
             return run.info.run_id
+        # MLflow: deferred, importing mlflow_tracking loads no MLflow
         from mlflow.entities import Param
 
         name = f"B{cfg['batch_size']}-{cfg['micro_batch_size']}x{cfg.get('grad_accum')}x{max(1, cfg['num_workers'])}"
@@ -272,6 +271,7 @@ class MLflowTracking(Callback):
         """Log rows past the watermark, whole steps per ``log_batch`` (rows + watermark tag in one call), each
         step with ``examples`` and ``wall_time``, stamped with the time of the measurement. The last batch also
         carries the status tag, ``extra_tags`` and, for a trial that reached its target, the outcome metrics."""
+        # MLflow: deferred, importing mlflow_tracking loads no MLflow
         from mlflow.entities import RunTag
 
         result = result or {}

@@ -24,6 +24,8 @@ import time
 from collections.abc import Callable
 from typing import TextIO
 
+from ray.train import UserCallback
+from ray.tune import Callback
 from tqdm import tqdm
 
 from analysis.core import metrics as M
@@ -139,13 +141,7 @@ def make_bar(
 
 
 # --- the sweep ---------------------------------------------------------------------------------------------------
-def _callback_base():
-    from ray.tune import Callback
-
-    return Callback
-
-
-class SweepProgress(_callback_base()):
+class SweepProgress(Callback):
     """Event lines and the live bar of a sweep (a Tune callback in the driver). ``live=False``: event lines only
     (``--verbose``, where Tune prints its own tables)."""
 
@@ -266,13 +262,7 @@ class SweepProgress(_callback_base()):
 PROGRESS_KEYS = (M.STEP, M.EXAMPLES, M.EVAL_LOSS, "status", "train_seconds")
 
 
-def _user_callback_base():
-    from ray.train import UserCallback
-
-    return UserCallback
-
-
-class ProgressFileCallback(_user_callback_base()):
+class ProgressFileCallback(UserCallback):
     """Ray Train callback: after each report, rank 0's counters to a small JSON file (atomically). Train's
     controller runs on the driver's node, so the driver can read the file."""
 

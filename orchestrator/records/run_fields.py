@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import functools
 import hashlib
+import importlib.util
 import json
 import os
 import subprocess
@@ -22,6 +23,7 @@ from collections.abc import Iterable
 from typing import Any
 
 from analysis.core import metrics as M
+from orchestrator.records.runs_tables import trial_row
 
 TAG_STATUS = "status"
 TAG_TRIAL_DIR = "bcrit.trial_dir"
@@ -37,8 +39,6 @@ EXPERIMENT_TAGS = {"mlflow.experimentKind": "custom_model_development"}
 def numeric_copies(cfg: dict) -> dict[str, float]:
     """``batch_size``, ``micro_batch_size``, ``grad_accum``, ``num_workers`` (world size), ``lr`` as floats,
     with the same values as ``trials.parquet`` (orchestrator.records.runs_tables.trial_row)."""
-    from orchestrator.records.runs_tables import trial_row
-
     row = trial_row("", cfg, M.STATUS_RUNNING)
     return {k: float(row[k]) for k in M.SCIENTIFIC}
 
@@ -130,8 +130,6 @@ def _digest(*parts: Any) -> str:
 
 
 def _shipped_file(name: str) -> str | None:
-    import importlib.util
-
     spec = importlib.util.find_spec("trainables")
     if spec is None or not spec.submodule_search_locations:
         return None
@@ -143,6 +141,7 @@ def dataset_entity(cfg: dict):
     """The trial's training data as an ``mlflow.entities.Dataset`` (no data is loaded): the shipped ``digits``
     file (digest of its bytes), a latent folder (digest of path and eval split), or the noisy quadratic
     problem (digest of its parameters)."""
+    # MLflow: deferred, importing run_fields loads no MLflow
     from mlflow.entities import Dataset
 
     if "dataset" in cfg:
@@ -162,6 +161,7 @@ def dataset_entity(cfg: dict):
 
 
 def dataset_inputs(cfg: dict) -> list:
+    # MLflow: deferred, importing run_fields loads no MLflow
     from mlflow.entities import DatasetInput, InputTag
 
     ds = dataset_entity(cfg)
@@ -206,6 +206,7 @@ def artifact_location(tracking_uri: str, sweep_dir: str, experiment: str) -> str
 
 def metric_entities(values: Iterable[tuple[str, float, int, int]]) -> list:
     """``(name, value, ms, step)`` tuples as ``mlflow.entities.Metric``."""
+    # MLflow: deferred, importing run_fields loads no MLflow
     from mlflow.entities import Metric
 
     return [Metric(name, float(v), int(ms), int(step)) for name, v, ms, step in values]

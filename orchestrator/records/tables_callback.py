@@ -9,6 +9,8 @@ from ray.tune import Callback
 
 from analysis.core import metrics as M
 from orchestrator.records.runs_tables import RunsTables, trial_row
+from orchestrator.storage.layout import PARTS
+from orchestrator.storage.uri import Mirror
 
 
 class TablesCallback(Callback):
@@ -27,8 +29,6 @@ class TablesCallback(Callback):
 
     def _the_mirror(self):
         """The sweep dir's mirror at ``<storage_uri>/bcrit/`` (orchestrator.storage.uri), made once."""
-        from orchestrator.storage.uri import Mirror
-
         if self._mirror is None:
             self._mirror = Mirror(self.storage_uri, self.sweep_dir)
         return self._mirror
@@ -44,8 +44,6 @@ class TablesCallback(Callback):
         """Remove trials from the tables (orchestrator.records.lost_trials), and from the URI's mirror of them."""
         self.tables.drop(trial_ids)
         if self.storage_uri:
-            from orchestrator.storage.layout import PARTS
-
             for tid in trial_ids:  # else a pull on another machine would bring them back
                 self._the_mirror().remove(f"{PARTS}/{tid}/")
         self._compact()

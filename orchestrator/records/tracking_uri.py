@@ -2,13 +2,12 @@
 
 from __future__ import annotations
 
+from analysis.sources.mlflow_uri import TrackingUriError, check_tracking_uri
 from orchestrator.errors import UserError
 
 
 def check_tracking(uri: str) -> None:
     """The tracking URI must be usable now: a SQLite file we can create, or a server that answers within seconds."""
-    from analysis.sources.mlflow_uri import TrackingUriError, check_tracking_uri
-
     try:
         check_tracking_uri(uri, create=True, what="tracking.mlflow_uri")
     except TrackingUriError as e:

@@ -20,8 +20,11 @@ import logging
 import os
 from typing import Any
 
+import numpy as np
+from ray.tune.execution.experiment_state import _find_newest_experiment_checkpoint
 from ray.tune.result import TRAINING_ITERATION
 from ray.tune.search import Searcher
+from ray.tune.utils.serialization import _loads_with_cloudpickle
 
 from orchestrator.storage.layout import SEARCH_FILE
 
@@ -36,6 +39,7 @@ INT_PARAMS = ("warmup_steps",)
 
 def distributions(space: dict[str, tuple[float, float]]) -> dict[str, Any]:
     """Optuna distributions of the spec's ranges ``name -> (low, high)``."""
+    # Optuna: deferred, importing optuna_search loads no Optuna
     import optuna
 
     out: dict[str, Any] = {}
@@ -130,6 +134,7 @@ class GroupedOptunaSearch(Searcher):
 
     def _build(self) -> list:
         """Every group's study, created or loaded from the storage; its running trials found again by Tune id."""
+        # Optuna: deferred, importing optuna_search loads no Optuna
         import optuna
         from optuna.storages import InMemoryStorage, JournalStorage
         from optuna.storages.journal import JournalFileBackend
@@ -164,7 +169,7 @@ class GroupedOptunaSearch(Searcher):
     def _sampler(self, number: int):
         """The TPE sampler of the study's trial ``number``: seeded from (seed, number), so a suggestion depends on
         the seed and the stored history only. The same seed in every group: random start-up points coincide."""
-        import numpy as np
+        # Optuna: deferred, importing optuna_search loads no Optuna
         import optuna
 
         seed = int(np.random.SeedSequence([self._seed, number]).generate_state(1)[0])
@@ -196,6 +201,7 @@ class GroupedOptunaSearch(Searcher):
             trial.report(result[self.metric], result[TRAINING_ITERATION])
 
     def on_trial_complete(self, trial_id: str, result: dict | None = None, error: bool = False) -> None:
+        # Optuna: deferred, importing optuna_search loads no Optuna
         import optuna
 
         i = self._group_of.get(trial_id)
@@ -287,9 +293,6 @@ class GroupedOptunaSearch(Searcher):
 def tune_trials(experiment_dir: str) -> dict[str, dict] | None:
     """Trial id -> config of the trials in Tune's newest experiment state in ``experiment_dir`` (the ones
     ``Tuner.restore`` re-creates); ``None`` when there is none. Reads Tune's own file with Tune's own loaders."""
-    from ray.tune.execution.experiment_state import _find_newest_experiment_checkpoint
-    from ray.tune.utils.serialization import _loads_with_cloudpickle
-
     path = _find_newest_experiment_checkpoint(experiment_dir)
     if path is None:
         return None

@@ -24,6 +24,7 @@ from typing import Any
 
 from analysis.core.lr_rules import LR_RULES, lr_factor
 from orchestrator.errors import UserError
+from orchestrator.records.tracking_uri import check_tracking
 from orchestrator.specs.branch_models import Analysis, Branches, BranchModel, BranchStopping, Reference
 from orchestrator.specs.sweep_models import Tracking
 from orchestrator.specs.sweep_spec import (
@@ -37,6 +38,8 @@ from orchestrator.specs.sweep_spec import (
     name_and_workload,
 )
 from orchestrator.specs.yaml_overrides import apply_overrides, dump_yaml, load_yaml
+from orchestrator.storage.shared_dir import check_storage, check_storage_value
+from trainables.branch_points import kept_path
 from trainables.config import ConfigError
 from trainables.workloads import get_workload
 
@@ -169,8 +172,6 @@ class BranchSpec:
 
 
 def branch_checkpoint(keep_dir: str, point: int) -> str:
-    from trainables.branch_points import kept_path
-
     return kept_path(keep_dir, point)
 
 
@@ -310,8 +311,6 @@ def _parse_where(data: dict, track: dict, name: str, sweep_dir: str | None) -> d
     storage = data.get("storage") or os.path.join("runs", name)
     if not isinstance(storage, str):
         raise UserError("storage must be a directory path, e.g. storage: ./runs/branched-tiny")
-    from orchestrator.storage.shared_dir import check_storage_value
-
     check_storage_value(storage)
     sweep_dir = os.path.abspath(sweep_dir or storage)
     uri = track.get("mlflow_uri") or os.environ.get("MLFLOW_TRACKING_URI") or local_mlflow_uri(sweep_dir)
@@ -345,13 +344,11 @@ def _check_checkpoints(checkpoints: str | None, points: tuple[int, ...], check_k
 def check_branch_spec(spec: BranchSpec, resources: dict | None = None) -> tuple[dict, list[dict]]:
     """Every trial config through its config class and the workload's check; the reference's cadence against the
     branch points. Returns (reference config, branch configs with a placeholder parent). Raises UserError."""
-    from orchestrator.records.tracking_uri import check_tracking
-    from orchestrator.storage.shared_dir import check_storage
-
     check_storage(spec.sweep_dir)
     check_tracking(spec.mlflow_uri)
     w = get_workload(spec.workload)
     if resources is None:  # the embedded local Ray that run_study starts (a cluster's: pass its resources)
+        # torch: deferred, the dry run (bcrit sweep --dry-run) loads this module
         import torch
 
         resources = {"CPU": float(2 * (os.cpu_count() or 1)), "GPU": float(torch.cuda.device_count())}

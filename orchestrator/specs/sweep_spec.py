@@ -43,6 +43,7 @@ from orchestrator.specs.models import SpecModel, validate
 from orchestrator.specs.sweep_models import Nuisance, Scientific, SplitModel, Stopping, SweepModel, Tracking
 from orchestrator.specs.yaml_overrides import apply_overrides, dump_yaml, load_yaml
 from orchestrator.storage.layout import MLFLOW_DB, SweepLayout
+from orchestrator.storage.uri import is_uri, local_dir
 from trainables import workloads
 
 TOP_KEYS = tuple(SweepModel.model_fields)
@@ -356,8 +357,6 @@ def _storage(storage, name: str, sweep_dir: str | None) -> tuple[str | None, str
     storage = os.path.join("runs", name) if storage is None else storage
     if not isinstance(storage, str) or not storage.strip():
         raise UserError("storage must be a directory path or a URI, e.g. storage: ./runs/tiny or s3://bucket/runs/tiny")
-    from orchestrator.storage.uri import is_uri, local_dir
-
     storage_uri = storage.strip() if is_uri(storage) else None  # checked (opened, probed) before launch
     return storage_uri, os.path.abspath(sweep_dir or (local_dir(storage_uri) if storage_uri else storage))
 

@@ -46,6 +46,7 @@ def check_shared_storage(sweep_dir: str, probe: Callable[[str], str | None] = re
     """On a connected Ray cluster of several alive nodes, refuse (UserError) a ``sweep_dir`` that some other node
     cannot see; returns how many other nodes were checked (0 on a one-node cluster). ``probe(marker_path)`` runs on
     each other node and returns the marker's text as it sees it (a parameter so that tests can make one node blind)."""
+    # Ray: deferred, the dry run (bcrit sweep --dry-run) loads this module
     import ray
     from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
 

@@ -15,11 +15,15 @@ The newer copy of a file wins, by its modification time on the machine that wrot
 
 from __future__ import annotations
 
+import json
 import os
 import re
+import sys
 import threading
 import urllib.parse
 import uuid
+
+import pyarrow.fs as pafs
 
 from orchestrator.errors import UserError
 
@@ -91,10 +95,6 @@ class Mirror:
 
     def manifest(self) -> dict[str, list[int]]:
         """relative path -> [size, mtime_ns] of what ``<uri>/bcrit/`` holds ({} when nothing was pushed)."""
-        import json
-
-        import pyarrow.fs as pafs
-
         fs = self.fs
         key = f"{self._root}/{MANIFEST}"
         if fs.get_file_info(key).type != pafs.FileType.File:
@@ -129,8 +129,6 @@ class Mirror:
         return len(sent)
 
     def _write_manifest(self, manifest: dict[str, list[int]]) -> None:
-        import json
-
         with self.fs.open_output_stream(f"{self._root}/{MANIFEST}") as f:
             f.write(json.dumps(manifest, sort_keys=True).encode())
 
@@ -168,16 +166,12 @@ class Mirror:
 
 def exists(uri: str, *parts: str) -> bool:
     """Whether a file ``<uri>/<parts>`` exists."""
-    import pyarrow.fs as pafs
-
     fs, path = resolve(uri)
     return fs.get_file_info("/".join([path, *parts])).type == pafs.FileType.File
 
 
 def glob_names(uri: str, sub: str) -> list[str]:
     """Names of the files directly in ``<uri>/<sub>`` (empty when absent)."""
-    import pyarrow.fs as pafs
-
     fs, path = resolve(uri)
     info = fs.get_file_info(pafs.FileSelector(f"{path}/{sub}", allow_not_found=True))
     return [i.base_name for i in info if i.type == pafs.FileType.File]
@@ -226,8 +220,6 @@ def filesystem(uri: str, gcs_retry_s: float = GCS_RETRY_S, s3_request_timeout_s:
       ``connect_timeout``, ``request_timeout`` (a stall timeout: no byte for that long, not a cap on a transfer) and
       2 attempts -- the query cannot carry these.
     """
-    import pyarrow.fs as pafs
-
     u = urllib.parse.urlsplit(uri)
     target = uri
     if _is_gcs(uri) and "retry_limit_seconds" not in urllib.parse.parse_qs(u.query):
@@ -347,8 +339,6 @@ def fetch(uri: str) -> str:
     """The local directory of a URI sweep, brought up to date from ``<uri>/bcrit/`` (`Mirror.pull`), for the
     commands that read a sweep (``bcrit analyze URI``). One UserError line when the URI cannot be read (within
     ``FIRST_CONTACT_S``) or holds no bcrit sweep."""
-    import sys
-
     m = Mirror(uri)
     try:
         if not within(FIRST_CONTACT_S, uri, m.manifest):  # the first round trip: bounded whatever the SDK does

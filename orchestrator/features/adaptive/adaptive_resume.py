@@ -10,11 +10,13 @@ remembers that the old search finished, is re-opened so the searcher -- the one 
 from __future__ import annotations
 
 import copy
+import glob
 import os
 
 from orchestrator.errors import UserError
 from orchestrator.specs.sweep_spec import SweepSpec
 from orchestrator.storage.layout import SPEC_FILE
+from orchestrator.storage.uri import is_uri
 
 ADJUSTABLE = ("nuisance.goal", "nuisance.budget")
 GEN_STATE = "search_gen_state-*.json"  # Tune's SearchGenerator state in the experiment dir (Tune's own pickle)
@@ -57,12 +59,10 @@ def resume_spec(args, load_spec, restore_spec) -> SweepSpec | None:
 def renew(searcher, spec: SweepSpec, experiment_dir: str) -> None:
     """On a restored adaptive sweep: the restored ``searcher`` takes the spec's goal and budget, and Tune's search
     generator is re-opened (the Tuner that restores updates its own callbacks and saves the spec)."""
-    import glob
-
+    # Ray: deferred, importing adaptive_resume loads no Ray
     from ray.tune.utils.util import _atomic_save, _load_newest_checkpoint
 
     from orchestrator.features.adaptive.adaptive_search import AdaptiveSearch
-    from orchestrator.storage.uri import is_uri
 
     if isinstance(searcher, AdaptiveSearch):
         fresh = AdaptiveSearch.from_spec(spec)

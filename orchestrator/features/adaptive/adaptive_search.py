@@ -22,13 +22,16 @@ from typing import Any
 
 import numpy as np
 import pyarrow as pa
+import ray
 from ray.tune.search import Searcher
 
 from analysis.core import metrics as M
 from analysis.features.adaptive import next_trials as nt
 from analysis.sources.loaders import RunsTableError, load_sweep_dir, runs_from_tables, subset_tables
-from orchestrator.search.optuna_search import OBJECTIVE, read_state
+from orchestrator.records.runs_tables import RunsTables
+from orchestrator.search.optuna_search import OBJECTIVE, read_state, tune_trials
 from orchestrator.storage.layout import DECISIONS_FILE  # every refit and every trial handed out
+from trainables.sweep_signal import set_signal, signal_name
 
 STATE_FORMAT = "bcrit-adaptive-search/1"
 DECISION_BOOTSTRAP = nt.CONFIRM_BOOTSTRAP  # resamples of each refit: bcrit analyze's 1000 (next_trials docstring)
@@ -159,12 +162,8 @@ class AdaptiveSearch(Searcher):
         """Set this sweep's `trainables.sweep_signal.GoalSignal` (owned by this driver; ``goal.running: end``):
         ``ended`` asks the running trials to end. Without Ray (the searcher driven directly, e.g. in tests): nothing
         to tell."""
-        import ray
-
         if not ray.is_initialized():
             return
-        from trainables.sweep_signal import set_signal, signal_name
-
         set_signal(signal_name(self.sweep_dir), ended)
         self._signal_synced = True
 
@@ -275,8 +274,6 @@ class AdaptiveSearch(Searcher):
         changed = now != (state["goal"], state["budget"])
         if changed:
             self._stop, self._queue, self._seen_done = None, [], []
-        from orchestrator.search.optuna_search import tune_trials
-
         trials = tune_trials(os.path.dirname(os.path.abspath(checkpoint_path)))
         if trials is not None:
             self.reconcile(trials, again=not changed)
@@ -287,8 +284,6 @@ class AdaptiveSearch(Searcher):
         hold its final row, as ended when Tune reported it complete; otherwise it was lost while running: it is no
         longer handed out (so not pending: the rule neither waits for it nor counts it against the budget) and,
         when ``again`` (the queue was chosen for this goal), its setting is queued first to be handed out again."""
-        from orchestrator.records.runs_tables import RunsTables
-
         done, parts = set(self.finished_ids()) | self._completed, RunsTables(self.sweep_dir)
         # a final row still in its part (killed before the compaction): ended too, as
         # orchestrator.records.lost_trials sees it

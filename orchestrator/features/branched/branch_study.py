@@ -12,11 +12,16 @@ Both phases resume (``--resume``): a finished reference is not trained again, un
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 
+from analysis.core import metrics as M
 from analysis.sources.schema import BRANCH_SETTINGS_FILE
+from orchestrator.cluster.ray_start import acquire_ray, sweep_capacity
+from orchestrator.cluster.sizing import max_concurrent, ray_cpus
 from orchestrator.errors import UserError
+from orchestrator.records.runs_tables import RunsTables, trial_row
 from orchestrator.specs.branch_spec import (
     REFERENCE_ID,
     STUDY_FILE,
@@ -26,6 +31,7 @@ from orchestrator.specs.branch_spec import (
     load_branch_spec,
     parse_branch_spec,
 )
+from trainables.workloads import get_workload
 
 __all__ = ["load_branch_spec", "parse_branch_spec", "run_inprocess", "run_study"]
 
@@ -44,6 +50,7 @@ class _TablesSession:
 
     @property
     def device(self):
+        # torch: deferred, importing branch_study loads no torch
         import torch
 
         return torch.device(self._device)
@@ -53,17 +60,12 @@ class _TablesSession:
         self.last = metrics
 
     def restore(self):
-        import contextlib
-
         return contextlib.nullcontext(None)
 
 
 def run_inprocess(spec: BranchSpec) -> str:
     """Run the whole study in this process (every trial with ``num_workers: 0``): the reference, then every
     branch, rows into ``trials.parquet`` / ``metrics.parquet`` of the study dir. Returns the study dir."""
-    from orchestrator.records.runs_tables import RunsTables, trial_row
-    from trainables.workloads import get_workload
-
     ref_cfg, _ = check_branch_spec(spec)
     if ref_cfg["num_workers"] or spec.ref_split.num_workers or spec.scale_by == "num_workers":
         raise UserError("run_inprocess runs in-process trials only (num_workers: 0); use bcrit branch for workers")
@@ -89,9 +91,6 @@ EXTERNAL_ID = "external-reference"
 
 def _external_reference(spec: BranchSpec, ref_cfg: dict) -> str:
     """The trial row of a reference trained elsewhere (``reference.checkpoints``): B0, lr and seed, no metrics."""
-    from analysis.core import metrics as M
-    from orchestrator.records.runs_tables import RunsTables, trial_row
-
     RunsTables(spec.sweep_dir).write_trial(trial_row(EXTERNAL_ID, ref_cfg, M.STATUS_BUDGET_SPENT))
     return EXTERNAL_ID
 
@@ -123,10 +122,9 @@ def _tuner(
     spec: BranchSpec, name: str, configs: list[dict], verbose: bool, worker_failures: int = 3, trial_retries: int = 2
 ):
     """A grid Tuner over ``configs`` with the sweep's trainable, resources and callbacks (MLflow, tables)."""
+    # Ray: deferred, importing branch_study loads no Ray
     from ray import tune
 
-    from orchestrator.cluster.ray_start import sweep_capacity
-    from orchestrator.cluster.sizing import max_concurrent
     from orchestrator.execution.tuner import tuner_of
 
     return tuner_of(
@@ -144,6 +142,7 @@ def _tuner(
 
 def _phase(spec: BranchSpec, name: str, configs: list[dict], resume: bool, verbose: bool = False):
     """Fit (or, when resuming and Tune can, restore and continue) one phase; returns the ResultGrid."""
+    # Ray: deferred, importing branch_study loads no Ray
     from ray.tune import Tuner
 
     from orchestrator.execution.tuner import run, sweep_trainable
@@ -167,11 +166,6 @@ def reference_id(sweep_dir: str) -> str | None:
 def run_study(spec: BranchSpec, resume: bool = False, verbose: bool = False) -> tuple[str, list]:
     """Both phases through Ray Tune. Returns (reference trial id, the branches' ResultGrid). ``verbose``: Ray's own
     INFO logs and Tune's tables (as ``bcrit sweep --verbose``)."""
-    from analysis.core import metrics as M
-    from orchestrator.cluster.ray_start import acquire_ray
-    from orchestrator.cluster.sizing import ray_cpus
-    from orchestrator.records.runs_tables import RunsTables
-
     place = acquire_ray(verbose)  # validated against what the cluster can hold, or this machine
     ref_cfg, branch_cfgs = check_branch_spec(spec, place.resources())
     place.start(ray_cpus([ref_cfg, *branch_cfgs]))

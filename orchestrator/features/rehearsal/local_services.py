@@ -16,6 +16,8 @@ import time
 import urllib.request
 from collections.abc import Iterator
 
+import pyarrow.fs as pafs
+
 from orchestrator.errors import UserError
 from orchestrator.storage.layout import MLFLOW_DB
 
@@ -110,8 +112,6 @@ def s3_env(endpoint: str) -> dict[str, str]:
 
 
 def make_bucket(endpoint: str, bucket: str) -> None:
-    import pyarrow.fs as pafs
-
     fs = pafs.S3FileSystem(
         access_key=CREDENTIALS["AWS_ACCESS_KEY_ID"], secret_key=CREDENTIALS["AWS_SECRET_ACCESS_KEY"],
         region="us-east-1", endpoint_override=endpoint, scheme="http", allow_bucket_creation=True,

@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import argparse
 import contextlib
+import json
 import os
 import subprocess
 import sys
@@ -22,7 +23,9 @@ import tempfile
 
 from orchestrator.errors import UserError
 from orchestrator.features.rehearsal.local_cluster import LocalCluster
+from orchestrator.features.rehearsal.local_services import CREDENTIALS, make_bucket, mlflow_server, moto_server, s3_env
 from orchestrator.storage.layout import MLFLOW_DB
+from orchestrator.storage.uri import LOCAL_ROOT_ENV, local_dir
 
 SPEC = "examples/quadratic.yaml"
 # one worker per worker node (the accelerator-like hook: each worker node holds one fake_gpu), small and quick
@@ -49,15 +52,6 @@ def services(workdir: str, real: bool = True):
     if not real:
         yield {}, {}, os.path.join(workdir, "runs", "cluster-local")
         return
-    from orchestrator.features.rehearsal.local_services import (
-        CREDENTIALS,
-        make_bucket,
-        mlflow_server,
-        moto_server,
-        s3_env,
-    )
-    from orchestrator.storage.uri import LOCAL_ROOT_ENV
-
     with mlflow_server(os.path.join(workdir, "mlflow-server")) as uri, moto_server() as endpoint:
         make_bucket(endpoint, BUCKET)
         print(f"[rehearse] MLflow server {uri} (artifacts proxied); S3-compatible store http://{endpoint}", flush=True)
@@ -67,10 +61,6 @@ def services(workdir: str, real: bool = True):
 
 def _first_target(storage: str, env: dict) -> str:
     """The first target of the analysis ``bcrit analyze`` just wrote (its local output directory for a URI)."""
-    import json
-
-    from orchestrator.storage.uri import LOCAL_ROOT_ENV, local_dir
-
     root = local_dir(storage, env.get(LOCAL_ROOT_ENV)) if "://" in storage else storage
     with open(os.path.join(root, "analysis", "bcrit.json")) as f:
         return str(json.load(f)["targets"][0]["target"])

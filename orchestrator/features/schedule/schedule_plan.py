@@ -7,6 +7,7 @@ from __future__ import annotations
 import math
 import os
 
+from analysis.core import metrics as M
 from orchestrator.errors import UserError
 
 
@@ -38,9 +39,10 @@ def batch_sizes_of(text: str | None, result: dict) -> list[int]:
 def throughput_per_batch(sweep: str | None, runs=None) -> dict[int, float]:
     """Median ``sys/examples_per_s`` per batch size of the sweep's trials (``runs`` when given, else read from the
     sweep directory; {} without tables or measurements)."""
+    # numpy: deferred, bcrit --help loads this module
     import numpy as np
 
-    from analysis.core import metrics as M
+    # numpy and pyarrow: deferred, bcrit --help loads this module
     from analysis.sources.loaders import load_sweep_dir
 
     if runs is None:

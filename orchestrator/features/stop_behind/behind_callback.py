@@ -15,12 +15,16 @@ A resumed sweep reads the finished trials' evaluations back from its tables (the
 
 from __future__ import annotations
 
+import os
 import time
 
 from ray.tune import Callback
 
 from analysis.core import metrics as M
-from analysis.features.stop_behind.stop_behind import Curve, Seeds, behind, fitted_metric, setting_of
+from analysis.features.stop_behind.stop_behind import Curve, Seeds, behind, curves_from_runs, fitted_metric, setting_of
+from analysis.sources.loaders import load_sweep_dir
+from analysis.sources.schema import TRIALS_FILE
+from trainables import sweep_signal
 
 
 def curve_of(trial_id: str, cfg: dict, status: str = M.STATUS_RUNNING) -> Curve:
@@ -43,15 +47,8 @@ class StopBehind(Callback):
     def setup(self, **info) -> None:
         """Create the signal actor the trials ask at each evaluation, and for a resumed sweep read the finished
         trials' evaluations from its tables (Tune does not re-send them)."""
-        import os
-
-        from analysis.features.stop_behind.stop_behind import curves_from_runs
-        from analysis.sources.loaders import load_sweep_dir
-        from analysis.sources.schema import TRIALS_FILE
-        from trainables.sweep_signal import open_signal
-
         try:
-            open_signal(self.signal)
+            sweep_signal.open_signal(self.signal)
         except Exception as e:  # the trials keep training whatever the actor does; the callback tells it again later
             print(f"[bcrit] stopping.behind could not create its signal actor yet: {e}")
 
@@ -104,8 +101,6 @@ class StopBehind(Callback):
         found = behind(list(self.curves.values()), seeds=self.seeds)
         new = {t: why for t, why in found.items() if t not in self.reasons}
         if new:
-            from trainables.sweep_signal import mark_behind
-
-            mark_behind(self.signal, list(new))
+            sweep_signal.mark_behind(self.signal, list(new))
             self.reasons.update(new)
         return list(new)
