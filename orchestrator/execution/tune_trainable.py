@@ -109,6 +109,9 @@ def make_trainable(
 
         from ray import tune
 
+        from trainables import quiet_exit
+
+        quiet_exit.install()  # ended by Ray's SIGTERM inside a finalizer: no traceback (trainables.quiet_exit)
         if not verbose:  # "Checkpoint successfully created at: ..." per Tune checkpoint of an in-process trial
             logging.getLogger("ray.train._internal.storage").setLevel(logging.WARNING)
 
