@@ -1,11 +1,12 @@
-"""A trial worker ended by Ray stays quiet. Ray ends a worker process with SIGTERM (the raylet, when it destroys an
-actor or a finished job's workers), and its worker's handler (``sigterm_handler`` in ray/_private/worker.py) raises
-``SystemExit``. When the signal lands while the main thread runs a finalizer (an object's ``__del__``, a weakref
-callback), Python cannot raise it there: it prints ``Exception ignored in: ... sigterm_handler ... SystemExit: 1``
-(its unraisable hook) into the sweep's terminal, a traceback from a trial that was merely being ended. `install`
-adds an unraisable hook that drops exactly that case (a ``SystemExit`` whose traceback passes through Ray's
-``sigterm_handler``) and hands every other unraisable exception to the hook it replaced. Nothing else changes: the
-exit was already ignored by Python, and Ray force-kills the worker after its grace period either way."""
+"""A trial worker ended by Ray stays quiet. Ray ends a worker process with SIGTERM: the raylet does when it destroys
+an actor (at a sweep's end Tune removes the reused trial actors' placement groups, and the raylet SIGTERMs each
+``bcrit_trial`` worker, SIGKILL 200 ms later). The worker's handler (``sigterm_handler`` in ray/_private/worker.py)
+raises ``SystemExit``. When the signal lands while the main thread runs a finalizer (an object's ``__del__``, a
+weakref callback), Python cannot raise it there: it prints ``Exception ignored in: ... sigterm_handler ...
+SystemExit: 1`` (its unraisable hook) into the sweep's terminal, a traceback from a trial that was merely being
+ended. `install` adds an unraisable hook that drops exactly that case (a ``SystemExit`` whose traceback passes
+through Ray's ``sigterm_handler``) and hands every other unraisable exception to the hook it replaced. Nothing else
+changes: the exit was already ignored by Python, and Ray force-kills the worker after its grace period either way."""
 
 from __future__ import annotations
 
