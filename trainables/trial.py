@@ -18,6 +18,7 @@ from collections.abc import Callable
 
 import torch
 
+from trainables import quiet_exit
 from trainables.checkpoint import UnsafeCheckpoint
 from trainables.compiling import check_compile, compile_failure_in
 from trainables.config import WORKER_RESOURCES_ENV, ConfigError, TrialConfig
@@ -207,6 +208,7 @@ def train_func(config: dict, config_cls: type = TrialConfig, loop: Callable | No
     """What each Ray Train worker runs, for every workload: ``loop(config_cls.from_dict(config["trial"]),
     RaySession())``; default: the DiT trial. Bind another workload with ``functools.partial`` (e.g.
     `orchestrator.execution.tune_trainable.Workload.train_func`): Ray Train counts one required argument either way."""
+    quiet_exit.install()  # ended by Ray's SIGTERM inside a finalizer: no traceback (trainables.quiet_exit)
     cfg = config_cls.from_dict(config["trial"])
     session = RaySession(config.get(SIGNAL_KEY), config.get(TRIAL_KEY))
     with gpu_share(cfg.gpus_per_worker, session.device):

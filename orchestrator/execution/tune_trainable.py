@@ -26,6 +26,7 @@ from orchestrator.execution.tune_handoff import hand_off_pending_results
 from orchestrator.search.optuna_search import OBJECTIVE
 from orchestrator.storage.layout import TRAIN_DIR
 from orchestrator.storage.uri import is_uri, join
+from trainables import quiet_exit
 from trainables.sweep_signal import SignalReader
 from trainables.workloads import Workload, get_workload  # noqa: F401 (Workload: its public home here before)
 
@@ -104,6 +105,7 @@ def make_trainable(
     train_storage = join(sweep_dir, TRAIN_DIR) if uri else os.path.join(os.path.abspath(sweep_dir), TRAIN_DIR)
 
     def bcrit_trial(config: dict) -> None:
+        quiet_exit.install()  # ended by Ray's SIGTERM inside a finalizer: no traceback (trainables.quiet_exit)
         if not verbose:  # "Checkpoint successfully created at: ..." per Tune checkpoint of an in-process trial
             logging.getLogger("ray.train._internal.storage").setLevel(logging.WARNING)
 
