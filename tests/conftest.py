@@ -119,7 +119,8 @@ HEAVY = {
         "test_demo_answer.py test_faults.py "
         "test_sweep_quadratic.py::test_mlflow_nesting_and_tables "
         "test_search.py::test_bcrit_sweep_optuna_end_to_end "
-        "test_goal_signal.py::test_a_trial_ends_itself_when_its_sweep_says_so"
+        "test_goal_signal.py::test_a_trial_ends_itself_when_its_sweep_says_so "
+        "test_sweep_paths.py"
     ),
     "trainables": "test_trial_ray.py::test_two_workers_give_the_same_update_as_one",
 }
