@@ -50,8 +50,7 @@ def stops_behind(spec) -> bool:
 
 def planned_seeds(spec, configs: list[dict] | None = None):
     """How many seeds each setting of the sweep will have (analysis.features.stop_behind.stop_behind.Seeds): a grid's
-    configs
-    counted; an adaptive sweep may give any setting every seed of its space; an Optuna study's settings have one.
+    configs counted; an adaptive sweep may give any setting every seed of its space; an Optuna study's settings one.
     ``configs``: the checked trial configs, as the trials receive them (their defaults filled in, so that a setting's
     key is the one its trials' rows give); default the spec's configs through its workload's config class."""
     if spec.search == "grid":
