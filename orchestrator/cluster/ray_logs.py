@@ -5,8 +5,10 @@ Ray forwards every worker's stderr to the driver. Ray Train 2.60's controller lo
 ``TorchTrainer`` it starts -- ``core_worker.cc:... Actor with class name: 'PreemptionWatcher' ... has constructor
 arguments in the object store and max_restarts > 0`` (ray#53727) -- which a user reads as a failure of their
 trial; and the raylet warns that "N PYTHON worker processes have been started ... maximum expected startup
-concurrency" as the sweep starts trial actors and Train workers (ray#3644). Nothing is wrong (the trials run on);
-so the driver's log printer drops exactly these lines and nothing else. Ray's driver-side printers are a handler
+concurrency" as the sweep starts trial actors and Train workers (ray#3644); and on a loaded machine the Train
+controller warns, with a traceback, that a resource request to Ray's autoscaling coordinator timed out ("safe to
+ignore" when transient, its message says; it is retried every 20 s). Nothing is wrong (the trials run on); so the
+driver's log printer drops exactly these lines (the last with its traceback) and nothing else. Ray's driver-side printers are a handler
 named ``ray_print_logs`` on its stream dispatcher (workers' logs) and ``ray._private.worker.print_to_stdstream``
 (the raylet's messages): private APIs; if they move, nothing is filtered and the sweep runs as before.
 """
@@ -23,15 +25,37 @@ HARMLESS = (
     # the raylet counting the worker processes a sweep starts (trial actors, Train workers): ray#3644
     re.compile(r"WARNING: \d+ PYTHON worker processes have been started on node: .* maximum expected startup"),
 )
+# harmless warnings logged with a traceback (``exc_info``): the traceback's lines go with them
+HARMLESS_WITH_TRACEBACK = (
+    # Ray Train 2.60's controller, when the autoscaling coordinator answers a resource request after its 5 s timeout
+    re.compile(r"Failed to send resource request for train-\w+\. If this only happens transiently"),
+)
+_TRACEBACK_LINE = re.compile(r"^(Traceback \(most recent call last\):|\s+\S|\^+$|[\w.]+(Error|Exception)\b.*)")
 
 
 def is_harmless(line: str) -> bool:
     return any(p.search(line) for p in HARMLESS)
 
 
+def _kept_lines(lines: list[str]) -> list[str]:
+    """``lines`` without the harmless ones, and without the traceback that follows a harmless warning logged with
+    one (its ``Traceback ...`` header, indented frames and carets, and the exception's line)."""
+    kept, in_traceback = [], False
+    for ln in lines:
+        if any(p.search(ln) for p in HARMLESS_WITH_TRACEBACK):
+            in_traceback = True
+            continue
+        if in_traceback and _TRACEBACK_LINE.match(ln):
+            continue
+        in_traceback = False
+        if not is_harmless(ln):
+            kept.append(ln)
+    return kept
+
+
 def drop_harmless(data: dict) -> dict | None:
     """A log batch without the harmless lines; ``None`` when nothing is left to print."""
-    lines = [ln for ln in data.get("lines", []) if not is_harmless(ln)]
+    lines = _kept_lines(data.get("lines", []))
     if not lines:
         return None
     return data if len(lines) == len(data.get("lines", [])) else {**data, "lines": lines}

@@ -262,3 +262,25 @@ def test_cluster_sweep_script_takes_the_cli_path(tmp_path, cluster):
     joined = re.search(rf"^Ray at \S+:{cluster.port}$", out.stdout, re.M)  # the cluster, not a Ray of its own
     assert joined, out.stdout[-2000:]
     assert "trials done" in out.stdout
+
+
+def test_cluster_sweep_terminal_shows_bcrit_lines_only(tmp_path, cluster):
+    """``bcrit sweep`` with RAY_ADDRESS and an MLflow tracking server (where MLflow prints "View run ..." for every
+    run it ends): the terminal shows bcrit's lines, the parent's link at most once, and no traceback from a trial
+    worker being ended, on stdout or stderr. Six 1-worker trials of two batch sizes, so that Tune ends actors on the
+    worker nodes while others still run."""
+    from orchestrator.features.rehearsal.local_services import mlflow_server
+
+    spec = ddp_spec(tmp_path, 1, step_seconds=0.01)
+    spec["scientific"]["batch_sizes"] = [16, 32]
+    spec["nuisance"]["lr"] = [0.3, 0.5, 0.8]
+    spec["stopping"]["max_steps"] = 30
+    with mlflow_server(str(tmp_path / "server")) as uri:
+        spec["tracking"] = {"mlflow_uri": uri, "experiment": "terminal"}
+        out = bcrit(cluster, "sweep", write_spec(tmp_path, spec))
+    terminal = out.stdout + out.stderr
+    assert out.returncode == 0, out.stdout[-2000:] + out.stderr[-3000:]
+    assert "[6/6]" in out.stdout, out.stdout[-2000:]  # every trial's line, from bcrit itself
+    assert terminal.count("View run") <= 1 and terminal.count("View experiment") <= 1, terminal[-3000:]
+    for noise in ("Traceback", "Exception ignored", "SystemExit"):
+        assert noise not in terminal, terminal[-3000:]

@@ -62,3 +62,27 @@ def test_raylet_messages_printed_directly_are_filtered(monkeypatch):
     ray_worker.print_to_stdstream({"lines": [noise], "pid": "raylet"}, ignore_prefix=False)
     ray_worker.print_to_stdstream({"lines": [REAL], "pid": "raylet"}, ignore_prefix=False)
     assert printed == [[REAL]]
+
+
+def test_autoscaling_request_timeout_goes_with_its_traceback_and_nothing_else():
+    """Ray Train's controller on a loaded machine: its warning and the traceback logged with it are dropped; a
+    traceback of anything else, before or after it in the same batch, is kept whole."""
+    warning = (
+        "Failed to send resource request for train-7e5e4bc004d6439cb4d127aaa69e5db1. If this only happens "
+        "transiently during network partition or CPU being overloaded, it's safe to ignore this error. If this "
+        "error persists, file a GitHub issue."
+    )
+    traceback = [
+        "Traceback (most recent call last):",
+        '  File "/x/ray/train/v2/_internal/execution/scaling_policy/autoscaling_coordinator_client.py", line 58, in s',
+        "    ray.get(",
+        '  File "python/ray/_raylet.pyx", line 3471, in ray._raylet.CoreWorker.get_objects',
+        "                                  ^^^^^^^^^^^^^^^^^^^",
+        "ray.exceptions.GetTimeoutError: Get timed out: some object(s) not ready.",
+    ]
+    other = ["Traceback (most recent call last):", '  File "trial.py", line 3, in f', "ValueError: real"]
+    assert ray_logs.drop_harmless({"lines": [warning, *traceback]}) is None
+    assert ray_logs.drop_harmless({"lines": [*other, warning, *traceback, REAL, *other]}) == {
+        "lines": [*other, REAL, *other]
+    }
+    assert ray_logs.drop_harmless({"lines": other}) == {"lines": other}
