@@ -14,57 +14,58 @@ import json
 import math
 import os
 import time
-from dataclasses import dataclass
 from typing import ClassVar
 
 import numpy as np
+from pydantic import model_validator
 
 from analysis.core import metrics as M
 from analysis.core.nqm_noise import bin_noise, noise_allocation, weighted_noise
 from trainables.branch_points import start_quadratic
-from trainables.config import BASE_BOUNDS, COUNT, BaseConfig, Bound, ConfigError
+from trainables.config import COUNT, LR_RULE, POS, POSITIVE, TEXT, BaseConfig, ConfigError, Float, Int, config_class
 from trainables.skeleton import ExamplesRate, Learner, Session, StepOutcome, TrialSkeleton
 
 STATE_FILE = "quadratic_state.json"
 
 
-@dataclass(frozen=True)
+@config_class
 class QuadraticConfig(BaseConfig):
     """The NQM trial: the shared fields of `trainables.config.BaseConfig` (five with their own defaults here) and
     the problem's own."""
 
     # --- the problem -------------------------------------------------------------------------------------------
-    dim: int = 100  # coordinates; more = expected loss closer to any single run
-    h_decay: float = 1.0  # Hessian spectrum h_i = i^-h_decay, i = 1..dim (Zhang et al. 2019)
-    noise_scale: float = 1.0  # per-example gradient noise covariance c = noise_scale * h
-    theta0: float = 1.0  # every coordinate starts here
+    dim: Int(1, 10**7) = 100  # coordinates; more = expected loss closer to any single run
+    h_decay: Float(0) = 1.0  # Hessian spectrum h_i = i^-h_decay, i = 1..dim (Zhang et al. 2019)
+    noise_scale: Float(0) = 1.0  # per-example gradient noise covariance c = noise_scale * h
+    theta0: Float() = 1.0  # every coordinate starts here
     # --- shared fields with the NQM's defaults ------------------------------------------------------------------
-    schedule_lr_rule: str = "linear"  # a later stage's lr = lr x B / batch_size (SGD); sqrt | constant
-    lr: float = 0.1  # plain SGD; stable for lr < 2 / h_max = 2
-    max_steps: int = 1000
-    eval_every: int = 1
+    schedule_lr_rule: LR_RULE = "linear"  # a later stage's lr = lr x B / batch_size (SGD); sqrt | constant
+    lr: POSITIVE = 0.1  # plain SGD; stable for lr < 2 / h_max = 2
+    max_steps: POS = 1000
+    eval_every: POS = 1
     # --- its own -----------------------------------------------------------------------------------------------
-    step_seconds: float = 0.0  # artificial delay per step (tests use it to kill a worker mid-trial)
+    step_seconds: Float(0, 60) = 0.0  # artificial delay per step (tests use it to kill a worker mid-trial)
     # examples per independent noise draw; 0 = one draw of N(0, c/B) per step. With u > 0 a step draws B/u unit
     # noises N(0, c/u) and averages them, so a batch of k·u sees the same unit noises, in the same order, as k
     # steps at u (common random numbers across batch sizes, like a data stream; the branched study sets u = B0)
-    noise_unit: int = 0
+    noise_unit: COUNT = 0
     # --- timestep bins of different noise (closed forms: tests/oracles/nqm_alloc.py; docs/allocation.md) ----------
-    timestep_bins: int = 1  # K equal bins; an example of bin k has noise covariance s_k c, s of mean 1
-    bin_noise_ratio: float = 1.0  # s_{K-1} / s_0 (geometric in k); 1 = every bin the plain NQM's noise
-    timestep_sampling: str = "uniform"  # uniform (today's draws) | noise (p_k ∝ sqrt(s_k), weights q_k / p_k)
-    alloc_floor: float = 0.1  # uniform share mixed into the noise allocation
+    timestep_bins: Int(1, 1000) = 1  # K equal bins; an example of bin k has noise covariance s_k c, s of mean 1
+    bin_noise_ratio: POSITIVE = 1.0  # s_{K-1} / s_0 (geometric in k); 1 = every bin the plain NQM's noise
+    timestep_sampling: TEXT = "uniform"  # uniform (today's draws) | noise (p_k ∝ sqrt(s_k), weights q_k / p_k)
+    alloc_floor: Float(0, 1, lo_open=True) = 0.1  # uniform share mixed into the noise allocation
 
     WHAT: ClassVar[str] = "quadratic config"
 
-    def validate(self) -> None:
-        super().validate()
+    @model_validator(mode="after")
+    def check_noise_unit(self) -> QuadraticConfig:
         for b in self.stages.sizes:
             if self.noise_unit and b % self.noise_unit:
                 raise ConfigError(f"noise_unit {self.noise_unit} must divide every batch size, got {b}")
-        self._check_sampling()
+        return self
 
-    def _check_sampling(self) -> None:
+    @model_validator(mode="after")
+    def check_sampling(self) -> QuadraticConfig:
         if self.timestep_sampling not in ("uniform", "noise"):
             raise ConfigError(
                 f"the quadratic workload's timestep_sampling is uniform or noise, got {self.timestep_sampling!r} "
@@ -72,6 +73,7 @@ class QuadraticConfig(BaseConfig):
             )
         if self.timestep_sampling == "noise" and (self.timestep_bins < 2 or self.noise_unit):
             raise ConfigError("timestep_sampling: noise needs timestep_bins >= 2 and noise_unit: 0")
+        return self
 
     def problem(self) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
         """``(h, c, theta0)`` arrays of the NQM, as tests/oracles/nqm.py takes them."""
@@ -79,21 +81,7 @@ class QuadraticConfig(BaseConfig):
         return h, self.noise_scale * h, np.full(self.dim, self.theta0)
 
 
-# the shared fields' bounds (trainables.config.BASE_BOUNDS), plus the problem's own
-QUADRATIC_BOUNDS: dict[str, Bound] = {
-    **BASE_BOUNDS,
-    "noise_unit": COUNT,  # 0 = one noise draw per step
-    "dim": Bound("int", 1, 10**7),
-    "h_decay": Bound("float", 0),
-    "noise_scale": Bound("float", 0),
-    "theta0": Bound("float"),
-    "step_seconds": Bound("float", 0, 60),
-    "timestep_bins": Bound("int", 1, 1000),
-    "bin_noise_ratio": Bound("float", 0, lo_open=True),
-    "timestep_sampling": Bound("str"),
-    "alloc_floor": Bound("float", 0, 1, lo_open=True),
-}
-QuadraticConfig.BOUNDS = QUADRATIC_BOUNDS
+QUADRATIC_BOUNDS = QuadraticConfig.BOUNDS  # the shared fields' bounds plus the problem's own
 
 
 def check_quadratic(cfg: QuadraticConfig, resources: dict | None = None) -> None:

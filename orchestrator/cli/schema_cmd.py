@@ -1,6 +1,6 @@
 """``bcrit schema [sweep|branch|trial]``: print the JSON Schema of a spec kind, made from its typed model
-(orchestrator.specs.sweep_models.SweepModel, orchestrator.specs.branch_models.BranchModel) or, for a trial config,
-from the dataclass (trainables.config.TrialConfig) and its bounds table (the ranges, the closed choices).
+(orchestrator.specs.sweep_models.SweepModel, orchestrator.specs.branch_models.BranchModel, and for a trial config the
+pydantic dataclass trainables.config.TrialConfig).
 docs/schema/<kind>.schema.json is this output, committed (a test keeps it current), and the shipped examples name it
 on their first line so an editor completes keys and marks mistakes."""
 
@@ -32,45 +32,17 @@ def register(sub) -> None:
 
 
 def schema(kind: str) -> dict:
-    """The JSON Schema of spec kind ``kind`` (draft 2020-12, what pydantic's model_json_schema writes)."""
-    if kind == "trial":
-        return {"$schema": "https://json-schema.org/draft/2020-12/schema", **trial_schema()}
-    from orchestrator.specs.branch_models import BranchModel
-    from orchestrator.specs.sweep_models import SweepModel
-
-    model = {"sweep": SweepModel, "branch": BranchModel}[kind]
-    return {"$schema": "https://json-schema.org/draft/2020-12/schema", **model.model_json_schema()}
-
-
-def trial_schema() -> dict:
-    """The trial config's schema: pydantic's of the `TrialConfig` dataclass (types, defaults, its docstring),
-    closed to unknown keys, each field narrowed by its row of ``TrialConfig.BOUNDS`` (numeric ranges, non-blank
-    strings, step lists) and the closed choices (preset, schedule_lr_rule, timestep_sampling). The checks across
-    fields (the split, the cadences, the dataset's path) stay `TrialConfig.validate`'s."""
+    """The JSON Schema of spec kind ``kind`` (draft 2020-12, what pydantic writes): of its model, for a trial config
+    the `TrialConfig` pydantic dataclass (types, ranges, closed choices, defaults, no unknown keys; the checks
+    across fields, its validators, are not in a schema)."""
     import pydantic
 
-    from analysis.core.allocation import SAMPLERS
-    from analysis.core.lr_rules import LR_RULES
+    from orchestrator.specs.branch_models import BranchModel
+    from orchestrator.specs.sweep_models import SweepModel
     from trainables.config import TrialConfig
-    from trainables.presets import PRESETS
 
-    out = pydantic.TypeAdapter(TrialConfig).json_schema()
-    out["additionalProperties"] = False
-    choices = {"preset": list(PRESETS), "schedule_lr_rule": list(LR_RULES), "timestep_sampling": list(SAMPLERS)}
-    for name, prop in out["properties"].items():
-        b = TrialConfig.BOUNDS[name]
-        typed = next((t for t in prop.get("anyOf", [prop]) if t.get("type") != "null"), prop)
-        if b.kind in ("int", "float"):
-            for end, key, open_ in ((b.lo, "minimum", b.lo_open), (b.hi, "maximum", b.hi_open)):
-                if end is not None:
-                    typed["exclusiveM" + key[1:] if open_ else key] = int(end) if b.kind == "int" else end
-        elif b.kind == "str":
-            typed.update({"enum": choices[name]} if name in choices else {"minLength": 1})
-        elif b.kind == "list":
-            typed["items"] = {"type": "integer", "minimum": 0}
-        elif b.kind == "stages":
-            typed["items"] = {"type": "array", "items": {"type": "integer", "minimum": 0}, "minItems": 2, "maxItems": 2}
-    return out
+    model = {"sweep": SweepModel, "branch": BranchModel, "trial": TrialConfig}[kind]
+    return {"$schema": "https://json-schema.org/draft/2020-12/schema", **pydantic.TypeAdapter(model).json_schema()}
 
 
 def schema_text(kind: str) -> str:

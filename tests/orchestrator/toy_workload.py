@@ -10,30 +10,26 @@ from __future__ import annotations
 import json
 import os
 import time
-from dataclasses import dataclass
 from typing import ClassVar
 
 import numpy as np
 
 from analysis.core import metrics as M
-from trainables.config import BASE_BOUNDS, BaseConfig, Bound, ConfigError
+from trainables.config import LR_RULE, POS, POSITIVE, BaseConfig, ConfigError, Float, config_class
 from trainables.skeleton import Learner, Session, StepOutcome, TrialSkeleton
 from trainables.workloads import Workload
 
 STATE_FILE = "toy_state.json"
 
 
-@dataclass(frozen=True)
+@config_class
 class ToyConfig(BaseConfig):
-    mu: float = 2.0  # the mean to estimate
-    schedule_lr_rule: str = "linear"  # SGD
-    lr: float = 0.5
-    eval_every: int = 1
+    mu: Float() = 2.0  # the mean to estimate
+    schedule_lr_rule: LR_RULE = "linear"  # SGD
+    lr: POSITIVE = 0.5
+    eval_every: POS = 1
 
     WHAT: ClassVar[str] = "toy config"
-
-
-ToyConfig.BOUNDS = {**BASE_BOUNDS, "mu": Bound("float")}
 
 
 def check_toy(cfg: ToyConfig, resources: dict | None = None) -> None:

@@ -156,3 +156,65 @@ def test_numbers_as_yaml_strings_still_coerce():
     assert (c.lr, c.max_steps, c.seed, c.target_loss) == (1e-3, 20, 3, 0.5)
     with pytest.raises(ConfigError, match="must be int"):
         TrialConfig.from_dict({"max_steps": "2.5"})
+
+
+# --- the pydantic model: number forms, the rules across fields, what users of the class rely on -----------------
+def test_number_strings_in_every_form():
+    c = TrialConfig.from_dict({"lr": "3E-4", "max_steps": "1e5", "eval_every": "2.0", "beta2": "9.5e-1"})
+    assert (c.lr, c.max_steps, c.eval_every, c.beta2) == (3e-4, 100000, 2, 0.95)
+    assert type(c.max_steps) is int and type(TrialConfig.from_dict({"lr": 1}).lr) is float
+    for key, value in [("max_steps", True), ("lr", False), ("lr", "inf"), ("max_steps", "1e400"), ("seed", "1e-3")]:
+        with pytest.raises(ConfigError, match=key):
+            TrialConfig.from_dict({key: value})
+
+
+@pytest.mark.parametrize(
+    "kwargs, match",
+    [
+        (dict(batch_size=48, micro_batch_size=16, num_workers=2), "not divisible by micro_batch_size x workers = 32"),
+        (dict(batch_size=16, micro_batch_size=8, batch_schedule=[[4, 20]]), "multiple of micro_batch_size"),
+        (dict(timestep_sampling="noise", gns_every=0), "set gns_every to a step count"),
+        (dict(batch_size=8, micro_batch_size=8, gns_global_every=300, max_steps=200), "never measure"),
+        (dict(use_gpu=True, num_workers=2, batch_size=64, gpus_per_worker=0.5), "NCCL refuses"),
+        (dict(gns_every=5, gns_bin_examples=1), "gns_bin_examples >= 2"),
+        (dict(eval_size=4, timestep_bins=5), "eval_size 4 must be >= timestep_bins 5"),
+    ],
+)
+def test_each_rule_across_fields_is_one_line(kwargs, match):
+    with pytest.raises(ConfigError, match=match) as e:
+        TrialConfig.from_dict(kwargs)
+    assert "\n" not in str(e.value)
+
+
+def test_unknown_key_names_the_closest_and_the_class_stays_a_frozen_dataclass():
+    import dataclasses
+    import pickle
+
+    with pytest.raises(ConfigError, match=r"unknown config key\(s\) \['lrr'\] \(did you mean 'lr'\?\); valid keys"):
+        TrialConfig.from_dict({"lrr": 0.1})
+    c = TrialConfig(batch_schedule=[[4, 64]], extra={"tag": 1})
+    assert pickle.loads(pickle.dumps(c)) == c and TrialConfig.from_dict(c.to_dict()).to_dict() == c.to_dict()
+    assert dataclasses.replace(c, seed=2).seed == 2 and dataclasses.fields(c)[0].name == "batch_size"
+    with pytest.raises(dataclasses.FrozenInstanceError):
+        c.lr = 1.0  # type: ignore[misc]
+    with pytest.raises(ConfigError, match="lr must be a number > 0"):
+        dataclasses.replace(c, lr=0)
+
+
+def test_a_workload_config_needs_bounded_types_and_config_class():
+    import dataclasses
+
+    from trainables.config import BaseConfig, config_class
+
+    with pytest.raises(TypeError, match=r"fields \['mu'\] need a bounded type"):
+
+        @config_class
+        class Unbounded(BaseConfig):
+            mu: float = 1.0
+
+    @dataclasses.dataclass(frozen=True)
+    class Plain(BaseConfig):
+        pass
+
+    with pytest.raises(TypeError, match="config_class"):
+        Plain()

@@ -7,8 +7,8 @@ the fitted throughput model for a split nobody ran (:mod:`analysis.features.reco
 T_step`` (training seconds) and **cost** ``time · W`` in device-hours. Intervals are percentiles of the product of
 paired replicates of the steps fit's and the step time's bootstraps. Excluded: a predicted peak memory per worker
 above ``gpus_per_worker · device_mem_gb``, or more than one worker with ``gpus_per_worker < 1``
-(trainables.config.check_gpu_share). *Extrapolated*: a batch size outside the fitted ones or, not measured itself, a
-micro-batch, accumulation or worker count outside the measured ones.
+(trainables.config.BaseConfig.check_gpu_share). *Extrapolated*: a batch size outside the fitted ones or, not
+measured itself, a micro-batch, accumulation or worker count outside the measured ones.
 
 The Pollux comparison (Qiao et al. OSDI 2021): goodput ``= B/T_step · (φ + M₀)/(φ + B)`` with ``φ`` the gradient
 noise scale (``B_simple`` at the target, :mod:`analysis.fits.gns_view`) is this time model with ``B_crit`` replaced by
