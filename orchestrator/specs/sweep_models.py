@@ -306,8 +306,8 @@ class SweepModel(SpecModel):
     scientific: Scientific
     nuisance: Nuisance
     fixed: dict[str, Any] | None = field(None, fix="must be a mapping of trial-config keys to values")
-    stopping: Stopping | None = None
-    tracking: Tracking | None = None
+    stopping: Stopping = Stopping()
+    tracking: Tracking = Tracking()
     storage: Annotated[str, Field(pattern=r"\S")] | None = field(
         None, fix="must be a directory path or a URI (e.g. ./runs/tiny or s3://bucket/runs/tiny)"
     )
@@ -330,7 +330,7 @@ class SweepModel(SpecModel):
     def _sections_agree(self) -> SweepModel:
         """The rules between sections: per-batch-size values, the splits' lrs and seeds, what search: adaptive and
         scientific.timestep_sampling need."""
-        sci, nui, fixed, stop = self.scientific, self.nuisance, dict(self.fixed or {}), self.stopping or Stopping()
+        sci, nui, fixed, stop = self.scientific, self.nuisance, dict(self.fixed or {}), self.stopping
         seeds = fixed.pop("seeds", [0])
         self._seeds = tuple([seeds] if isinstance(seeds, int) else seeds)
         self._fixed = _per_batch_size(fixed, PER_BATCH_SIZE_FIXED, sci.batch_sizes, "fixed")

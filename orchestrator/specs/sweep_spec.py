@@ -160,13 +160,12 @@ def parse_spec(data: dict, *, sweep_dir: str | None = None, source: str = "spec"
     if isinstance(data, dict) and data.get("kind") == "branched":  # orchestrator.features.branched.branch_study
         raise UserError(f"{source} is a branched study (kind: branched); run it with bcrit branch {source}")
     m = validate(SweepModel, data, "", scoped=True, source=source, example="tiny")
-    sci, nui, track = m.scientific, m.nuisance, m.tracking
+    sci, nui, track, stop = m.scientific, m.nuisance, m.tracking, m.stopping
     storage_uri, sweep_dir = _storage(m.storage, m.name, sweep_dir)
-    uri = track.mlflow_uri if track and track.mlflow_uri is not None else None
+    uri = track.mlflow_uri
     uri = (os.environ.get("MLFLOW_TRACKING_URI") or local_mlflow_uri(sweep_dir)) if uri is None else uri
-    experiment = "bcrit" if track is None or track.experiment is None else track.experiment
-    stop = m.stopping
-    behind = stop.behind if stop is not None and "behind" in stop.model_fields_set else STOP_BEHIND_DEFAULT
+    experiment = "bcrit" if track.experiment is None else track.experiment
+    behind = stop.behind if "behind" in stop.model_fields_set else STOP_BEHIND_DEFAULT
     tracking = {"mlflow_uri": uri, "experiment": experiment}
     return SweepSpec(
         name=m.name,
