@@ -18,7 +18,7 @@ restoring it, running it), `orchestrator.execution.sweep_state` (what a sweep di
 from __future__ import annotations
 
 from orchestrator.cluster.ray_logs import quiet_driver_logs
-from orchestrator.cluster.ray_start import local_resources, start_ray
+from orchestrator.cluster.ray_start import local_resources
 from orchestrator.cluster.sizing import local_cpus, max_concurrent, ray_cpus, trial_need
 from orchestrator.execution.launch import Launch, prepare
 from orchestrator.execution.preflight import check_spec
@@ -53,7 +53,6 @@ __all__ = [
     "restore_spec",
     "restore_tuner",
     "run",
-    "start_ray",
     "sweep",
     "sweep_state",
     "trial_need",

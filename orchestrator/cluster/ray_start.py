@@ -51,10 +51,10 @@ def acquire_ray(verbose: bool = False) -> RayPlace:
     return RayPlace(cluster=False, verbose=verbose)
 
 
-def sweep_cpus(spec: SweepSpec, configs: list[dict] | None = None) -> int:
+def sweep_cpus(spec: SweepSpec, configs: list[dict]) -> int:
     """Logical CPUs of the local Ray a sweep starts: the machine's over-subscribed cores, or room for two of its
-    largest trials at once (``configs``: its trial configs, checked; default the spec's)."""
-    return max(local_cpus(spec), ray_cpus(spec.trial_configs() if configs is None else configs))
+    largest trials at once (``configs``: its trial configs, checked)."""
+    return max(local_cpus(spec), ray_cpus(configs))
 
 
 def connect(verbose: bool = False) -> None:
@@ -96,11 +96,6 @@ def sweep_capacity() -> dict[str, float]:
     import ray
 
     return capacity().total if on_cluster() else dict(ray.cluster_resources())
-
-
-def start_ray(spec: SweepSpec, verbose: bool = False) -> None:
-    """``RAY_ADDRESS`` if set, else a local Ray sized for the spec's trials (:func:`start_quiet_ray`)."""
-    start_quiet_ray(sweep_cpus(spec), verbose)
 
 
 def start_quiet_ray(num_cpus: int, verbose: bool = False) -> None:

@@ -46,16 +46,12 @@ def check_trials(spec: SweepSpec, resources: dict | None, cap=None) -> list[dict
         where = local_where(resources)
     w = get_workload(spec.workload)
     out, checked = [], set()
-    for raw in spec.trial_configs():
-        trial = f"trial B={raw['batch_size']} split {raw['micro_batch_size']}x{raw['grad_accum']}x{raw['num_workers']}"
-        try:
-            cfg = w.config_cls.from_dict(raw)
-        except (ConfigError, TypeError) as e:
-            raise UserError(f"{trial}: {e}") from None
+    for cfg in trial_configs(spec):
+        d = cfg.to_dict()
+        trial = _trial(d)
         if spec.adaptive is not None and spec.adaptive.bins:
             check_bins(w, cfg, spec.workload)
-        need = trial_need(cfg.to_dict())
-        bundle = worker_bundle(cfg.to_dict())
+        need, bundle = trial_need(d), worker_bundle(d)
         if cap is not None and bundle and cap.nodes and not cap.fits_one_node(bundle):
             raise UserError(
                 f"{trial}: one worker needs {_show(bundle)} on one node but no node type of {where} has that; "
@@ -70,15 +66,32 @@ def check_trials(spec: SweepSpec, resources: dict | None, cap=None) -> list[dict
                     if kind == "CPU" and cfg.num_workers
                     else f"{trial} needs {n:g} {kind}s but {where} has {resources.get(kind, 0.0):g}; lower its needs"
                 )
-        key = tuple(sorted((k, str(v)) for k, v in cfg.to_dict().items() if k not in ("lr", "seed")))
+        key = tuple(sorted((k, str(v)) for k, v in d.items() if k not in ("lr", "seed")))
         if key not in checked:
             try:
                 w.check(cfg, resources)
             except (ConfigError, TypeError) as e:
                 raise UserError(f"{trial}: {e}") from None
             checked.add(key)
-        out.append(cfg.to_dict())
+        out.append(d)
     return out
+
+
+def trial_configs(spec: SweepSpec) -> list:
+    """The spec's trial configs through its workload's config class, its defaults filled in (what the trials
+    receive, a setting's key in their rows); a config the class refuses is one UserError line naming the trial."""
+    cls = get_workload(spec.workload).config_cls
+    out = []
+    for raw in spec.trial_configs():
+        try:
+            out.append(cls.from_dict(raw))
+        except (ConfigError, TypeError) as e:
+            raise UserError(f"{_trial(raw)}: {e}") from None
+    return out
+
+
+def _trial(c: dict) -> str:
+    return f"trial B={c['batch_size']} split {c['micro_batch_size']}x{c['grad_accum']}x{c['num_workers']}"
 
 
 def local_where(resources: dict) -> str:

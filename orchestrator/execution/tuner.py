@@ -12,7 +12,7 @@ from orchestrator.cluster.ray_logs import quiet_driver_logs
 from orchestrator.cluster.ray_start import on_cluster, sweep_capacity
 from orchestrator.cluster.sizing import compute_slots, max_concurrent, trial_bundle
 from orchestrator.errors import UserError
-from orchestrator.execution.preflight import check_spec
+from orchestrator.execution.preflight import check_spec, trial_configs
 from orchestrator.execution.sweep_state import can_restore
 from orchestrator.execution.tune_trainable import make_trainable
 from orchestrator.faults import fault_callbacks
@@ -28,7 +28,6 @@ from orchestrator.search.optuna_search import GroupedOptunaSearch
 from orchestrator.specs.sweep_spec import SweepSpec
 from orchestrator.storage.layout import TUNE_DIR
 from trainables.sweep_signal import signal_name
-from trainables.workloads import get_workload
 
 
 def sweep_trainable(spec: SweepSpec, worker_failures: int, verbose: bool = False, behind: bool | None = None):
@@ -52,12 +51,9 @@ def planned_seeds(spec, configs: list[dict] | None = None):
     """How many seeds each setting of the sweep will have (analysis.features.stop_behind.stop_behind.Seeds): a grid's
     configs counted; an adaptive sweep may give any setting every seed of its space; an Optuna study's settings one.
     ``configs``: the checked trial configs, as the trials receive them (their defaults filled in, so that a setting's
-    key is the one its trials' rows give); default the spec's configs through its workload's config class."""
+    key is the one its trials' rows give); default `orchestrator.execution.preflight.trial_configs`."""
     if spec.search == "grid":
-        if configs is None:
-            cls = get_workload(spec.workload).config_cls
-            configs = [cls.from_dict(raw).to_dict() for raw in spec.trial_configs()]
-        return Seeds.of_configs(configs)
+        return Seeds.of_configs([c.to_dict() for c in trial_configs(spec)] if configs is None else configs)
     return Seeds(default=len(spec.seeds) if spec.search == "adaptive" else 1)
 
 

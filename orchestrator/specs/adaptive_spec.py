@@ -16,10 +16,9 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Annotated, Any, Literal
 
-from pydantic import Field, ValidationInfo, model_validator
+from pydantic import Field
 
-from orchestrator.errors import UserError
-from orchestrator.specs.models import SpecModel, field, rule, validate
+from orchestrator.specs.models import SpecModel, field, rule
 
 RUNNING = ("wait", "end")
 RUNNING_DEFAULT, HOLD_DEFAULT, MIN_SEEDS_DEFAULT = "wait", True, 2  # pinned in the saved spec (sweep_spec._saved)
@@ -27,9 +26,8 @@ AUTO = "auto"
 
 
 class Goal(SpecModel):
-    """nuisance.goal: when an adaptive sweep has its answer."""
-
-    # validated with context n_seeds (of fixed.seeds) and target_loss (stopping.target_loss, or None)
+    """nuisance.goal: when an adaptive sweep has its answer (its rules against fixed.seeds and stopping.target_loss:
+    `adaptive`, from the sweep model's validator)."""
 
     rel_ci: Annotated[float, Field(gt=0, lt=1)] = field(fix="must be a number in (0, 1) (e.g. 0.15 for +-15%)")
     targets: Literal["auto"] | float | Annotated[list[float], Field(min_length=1)] = field(
@@ -45,25 +43,9 @@ class Goal(SpecModel):
         fix="must be true or false (start no trial while the running ones are expected to meet the goal)",
     )
 
-    @model_validator(mode="after")
-    def _against_seeds_and_stopping(self, info: ValidationInfo) -> Goal:
-        ctx = info.context or {}
-        n_seeds, stop = ctx.get("n_seeds"), ctx.get("target_loss")
-        if n_seeds is not None and self.min_seeds > n_seeds:
-            raise rule(
-                f"nuisance.goal.min_seeds {self.min_seeds} exceeds the {n_seeds} seed(s) of fixed.seeds; list more "
-                "seeds there or lower min_seeds"
-            )
-        if "target_loss" not in ctx:  # the section alone (orchestrator.specs.sweep_models.Nuisance)
-            return self
-        if self.targets == AUTO and not _number(stop):
-            raise rule("nuisance.goal.targets: auto needs stopping.target_loss; set it or list the targets")
-        if _number(stop) and any(t < stop for t in self.losses(stop)):
-            raise rule(
-                f"nuisance.goal.targets: {min(self.losses(stop)):g} is below stopping.target_loss {stop:g}, where "
-                "trials stop, so no trial reaches it; use targets >= the stopping target"
-            )
-        return self
+    def given(self, key: str, default: Any) -> Any:
+        """The goal's ``key``, or ``default`` (read when the spec is, not when this module was) where not given."""
+        return getattr(self, key) if key in self.model_fields_set else default
 
     def losses(self, target_loss: float | None) -> tuple[float, ...]:
         """The target losses (``auto``: the stopping target)."""
@@ -76,10 +58,6 @@ class Budget(SpecModel):
 
     examples: Annotated[float, Field(gt=0)] | None = field(None, fix="must be a number > 0 (training examples)")
     trials: Annotated[int, Field(ge=1)] | None = field(None, fix="must be an integer >= 1")
-
-
-GOAL_KEYS = tuple(Goal.model_fields)
-BUDGET_KEYS = tuple(Budget.model_fields)
 
 
 @dataclass(frozen=True)
@@ -96,21 +74,24 @@ class Adaptive:
     hold: bool = True  # goal.hold: no new trial while the running ones are expected to meet the goal
 
 
-def _number(v: Any) -> bool:
-    return isinstance(v, (int, float)) and not isinstance(v, bool)
-
-
-def parse_adaptive(nui: dict, stopping: dict, n_seeds: int) -> Adaptive:
-    """The goal and budget of ``nuisance`` (``search: adaptive``), or one UserError line."""
-    goal, budget = nui.get("goal"), nui.get("budget")
-    if not isinstance(goal, dict):
-        raise UserError("search: adaptive needs nuisance.goal, e.g. goal: {rel_ci: 0.15, targets: auto}")
-    stop = stopping.get("target_loss")
-    defaults = {"min_seeds": MIN_SEEDS_DEFAULT, "running": RUNNING_DEFAULT, "hold": HOLD_DEFAULT}  # read now
-    g = validate(Goal, defaults | goal, "nuisance.goal", n_seeds=n_seeds, target_loss=stop)
-    if not isinstance(budget, dict) or not budget:
-        raise UserError("search: adaptive needs nuisance.budget, e.g. budget: {trials: 40} or {examples: 2.0e+6}")
-    b = validate(Budget, budget, "nuisance.budget")
-    return Adaptive(float(g.rel_ci), g.losses(stop), g.min_seeds, g.bins,
-                    None if b.examples is None else float(b.examples), b.trials,
-                    end_running=g.running == "end", hold=g.hold)  # fmt: skip
+def adaptive(goal: Goal, budget: Budget, n_seeds: int, target_loss: Any) -> Adaptive:
+    """The adaptive sweep of ``goal`` and ``budget`` against ``n_seeds`` seeds of fixed.seeds and the stopping
+    target; a broken rule is raised as `rule` (called from the sweep model's validator)."""
+    min_seeds = goal.given("min_seeds", MIN_SEEDS_DEFAULT)
+    if min_seeds > n_seeds:
+        raise rule(
+            f"nuisance.goal.min_seeds {min_seeds} exceeds the {n_seeds} seed(s) of fixed.seeds; list more "
+            "seeds there or lower min_seeds"
+        )
+    stop = target_loss if isinstance(target_loss, (int, float)) and not isinstance(target_loss, bool) else None
+    if goal.targets == AUTO and stop is None:
+        raise rule("nuisance.goal.targets: auto needs stopping.target_loss; set it or list the targets")
+    if stop is not None and any(t < stop for t in goal.losses(stop)):
+        raise rule(
+            f"nuisance.goal.targets: {min(goal.losses(stop)):g} is below stopping.target_loss {stop:g}, where "
+            "trials stop, so no trial reaches it; use targets >= the stopping target"
+        )
+    return Adaptive(float(goal.rel_ci), goal.losses(stop), min_seeds, goal.bins,
+                    None if budget.examples is None else float(budget.examples), budget.trials,
+                    end_running=goal.given("running", RUNNING_DEFAULT) == "end",
+                    hold=goal.given("hold", HOLD_DEFAULT))  # fmt: skip

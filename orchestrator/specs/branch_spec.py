@@ -22,21 +22,13 @@ from dataclasses import dataclass, field
 from functools import reduce
 from typing import Any
 
-from analysis.core.lr_rules import LR_RULES, lr_factor
+from analysis.core.lr_rules import lr_factor
 from orchestrator.errors import UserError
 from orchestrator.records.tracking_uri import check_tracking
-from orchestrator.specs.branch_models import Analysis, Branches, BranchModel, BranchStopping, Reference
-from orchestrator.specs.sweep_models import Tracking
-from orchestrator.specs.sweep_spec import (
-    SPLIT_KEYS,
-    Split,
-    _keys,
-    _pos_int,
-    _resolve_split,
-    _section,
-    local_mlflow_uri,
-    name_and_workload,
-)
+from orchestrator.specs.branch_models import BranchModel
+from orchestrator.specs.models import validate
+from orchestrator.specs.sweep_models import Split
+from orchestrator.specs.sweep_spec import local_mlflow_uri
 from orchestrator.specs.yaml_overrides import apply_overrides, dump_yaml, load_yaml
 from orchestrator.storage.shared_dir import check_storage, check_storage_value
 from trainables.branch_points import kept_path
@@ -44,27 +36,6 @@ from trainables.config import ConfigError
 from trainables.workloads import get_workload
 
 KIND = "branched"
-TOP_KEYS = tuple(BranchModel.model_fields)
-REFERENCE_KEYS = tuple(Reference.model_fields)
-BRANCH_KEYS = tuple(Branches.model_fields)
-ANALYSIS_KEYS = tuple(Analysis.model_fields)
-STOPPING_KEYS = tuple(BranchStopping.model_fields)
-# set by the study for every trial (a clear error instead of a silent conflict)
-OWNED = (
-    "batch_size",
-    *SPLIT_KEYS,
-    "lr",
-    "seed",
-    "max_steps",
-    "target_loss",
-    "checkpoint_every",
-    "init_from",
-    "keep_dir",
-    "keep_steps",
-    "use_gpu",
-    "cpus_per_worker",
-    "divergence_factor",
-)  # and the workload's noise_key (trainables.workloads.Workload)
 STUDY_FILE = "branched_spec.yaml"  # the resolved spec in the study dir (what --resume reads)
 KEEP_DIR = "reference_checkpoints"
 REFERENCE_ID = "reference_trial.txt"  # the reference's Tune trial id, once it has finished
@@ -180,144 +151,44 @@ def load_branch_spec(path: str, overrides: list[str] | None = None, *, sweep_dir
     return parse_branch_spec(apply_overrides(load_yaml(path), overrides or []), sweep_dir=sweep_dir, source=path)
 
 
-def _number(v: Any, where: str, positive: bool = True) -> float:
-    if isinstance(v, bool) or not isinstance(v, (int, float)) or not math.isfinite(v) or (positive and v <= 0):
-        raise UserError(f"{where} must be a {'positive ' if positive else ''}number, got {v!r}")
-    return float(v)
-
-
-def _int_list(v: Any, where: str, minimum: int) -> list[int]:
-    v = [v] if isinstance(v, int) and not isinstance(v, bool) else v
-    if not isinstance(v, list) or not v:
-        raise UserError(f"{where} must be a non-empty list of integers")
-    out = [_pos_int(x, f"{where}[]", minimum=minimum) for x in v]
-    if len(set(out)) != len(out):
-        raise UserError(f"{where} has duplicates {out}; list each once")
-    return sorted(out)
-
-
 def parse_branch_spec(data: dict, *, sweep_dir: str | None = None, source: str = "spec") -> BranchSpec:
-    """Validate a branched-study spec; every mistake raises one UserError line naming the key and the fix. The
-    sections are read in this order (the first mistake is the one named): top level, reference, branches,
-    analysis, stopping, where it is stored and tracked, the reference's checkpoints, its resources."""
-    _keys(data, TOP_KEYS, "")
-    if data.get("kind") != KIND:
-        raise UserError(f"{source}: kind must be {KIND!r} for bcrit branch (a sweep spec goes to bcrit sweep)")
-    name, workload = name_and_workload(data, source, example="branched-tiny")
-    w = get_workload(workload)
-    ref = _section(data, "reference", Reference, required=True)
-    br = _section(data, "branches", Branches, required=True)
-    an = _section(data, "analysis", Analysis)
-    fixed = dict(_section(data, "fixed", None))
-    stop = _section(data, "stopping", BranchStopping)
-    track = _section(data, "tracking", Tracking)
-    for key in (*OWNED, *([w.noise_key] if w.noise_key else [])):
-        if key in fixed:
-            raise UserError(f"fixed.{key} is set by the branched study (reference/branches sections); remove it")
-    if "seeds" in fixed:
-        raise UserError("fixed.seeds: a branched study takes reference.seed and branches.seeds; remove it")
-    reference = _parse_reference(ref)
-    branches = _parse_branches(br, reference["b0"], w.lr_rule)
-    analysis = _parse_analysis(an)
-    div = stop.get("divergence_factor")
-    div = None if div is None else _number(div, "stopping.divergence_factor")
-    name = name.strip()
-    where = _parse_where(data, track, name, sweep_dir)
-    checkpoints = _check_checkpoints(reference.pop("checkpoints"), branches["points"], w.check_kept)
-    return BranchSpec(
-        name=name,
-        workload=workload,
-        **reference,
-        checkpoints=checkpoints,
-        use_gpu=ref.get("use_gpu", False),
-        cpus_per_worker=ref.get("cpus_per_worker", 1),
-        **branches,
-        **analysis,
-        fixed=fixed,
-        divergence_factor=div,
-        **where,
-        raw={
-            **data,
-            "name": name,
-            "storage": where["sweep_dir"],
-            "tracking": {"mlflow_uri": where["mlflow_uri"], "experiment": where["experiment"]},
-        },
-    )
-
-
-def _parse_reference(ref: dict) -> dict[str, Any]:
-    """The ``reference`` section: B0, its learning rate, seed and split, and a directory of kept checkpoints."""
-    b0, lr0, ref_seed, checkpoints = ref["batch_size"], float(ref["lr"]), ref.get("seed", 0), ref.get("checkpoints")
-    ref_split = _resolve_split(b0, ref.get("split", {"grad_accum": 1, "num_workers": 0}), "reference.split")
-    return {"b0": b0, "lr0": lr0, "ref_seed": ref_seed, "ref_split": ref_split, "checkpoints": checkpoints}
-
-
-def _parse_branches(br: dict, b0: int, default_lr_rule: str) -> dict[str, Any]:
-    """The ``branches`` section: points, multipliers k (1 added), how k x B0 is reached, the lr rule (default: the
-    workload's, `trainables.workloads.Workload.lr_rule`), the examples each branch trains and its evaluations (the
-    same example counts for every k), seeds."""
-    points = _int_list(br.get("points"), "branches.points", minimum=1)
-    raw_k = br.get("multipliers")
-    if not isinstance(raw_k, list) or not raw_k:
-        raise UserError("branches.multipliers must be a non-empty list of numbers > 0, e.g. [2, 4, 8]")
-    ks = sorted({1.0, *(_number(k, "branches.multipliers[]") for k in raw_k)})
-    scale_by = br.get("scale_by", "micro_batch_size")
-    for k in ks:
-        if abs(k * b0 - round(k * b0)) > 1e-9:
-            raise UserError(f"branches.multipliers: k={k:g} x B0 {b0} is not an integer batch size")
-        if scale_by != "micro_batch_size" and abs(k - round(k)) > 1e-9:
-            raise UserError(f"branches.multipliers: k={k:g} must be an integer with scale_by: {scale_by}")
-    lr_rule = br.get("lr_rule", default_lr_rule)
-    if lr_rule not in LR_RULES:
-        raise UserError(f"branches.lr_rule must be one of {list(LR_RULES)}, got {lr_rule!r}")
-    delta, evals = br["examples"], br.get("evals", 4)
-    for k in ks:
-        b = round(k * b0)
-        if delta % b or (delta // b) % evals:
-            raise UserError(
-                f"branches.examples {delta} must be a multiple of evals x k x B0 = {evals} x {b} for k={k:g} "
-                "(every branch evaluates at the same example counts); change examples, evals or multipliers"
-            )
-    seeds = _int_list(br.get("seeds", [0]), "branches.seeds", minimum=0)
-    return {
-        "points": tuple(points),
-        "multipliers": tuple(ks),
-        "lr_rule": lr_rule,
-        "delta": delta,
-        "evals": evals,
-        "seeds": tuple(seeds),
-        "scale_by": scale_by,
-    }
-
-
-def _parse_analysis(an: dict) -> dict[str, Any]:
-    """The ``analysis`` section: the loss tolerances epsilon, what a branch is compared with, the smoothing window."""
-    eps = an.get("epsilons", [0.01, 0.02, 0.05])
-    eps = [eps] if isinstance(eps, (int, float)) and not isinstance(eps, bool) else eps
-    if not isinstance(eps, list) or not eps:
-        raise UserError("analysis.epsilons must be a non-empty list of tolerances >= 0, e.g. [0.01, 0.02, 0.05]")
-    eps = [_number(e, "analysis.epsilons[]", positive=False) for e in eps]
-    if any(e < 0 for e in eps):
-        raise UserError(f"analysis.epsilons must be >= 0, got {eps}")
-    compare = an.get("compare", "reference")
-    window = _number(an.get("window", 0.0), "analysis.window", positive=False)
-    if not 0 <= window < 1:
-        raise UserError(f"analysis.window must be in [0, 1) (a fraction of branches.examples), got {window}")
-    return {"epsilons": tuple(eps), "compare": compare, "window": window}
-
-
-def _parse_where(data: dict, track: dict, name: str, sweep_dir: str | None) -> dict[str, str]:
-    """Where the study is stored (``storage``, default runs/<name>) and tracked (MLflow URI and experiment)."""
-    storage = data.get("storage") or os.path.join("runs", name)
-    if not isinstance(storage, str):
-        raise UserError("storage must be a directory path, e.g. storage: ./runs/branched-tiny")
+    """Validate a branched-study spec (`BranchModel`); every mistake raises one UserError line naming the key and
+    the fix. Then where it is stored and tracked, and the reference's kept checkpoints."""
+    m = validate(BranchModel, data, "", scoped=True, source=source, example="branched-tiny")
+    ref, br, an, track = m.reference, m.branches, m.analysis, m.tracking
+    storage = m.storage or os.path.join("runs", m.name)
     check_storage_value(storage)
     sweep_dir = os.path.abspath(sweep_dir or storage)
-    uri = track.get("mlflow_uri") or os.environ.get("MLFLOW_TRACKING_URI") or local_mlflow_uri(sweep_dir)
-    experiment = track.get("experiment") or "bcrit"
-    if not isinstance(experiment, str):
-        raise UserError("tracking.experiment must be a string (an MLflow experiment name)")
-    return {"mlflow_uri": uri, "experiment": experiment, "sweep_dir": sweep_dir}
+    uri = track.mlflow_uri or os.environ.get("MLFLOW_TRACKING_URI") or local_mlflow_uri(sweep_dir)
+    experiment = track.experiment or "bcrit"
+    w = get_workload(m.workload)
+    return BranchSpec(
+        name=m.name,
+        workload=m.workload,
+        b0=ref.batch_size,
+        ref_split=ref._split,
+        lr0=float(ref.lr),
+        ref_seed=ref.seed,
+        checkpoints=_check_checkpoints(ref.checkpoints, tuple(br.points), w.check_kept),
+        use_gpu=ref.use_gpu,
+        cpus_per_worker=ref.cpus_per_worker,
+        points=tuple(br.points),
+        multipliers=br.ks(),
+        lr_rule=br.lr_rule or w.lr_rule,
+        delta=br.examples,
+        evals=br.evals,
+        seeds=tuple(br.seeds),
+        scale_by=br.scale_by,
+        epsilons=an.tolerances(),
+        compare=an.compare,
+        window=float(an.window),
+        fixed=dict(m.fixed or {}),
+        divergence_factor=None if m.stopping.divergence_factor is None else float(m.stopping.divergence_factor),
+        mlflow_uri=uri,
+        experiment=experiment,
+        sweep_dir=sweep_dir,
+        raw={**data, "name": m.name, "storage": sweep_dir, "tracking": {"mlflow_uri": uri, "experiment": experiment}},
+    )
 
 
 def _check_checkpoints(checkpoints: str | None, points: tuple[int, ...], check_kept) -> str | None:

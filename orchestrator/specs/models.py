@@ -11,7 +11,7 @@ from __future__ import annotations
 
 from typing import Annotated, Any, get_args, get_origin
 
-from pydantic import BaseModel, ConfigDict, Field, ValidationError
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
 from pydantic_core import PydanticCustomError
 
 from orchestrator.errors import UserError
@@ -23,6 +23,14 @@ class SpecModel(BaseModel):
     """A spec section: strict types, no unknown keys, immutable."""
 
     model_config = ConfigDict(extra="forbid", strict=True, frozen=True)
+
+    @model_validator(mode="before")
+    @classmethod
+    def _null_sections(cls, data: Any) -> Any:
+        """A section given as null is the section left out."""
+        if not isinstance(data, dict):
+            return data
+        return {k: v for k, v in data.items() if v is not None or not _is_section(cls, k)}
 
 
 def required(*keys: str) -> ConfigDict:
@@ -74,6 +82,8 @@ def one_line(model: type[SpecModel], data: Any, where: str, err: dict, *, scoped
                 value = next(v for k, v in value.items() if str(k) == key)
             else:
                 break
+        if sub is not None and not loc and err["type"] == "missing":
+            return f"missing section '{'.'.join(path)}'; see examples/tiny.yaml"
         if sub is None or not loc or not isinstance(value, dict):
             if sub is not None and not loc and err["type"] == "model_type":
                 return f"{'.'.join(path)} must be a mapping of keys to values"
@@ -87,6 +97,13 @@ def one_line(model: type[SpecModel], data: Any, where: str, err: dict, *, scoped
     if err["type"] in ("model_type", "dict_type"):
         return f"{key or 'spec'} must be a mapping of keys to values"
     return f"{key or 'spec'}: {err['msg']}"
+
+
+def _is_section(model: type[SpecModel], key: str) -> bool:
+    """Whether ``key`` of ``model`` is a section (a SpecModel itself, not in a list or a mapping)."""
+    info = model.model_fields.get(key)
+    layers, sub = _layers(info.annotation) if info is not None else ([], None)
+    return sub is not None and not layers
 
 
 def _layers(annotation: Any) -> tuple[list[str], type[SpecModel] | None]:
