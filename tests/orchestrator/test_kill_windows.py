@@ -5,6 +5,7 @@
 - a driver killed before Tune's first experiment-state file: ``--resume`` (and a fresh start) begin again from
   scratch with the leftovers cleared, instead of ``KeyError: 'trial'`` or "already holds a sweep";
 - ``--resume`` with the sweep's mlflow.db deleted, or its ``tune/`` gone: one line, before Ray starts.
+- a branched study's phase (``reference``, ``branches``) killed in that window: started again by the same rule.
 """
 
 from __future__ import annotations
