@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import contextlib
 import os
+import shutil
 import tempfile
 import time
 from collections.abc import Callable
@@ -38,7 +39,7 @@ VERDICTS = (None, M.STATUS_ENDED, M.STATUS_BEHIND)  # what a sweep may ask a run
 
 class Session(Protocol):
     """The trial's runner: a Ray Train worker (`trainables.trial.RaySession`), a Tune trial actor
-    (`orchestrator.execution.tune_trainable.TuneSession`) or in-process (`trainables.trial.LocalSession`)."""
+    (`orchestrator.execution.tune_trainable.TuneSession`) or in-process (`LocalSession`)."""
 
     rank: int
     world_size: int
@@ -49,6 +50,64 @@ class Session(Protocol):
 
     # optional: ``sweep_ended() -> str | bool | None``, the status its sweep asks it to end with
     # (TrialSkeleton.sweep_verdict)
+
+
+class LocalSession:
+    """In-process `Session` with no Ray: reports are kept in a list, checkpoints copied under ``root`` (None: none
+    kept)."""
+
+    rank, world_size = 0, 1
+
+    def __init__(
+        self, root: str | None = None, resume_from: str | None = None, device: str = "cpu", keep: int | None = None
+    ):
+        self._device = device
+        self.root = root
+        self.resume_from = resume_from
+        self.keep = keep  # newest checkpoints kept under root (None: all)
+        self.reports: list[dict] = []
+        self.checkpoints: list[str] = []
+
+    @property
+    def device(self) -> torch.device:
+        # torch: deferred, the quadratic workload's in-process trials (a branched study's run_inprocess) load none
+        import torch
+
+        return torch.device(self._device)
+
+    def report(self, metrics: dict, checkpoint_dir: str | None) -> None:
+        self.reports.append(metrics)
+        if checkpoint_dir and self.root:
+            dest = os.path.join(self.root, f"checkpoint_step{metrics['step']:08d}")
+            tmp = f"{dest}.tmp"  # copied whole, then renamed: a kill never leaves a partial checkpoint_* dir
+            shutil.rmtree(tmp, ignore_errors=True)
+            shutil.copytree(checkpoint_dir, tmp)
+            if os.path.exists(dest):
+                shutil.rmtree(dest)
+            os.replace(tmp, dest)
+            if dest in self.checkpoints:
+                self.checkpoints.remove(dest)
+            self.checkpoints.append(dest)
+            if self.keep:
+                for old in self.checkpoints[: -self.keep]:
+                    if old != self.resume_from:
+                        shutil.rmtree(old, ignore_errors=True)
+                self.checkpoints = self.checkpoints[-self.keep :]
+
+    @contextlib.contextmanager
+    def restore(self):
+        yield self.resume_from
+
+
+@contextlib.contextmanager
+def opened(checkpoint):
+    """A Ray checkpoint (``ray.train.get_checkpoint()`` of a Train worker, ``tune.get_checkpoint()`` of a Tune trial
+    actor) as a local directory while the context lasts; None for none (a `Session`'s ``restore``)."""
+    if checkpoint is None:
+        yield None
+    else:
+        with checkpoint.as_directory() as d:
+            yield d
 
 
 class ScheduleConfig(Protocol):

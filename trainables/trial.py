@@ -12,7 +12,6 @@ from __future__ import annotations
 import contextlib
 import logging
 import os
-import shutil
 import tempfile
 from collections.abc import Callable
 
@@ -26,6 +25,7 @@ from trainables.data import DatasetError, dataset_error_in, describe_dataset
 from trainables.exc_chain import exception_in_chain
 from trainables.loop import train_loop
 from trainables.presets import PRESETS
+from trainables.skeleton import LocalSession, opened
 from trainables.sweep_signal import SIGNAL_KEY, TRIAL_KEY, SignalReader
 
 
@@ -112,45 +112,6 @@ def gpu_share(share: float, device: torch.device | str):
 
 
 # --- sessions ------------------------------------------------------------------------------------------------
-class LocalSession:
-    """In-process session with no Ray: reports are kept in a list, checkpoints copied under ``root``."""
-
-    rank, world_size = 0, 1
-
-    def __init__(
-        self, root: str | None = None, resume_from: str | None = None, device: str = "cpu", keep: int | None = None
-    ):
-        self.device = torch.device(device)
-        self.root = root
-        self.resume_from = resume_from
-        self.keep = keep  # newest checkpoints kept under root (None: all)
-        self.reports: list[dict] = []
-        self.checkpoints: list[str] = []
-
-    def report(self, metrics: dict, checkpoint_dir: str | None) -> None:
-        self.reports.append(metrics)
-        if checkpoint_dir and self.root:
-            dest = os.path.join(self.root, f"checkpoint_step{metrics['step']:08d}")
-            tmp = f"{dest}.tmp"  # copied whole, then renamed: a kill never leaves a partial checkpoint_* dir
-            shutil.rmtree(tmp, ignore_errors=True)
-            shutil.copytree(checkpoint_dir, tmp)
-            if os.path.exists(dest):
-                shutil.rmtree(dest)
-            os.replace(tmp, dest)
-            if dest in self.checkpoints:
-                self.checkpoints.remove(dest)
-            self.checkpoints.append(dest)
-            if self.keep:
-                for old in self.checkpoints[: -self.keep]:
-                    if old != self.resume_from:
-                        shutil.rmtree(old, ignore_errors=True)
-                self.checkpoints = self.checkpoints[-self.keep :]
-
-    @contextlib.contextmanager
-    def restore(self):
-        yield self.resume_from
-
-
 def quiet_report_log() -> None:
     """Ray Train logs every report at INFO with its whole payload (our ``rows``: lines of thousands of characters),
     from a logger named after the file rather than the module, which Train's ``LoggingConfig`` does not reach."""
@@ -181,16 +142,10 @@ class RaySession:
         ckpt = ray.train.Checkpoint.from_directory(checkpoint_dir) if checkpoint_dir else None
         ray.train.report(metrics, checkpoint=ckpt)
 
-    @contextlib.contextmanager
     def restore(self):
         import ray.train
 
-        ckpt = ray.train.get_checkpoint()
-        if ckpt is None:
-            yield None
-        else:
-            with ckpt.as_directory() as d:
-                yield d
+        return opened(ray.train.get_checkpoint())
 
 
 # --- runners ---------------------------------------------------------------------------------------------------

@@ -3,8 +3,6 @@ study (orchestrator.features.branched.branch_study), then ``bcrit analyze STUDY_
 
 from __future__ import annotations
 
-import os
-
 from orchestrator.cli import options
 
 
@@ -33,24 +31,16 @@ def register(sub) -> None:
 def run(args) -> int:
     import time
 
-    from orchestrator.errors import UserError
-    from orchestrator.features.branched.branch_study import run_study
-    from orchestrator.specs.branch_spec import STUDY_FILE, load_branch_spec
+    from orchestrator.features.branched.branch_study import run_study, started
+    from orchestrator.specs.branch_spec import load_branch_spec
     from orchestrator.specs.resume_rules import spec_to_run
 
     options.check_dry_run(args)
     if args.dry_run:
         return dry_run(args)
-
-    def started(study_dir: str) -> bool:  # a study killed before it saved its spec starts again from the YAML
-        return os.path.exists(os.path.join(study_dir, STUDY_FILE))
-
+    # a YAML resumed where no study started runs from the YAML; a directory that holds one is refused without
+    # --resume (branch_study.plan_study, before Ray starts)
     spec = spec_to_run(args, load_branch_spec, _saved_spec, what="study", command="branch", started=started)
-    if not args.resume and started(spec.sweep_dir):
-        raise UserError(
-            f"{spec.sweep_dir} already holds a branched study; add --resume to continue it, or set storage to a "
-            "new directory"
-        )
     t0 = time.perf_counter()
     print(f"[bcrit] study dir {spec.sweep_dir}\n[bcrit] MLflow {spec.mlflow_uri} (experiment {spec.experiment!r})")
     ref_id, results = run_study(spec, resume=args.resume, verbose=args.verbose)
@@ -79,11 +69,7 @@ def _as_sweep_raw(spec) -> dict:
 
 def _saved_spec(study_dir: str):
     """The spec a study directory was started with (what ``--resume`` continues)."""
-    from orchestrator.errors import UserError
+    from orchestrator.execution.sweep_state import restore_spec
     from orchestrator.specs.branch_spec import STUDY_FILE, parse_branch_spec
-    from orchestrator.specs.yaml_overrides import load_yaml
 
-    path = os.path.join(study_dir, STUDY_FILE)
-    if not os.path.exists(path):
-        raise UserError(f"{study_dir}: not a branched study directory (no {STUDY_FILE})")
-    return parse_branch_spec(load_yaml(path), sweep_dir=study_dir, source=path)
+    return restore_spec(study_dir, STUDY_FILE, parse_branch_spec, "branched study")  # as a sweep's

@@ -10,12 +10,11 @@ from orchestrator.cluster.ray_start import acquire_ray, local_resources, sweep_c
 from orchestrator.errors import UserError
 from orchestrator.execution.preflight import check_spec
 from orchestrator.execution.sweep_state import (
-    NO_SWEEP,
-    RESTORABLE,
     UNSTARTED,
     check_resumable_tracking,
     has_results,
     reset_unstarted,
+    restores,
     sweep_state,
 )
 from orchestrator.specs.sweep_spec import SweepSpec
@@ -43,26 +42,17 @@ def prepare(spec: SweepSpec, resume: bool = False, verbose: bool = False) -> Lau
 
 
 def plan_start(spec, resume: bool) -> bool:
-    """Decide, before Ray starts, how the sweep dir is used; returns whether to ``Tuner.restore``. A sweep
-    killed before Tune's first state file is started again from scratch (its leftovers cleared); a fresh start
-    is refused only for a directory holding a restorable sweep or results of an earlier one."""
+    """Decide, before Ray starts, how the sweep dir is used (`restores`' rule, which ``bcrit branch`` follows for
+    each of its Tune experiments); returns whether to ``Tuner.restore``. A sweep killed before Tune's first state
+    file is started again from scratch (its leftovers cleared); a fresh start is refused only for a directory
+    holding a restorable sweep or results of an earlier one."""
     state = sweep_state(spec.sweep_dir, spec.storage_uri)
-    if state == RESTORABLE:
-        if not resume:
-            raise UserError(
-                f"{spec.sweep_dir} already holds a sweep; add --resume to continue it, or set storage to a new "
-                "directory"
-            )
+    if restores(state, resume, spec.sweep_dir):
         check_resumable_tracking(spec)
         return True
     if state == UNSTARTED:
-        print(
-            f"[bcrit] {spec.sweep_dir}: the sweep was stopped before Tune saved its first state; starting it again "
-            "from scratch"
-        )
         reset_unstarted(spec)
         return False
-    assert state == NO_SWEEP
     if has_results(spec.sweep_dir):
         tune = f"{spec.storage_root}/tune" if not spec.storage_uri else spec.storage_uri + " (its tune/)"
         raise UserError(

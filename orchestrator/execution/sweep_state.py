@@ -1,5 +1,7 @@
 """What a sweep directory holds, read before Ray starts: a Tune experiment to restore (or one killed before its
-first state file), results of an earlier sweep, the spec it was started with and its MLflow parent run."""
+first state file), results of an earlier sweep, the spec it was started with and its MLflow parent run; and the rule
+``--resume`` follows for each Tune experiment (`restores`). A branched study's directory is read the same way, its two
+Tune experiments (``reference``, ``branches``) each as a sweep's one (orchestrator.features.branched.branch_study)."""
 
 from __future__ import annotations
 
@@ -20,17 +22,17 @@ from orchestrator.storage.uri import Mirror, exists, glob_names, remove_dirs
 NO_SWEEP, UNSTARTED, RESTORABLE = "none", "unstarted", "restorable"
 
 
-def sweep_state(sweep_dir: str, storage_uri: str | None = None) -> str:
+def sweep_state(sweep_dir: str, storage_uri: str | None = None, name: str = TUNE_DIR) -> str:
     """`RESTORABLE`: Tune saved its experiment state (``Tuner.restore`` works); `UNSTARTED`: the driver died
     after writing ``tuner.pkl`` but before Tune's first ``experiment_state-*.json`` (``Tuner.can_restore`` says
     yes, then ``Tuner.restore`` fails with ``KeyError: 'trial'``); `NO_SWEEP`: no Tune experiment at all.
-    Tune's experiment is read at ``storage_uri`` when the sweep's storage is a URI."""
+    Tune's experiment ``name`` (a sweep's ``tune``) is read at ``storage_uri`` when the sweep's storage is a URI."""
     if storage_uri:
-        if not exists(storage_uri, TUNE_DIR, "tuner.pkl"):
+        if not exists(storage_uri, name, "tuner.pkl"):
             return NO_SWEEP
-        names = glob_names(storage_uri, TUNE_DIR)
+        names = glob_names(storage_uri, name)
         return RESTORABLE if any(fnmatch.fnmatch(n, "experiment_state-*.json") for n in names) else UNSTARTED
-    tune_dir = os.path.join(os.path.abspath(sweep_dir), TUNE_DIR)
+    tune_dir = os.path.join(os.path.abspath(sweep_dir), name)
     if not os.path.isfile(os.path.join(tune_dir, "tuner.pkl")):
         return NO_SWEEP
     if glob.glob(os.path.join(tune_dir, "experiment_state-*.json")):
@@ -40,6 +42,27 @@ def sweep_state(sweep_dir: str, storage_uri: str | None = None) -> str:
 
 def can_restore(sweep_dir: str, storage_uri: str | None = None) -> bool:
     return sweep_state(sweep_dir, storage_uri) == RESTORABLE
+
+
+def restores(state: str, resume: bool, where: str, what: str = "sweep", part: str | None = None) -> bool:
+    """``--resume``'s rule for one Tune experiment in ``state`` (`sweep_state`) of the directory ``where``, decided
+    before Ray starts; whether to ``Tuner.restore`` it. A restorable one only with ``--resume`` (else UserError: the
+    directory already holds a ``what``); one killed before Tune's first state file is started again from scratch
+    (said here; its caller clears what it left: ``part``, default ``what``); none: started."""
+    if state == RESTORABLE:
+        if not resume:
+            raise already_holds(where, what)
+        return True
+    if state == UNSTARTED:
+        print(
+            f"[bcrit] {where}: the {part or what} was stopped before Tune saved its first state; starting it again "
+            "from scratch"
+        )
+    return False
+
+
+def already_holds(where: str, what: str = "sweep") -> UserError:
+    return UserError(f"{where} already holds a {what}; add --resume to continue it, or set storage to a new directory")
 
 
 def has_results(sweep_dir: str) -> bool:
@@ -126,15 +149,16 @@ def check_resumable_tracking(spec: SweepSpec) -> None:
         raise UserError(f"the sweep's MLflow parent run {parent} is not in {spec.mlflow_uri}; {fix}") from None
 
 
-def restore_spec(sweep_dir: str) -> SweepSpec:
-    """The spec an existing sweep dir was started with."""
-    path = os.path.join(os.path.abspath(sweep_dir), SPEC_FILE)
+def restore_spec(sweep_dir: str, name: str = SPEC_FILE, parse=parse_spec, what: str = "sweep"):
+    """The spec an existing sweep dir was started with: its file ``name``, read by ``parse`` (a branched study's:
+    ``STUDY_FILE``, ``parse_branch_spec``, "branched study")."""
+    path = os.path.join(os.path.abspath(sweep_dir), name)
     if not os.path.exists(path):
-        raise UserError(f"{sweep_dir}: not a bcrit sweep directory (no {SPEC_FILE}); pass the spec YAML instead")
+        raise UserError(f"{sweep_dir}: not a bcrit {what} directory (no {name}); pass the spec YAML instead")
     try:
-        return parse_spec(load_yaml(path, allow_empty=False), sweep_dir=sweep_dir, source=path)
+        return parse(load_yaml(path, allow_empty=False), sweep_dir=sweep_dir, source=path)
     except UserError as e:
         raise UserError(
-            f"{e} -- {SPEC_FILE} is the spec this sweep was started with; restore it (it is also an artifact of "
-            "the sweep's MLflow parent run) or start the sweep again in a new storage directory"
+            f"{e} -- {name} is the spec this {what} was started with; restore it (it is also an artifact of "
+            f"the {what}'s MLflow parent run) or start the {what} again in a new storage directory"
         ) from None

@@ -12,7 +12,6 @@ never by Tune: the placement-group leak of ray#54305 (docs/design.md).
 
 from __future__ import annotations
 
-import contextlib
 import logging
 import math
 import os
@@ -27,6 +26,7 @@ from orchestrator.search.optuna_search import OBJECTIVE
 from orchestrator.storage.layout import TRAIN_DIR
 from orchestrator.storage.uri import is_uri, join
 from trainables import quiet_exit
+from trainables.skeleton import opened
 from trainables.sweep_signal import SignalReader
 from trainables.workloads import Workload, get_workload  # noqa: F401 (Workload: its public home here before)
 
@@ -71,14 +71,8 @@ class TuneSession:
         ckpt = tune.Checkpoint.from_directory(checkpoint_dir) if checkpoint_dir else None
         tune.report(metrics, checkpoint=ckpt)
 
-    @contextlib.contextmanager
     def restore(self):
-        ckpt = tune.get_checkpoint()
-        if ckpt is None:
-            yield None
-        else:
-            with ckpt.as_directory() as d:
-                yield d
+        return opened(tune.get_checkpoint())
 
 
 def objective_report_callback(target_loss: float | None, max_steps: int):

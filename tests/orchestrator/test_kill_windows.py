@@ -5,6 +5,7 @@
 - a driver killed before Tune's first experiment-state file: ``--resume`` (and a fresh start) begin again from
   scratch with the leftovers cleared, instead of ``KeyError: 'trial'`` or "already holds a sweep";
 - ``--resume`` with the sweep's mlflow.db deleted, or its ``tune/`` gone: one line, before Ray starts.
+- a branched study's phase (``reference``, ``branches``) killed in that window: started again by the same rule.
 """
 
 from __future__ import annotations
@@ -212,6 +213,68 @@ def test_resume_with_mlflow_db_deleted(tmp_path, capsys, launch_trap, no_ray_add
     err = capsys.readouterr().err
     assert f"the sweep's MLflow store {db} is gone" in err and "mlflow_parent.json" in err
     assert not os.path.exists(db)  # not re-created empty
+
+
+# --- a branched study's two Tune experiments, by the same rule -------------------------------------------------
+def study_dir_with(tmp_path, **phases: str):
+    """A study dir as a killed ``bcrit branch`` leaves it: its spec, and per phase (``reference``, ``branches``)
+    ``tuner.pkl`` (+ an experiment state when "restorable")."""
+    import yaml
+
+    from orchestrator.specs.branch_spec import STUDY_FILE, parse_branch_spec
+    from tests.orchestrator.test_branch_quadratic import quadratic_branch_spec
+
+    raw = quadratic_branch_spec(tmp_path, points=[100], multipliers=[2], seeds=[0])
+    (tmp_path / "study.yaml").write_text(yaml.safe_dump(raw))
+    spec = parse_branch_spec(raw)
+    os.makedirs(spec.sweep_dir)
+    with open(os.path.join(spec.sweep_dir, STUDY_FILE), "w") as f:
+        f.write(spec.to_yaml())
+    for name, state in phases.items():
+        os.makedirs(os.path.join(spec.sweep_dir, name))
+        (tmp_path / "study" / name / "tuner.pkl").write_bytes(b"x")
+        if state == "restorable":
+            (tmp_path / "study" / name / "experiment_state-2026-01-01_00-00-00.json").write_text("{}")
+    return spec
+
+
+def test_a_study_phase_killed_before_its_first_state_file_starts_again(tmp_path, capsys):
+    """The reference killed after ``tuner.pkl``, before Tune's first experiment state: not ``Tuner.restore``
+    (``KeyError: 'trial'``) but a fresh start of that phase, its Tune directory cleared -- as a sweep's."""
+    from orchestrator.execution.sweep_state import NO_SWEEP, UNSTARTED, sweep_state
+    from orchestrator.features.branched.branch_study import plan_study
+
+    spec = study_dir_with(tmp_path, reference="unstarted")
+    assert sweep_state(spec.sweep_dir, name="reference") == UNSTARTED
+    assert plan_study(spec, resume=True) == {"reference": False, "branches": False}
+    assert "the branched study's reference was stopped before Tune saved its first state" in capsys.readouterr().out
+    assert sweep_state(spec.sweep_dir, name="reference") == NO_SWEEP
+
+
+def test_a_finished_reference_is_restored_and_its_unstarted_branches_start_again(tmp_path, capsys):
+    from orchestrator.features.branched.branch_study import plan_study
+
+    spec = study_dir_with(tmp_path, reference="restorable", branches="unstarted")
+    assert plan_study(spec, resume=True) == {"reference": True, "branches": False}
+    assert "branched study's branches was stopped" in capsys.readouterr().out
+    assert not os.path.exists(os.path.join(spec.sweep_dir, "branches"))
+    assert os.path.exists(os.path.join(spec.sweep_dir, "reference", "tuner.pkl"))
+
+
+def test_bcrit_branch_resume_over_an_unstarted_reference_launches(tmp_path, capsys, launch_trap, no_ray_address):
+    spec = study_dir_with(tmp_path, reference="unstarted")
+    with pytest.raises(Launched):
+        main(["branch", spec.sweep_dir, "--resume"])
+    assert "starting it again from scratch" in capsys.readouterr().out
+    assert not os.path.exists(os.path.join(spec.sweep_dir, "reference"))
+
+
+@pytest.mark.parametrize("reference", ["restorable", "unstarted"])
+def test_a_started_study_needs_resume(tmp_path, capsys, launch_trap, no_ray_address, reference):
+    spec = study_dir_with(tmp_path, reference=reference)
+    assert main(["branch", str(tmp_path / "study.yaml")]) == 2
+    assert "already holds a branched study; add --resume" in capsys.readouterr().err
+    assert os.path.exists(os.path.join(spec.sweep_dir, "reference", "tuner.pkl"))
 
 
 # --- a trial started after Tune's last saved state ---------------------------------------------------------------

@@ -6,21 +6,29 @@ checks) or through Ray Tune (`run_study`, ``bcrit branch``).
 2. every branch (point x k x seed) as one Tune trial (``<dir>/branches``) on the sweep's machinery: the same
    trainable (Ray Train workers when ``num_workers >= 1``), resources, MLflow tracking (one child run per trial
    under the study's parent run) and Parquet tables (with ``parent_trial_id``, ``branch_step``, ``k``).
-Both phases resume (``--resume``): a finished reference is not trained again, unfinished branches continue.
+Both phases resume (``--resume``) by a sweep's rule (`plan_study`): a finished reference is not trained again,
+unfinished branches continue.
 ``bcrit analyze <dir>`` then gives the answer (analysis.features.branched.branch_report) with the settings saved here.
 """
 
 from __future__ import annotations
 
-import contextlib
 import json
 import os
+import shutil
 
 from analysis.core import metrics as M
 from analysis.sources.schema import BRANCH_SETTINGS_FILE
 from orchestrator.cluster.ray_start import acquire_ray, sweep_capacity
 from orchestrator.cluster.sizing import max_concurrent, ray_cpus
 from orchestrator.errors import UserError
+from orchestrator.execution.sweep_state import (
+    UNSTARTED,
+    already_holds,
+    has_results,
+    restores,
+    sweep_state,
+)
 from orchestrator.records.runs_tables import RunsTables, trial_row
 from orchestrator.specs.branch_spec import (
     REFERENCE_ID,
@@ -31,38 +39,13 @@ from orchestrator.specs.branch_spec import (
     load_branch_spec,
     parse_branch_spec,
 )
+from trainables.skeleton import LocalSession
 from trainables.workloads import get_workload
 
 __all__ = ["load_branch_spec", "parse_branch_spec", "run_inprocess", "run_study"]
 
 
 # --- running: in-process (no Ray; tests and quick checks) ---------------------------------------------------------
-class _TablesSession:
-    """A session writing a trial's rows straight into the study's Parquet parts (no Ray, no MLflow)."""
-
-    rank, world_size = 0, 1
-
-    def __init__(self, tables, trial_id: str, device: str = "cpu"):
-        self.tables, self.trial_id = tables, trial_id
-        self.last: dict = {}
-        self.rows: list = []
-        self._device = device
-
-    @property
-    def device(self):
-        # torch: deferred, importing branch_study loads no torch
-        import torch
-
-        return torch.device(self._device)
-
-    def report(self, metrics: dict, checkpoint_dir: str | None) -> None:
-        self.rows.extend(metrics.get("rows") or [])  # written once, at the end of the trial (few part files)
-        self.last = metrics
-
-    def restore(self):
-        return contextlib.nullcontext(None)
-
-
 def run_inprocess(spec: BranchSpec) -> str:
     """Run the whole study in this process (every trial with ``num_workers: 0``): the reference, then every
     branch, rows into ``trials.parquet`` / ``metrics.parquet`` of the study dir. Returns the study dir."""
@@ -77,10 +60,10 @@ def run_inprocess(spec: BranchSpec) -> str:
         (f"b{p}-k{k:g}-s{s}", cfg) for (p, k, s), cfg in zip(spec.branches(), spec.branch_configs(ref_id), strict=True)
     ]
     for tid, cfg in jobs:
-        session = _TablesSession(tables, tid)
+        session = LocalSession()  # its rows written once, at the end of the trial (few part files)
         summary = w.loop(w.config_cls.from_dict(cfg), session)
-        tables.add_rows(tid, session.rows)
-        tables.write_trial(trial_row(tid, cfg, summary["status"], session.last))
+        tables.add_rows(tid, [row for r in session.reports for row in r.get("rows") or []])
+        tables.write_trial(trial_row(tid, cfg, summary["status"], session.reports[-1] if session.reports else {}))
     tables.compact()
     _save_study(spec, ref_id)
     return spec.sweep_dir
@@ -140,15 +123,38 @@ def _tuner(
     )
 
 
-def _phase(spec: BranchSpec, name: str, configs: list[dict], resume: bool, verbose: bool = False):
-    """Fit (or, when resuming and Tune can, restore and continue) one phase; returns the ResultGrid."""
+def started(study_dir: str) -> bool:
+    """Whether the directory holds a study: its spec is saved first (`_save_study`), before any phase."""
+    return os.path.exists(os.path.join(study_dir, STUDY_FILE))
+
+
+def plan_study(spec: BranchSpec, resume: bool) -> dict[str, bool]:
+    """Decide, before Ray starts, how each phase's Tune experiment is used, by a sweep's rule
+    (orchestrator.execution.sweep_state.restores): phase -> whether to ``Tuner.restore`` it. A restorable one only
+    with --resume; one killed before Tune's first state file has its Tune directory cleared and starts again (the
+    records of a trial it had started are removed at the next driver's first step: orchestrator.records.lost_trials);
+    one not begun yet starts. A fresh start is refused for a directory holding a study or results of an earlier run
+    (a sweep's start over a sweep killed early also resets its MLflow parent: a study's has no such reset)."""
+    if not resume and (started(spec.sweep_dir) or has_results(spec.sweep_dir)):
+        raise already_holds(spec.sweep_dir, "branched study")
+    plan = {}
+    for name in (REF_TUNE, BRANCH_TUNE):
+        state = sweep_state(spec.sweep_dir, name=name)
+        plan[name] = restores(state, resume, spec.sweep_dir, "branched study", f"branched study's {name}")
+        if state == UNSTARTED:
+            shutil.rmtree(os.path.join(spec.sweep_dir, name))
+    return plan
+
+
+def _phase(spec: BranchSpec, name: str, configs: list[dict], restore: bool, verbose: bool = False):
+    """Fit (or, when `plan_study` says so, restore and continue) one phase; returns the ResultGrid."""
     # Ray: deferred, importing branch_study loads no Ray
     from ray.tune import Tuner
 
     from orchestrator.execution.tuner import run, sweep_trainable
 
-    path = os.path.join(spec.sweep_dir, name)
-    if resume and Tuner.can_restore(path):
+    if restore:
+        path = os.path.join(spec.sweep_dir, name)
         tuner = Tuner.restore(path, trainable=sweep_trainable(spec, 3, verbose), resume_unfinished=True)
     else:
         tuner = _tuner(spec, name, configs, verbose)
@@ -166,6 +172,7 @@ def reference_id(sweep_dir: str) -> str | None:
 def run_study(spec: BranchSpec, resume: bool = False, verbose: bool = False) -> tuple[str, list]:
     """Both phases through Ray Tune. Returns (reference trial id, the branches' ResultGrid). ``verbose``: Ray's own
     INFO logs and Tune's tables (as ``bcrit sweep --verbose``)."""
+    plan = plan_study(spec, resume)  # the directory read (and refused) before Ray is joined or started
     place = acquire_ray(verbose)  # validated against what the cluster can hold, or this machine
     ref_cfg, branch_cfgs = check_branch_spec(spec, place.resources())
     place.start(ray_cpus([ref_cfg, *branch_cfgs]))
@@ -177,7 +184,7 @@ def run_study(spec: BranchSpec, resume: bool = False, verbose: bool = False) -> 
         print(
             f"[bcrit] branched study {spec.name!r}: reference B0={spec.b0} lr={spec.lr0:g} to step {max(spec.points)}"
         )
-        results = _phase(spec, REF_TUNE, [ref_cfg], resume, verbose)
+        results = _phase(spec, REF_TUNE, [ref_cfg], plan[REF_TUNE], verbose)
         ref_id = results[0].metrics.get("trial_id") if len(results) else None
         status = RunsTables(spec.sweep_dir).trial_status(ref_id) if ref_id else None
         missing = [p for p in spec.points if not os.path.isdir(branch_checkpoint(spec.keep_dir, p))]
@@ -192,6 +199,6 @@ def run_study(spec: BranchSpec, resume: bool = False, verbose: bool = False) -> 
         f"[bcrit] {len(configs)} branches: points {list(spec.points)} x k {[f'{k:g}' for k in spec.multipliers]} x "
         f"seeds {list(spec.seeds)}, {spec.delta} examples each ({spec.lr_rule} lr rule)"
     )
-    results = _phase(spec, BRANCH_TUNE, configs, resume, verbose)
+    results = _phase(spec, BRANCH_TUNE, configs, plan[BRANCH_TUNE], verbose)
     RunsTables(spec.sweep_dir).compact()
     return ref_id, results
