@@ -10,11 +10,19 @@ Pipeline per metric (McCandlish et al. 2018; Shallue et al. 2018):
    what the replicates show added (analysis.fits.pareto.lack_of_fit_var) → ``b_crit_ci``;
 5. the same on ``eval/loss/bin{k}`` per timestep bin, with ``B_simple`` ± SE at the crossings beside it (the
    fitted trials' windows pooled, analysis.fits.gns_view.pooled_b_simple).
+
+``bcrit analyze`` writes the outputs into a private directory (`staging_dir`), then moves them into the output
+directory file by file (`publish`, ``os.replace``): a killed run leaves no partial file, and two runs on one sweep
+both finish with whole, identical files.
 """
 
 from __future__ import annotations
 
+import contextlib
 import json
+import os
+import shutil
+import tempfile
 from pathlib import Path
 
 import numpy as np
@@ -103,6 +111,26 @@ def write_outputs(result: dict, runs: Runs, out: Path, plots: bool = True, gns_w
 
     (out / HTML_FILE).write_text(render_html(md, out, title=f"Critical batch size: {result['metric']}"))
     return [*paths, *pngs, out / REPORT_FILE, out / HTML_FILE]
+
+
+@contextlib.contextmanager
+def staging_dir(out: str):
+    """A private directory next to the outputs (same file system), removed afterwards: the results are written
+    there in full, then `publish`-ed, so a killed or concurrent run never leaves a partial ``bcrit.json``."""
+    os.makedirs(out, exist_ok=True)
+    tmp = tempfile.mkdtemp(prefix=".partial-", dir=out)
+    try:
+        yield tmp
+    finally:
+        shutil.rmtree(tmp, ignore_errors=True)
+
+
+def publish(tmp: str, out: str, last: str) -> None:
+    """Move every file of ``tmp`` into ``out`` with ``os.replace`` (atomic per file), ``last`` after the others
+    so that a ``bcrit.json`` newer than the other files never exists."""
+    names = sorted(n for n in os.listdir(tmp) if os.path.isfile(os.path.join(tmp, n)))
+    for name in [n for n in names if n != last] + [n for n in names if n == last]:
+        os.replace(os.path.join(tmp, name), os.path.join(out, name))
 
 
 def cell_num(x: float | None) -> str:

@@ -53,7 +53,6 @@ def run(args: argparse.Namespace) -> int:
     from analysis.features.allocation.allocation_view import plot, render_markdown
     from analysis.sources.mlflow_uri import TrackingUriError
     from analysis.sources.schema import RunsTableError
-    from orchestrator.cli.analyze_cmd import check_out_dir
 
     if args.sweep_dir is not None and not os.path.isdir(args.sweep_dir):
         raise UserError(f"{args.sweep_dir} is not a directory; give a sweep directory (storage of a bcrit sweep)")
@@ -65,7 +64,7 @@ def run(args: argparse.Namespace) -> int:
     except (RunsTableError, TrackingUriError, OSError) as e:
         raise UserError(f"{args.sweep_dir or args.mlflow_experiment}: {e}") from None
     out = Path(args.out)
-    check_out_dir(str(out))
+    inputs.check_out_dir(str(out))
     target = args.target
     if target is None:
         target, how = _default_target(runs, str(out))

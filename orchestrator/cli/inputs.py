@@ -1,11 +1,13 @@
 """What the sub-commands read, resolved once for all of them: a sweep's runs (a directory, a storage URI fetched, or
-an MLflow experiment) and the default target loss."""
+an MLflow experiment), the default target loss, the sweep's cost unit; and where they write, checked before any
+compute: the output directory, the sweep's own MLflow store and parent run."""
 
 from __future__ import annotations
 
 import argparse
 import json
 import os
+import tempfile
 
 from orchestrator.errors import UserError
 
@@ -70,3 +72,76 @@ def default_target(runs, metric: str, out: str) -> tuple[float, str]:
             "pass --target LOSS"
         )
     return min(t["target"] for t in head), "the lowest trustworthy target (no bcrit.json: run bcrit analyze)"
+
+
+def cost_unit(sweep_dir: str) -> str:
+    """``GPU-hours`` / ``CPU-worker-hours`` from the sweep's spec (``scientific.use_gpu``), else ``device-hours``."""
+    from orchestrator.storage.layout import SPEC_FILE  # not at the top: it loads numpy and pyarrow (bcrit --help)
+
+    path = os.path.join(sweep_dir, SPEC_FILE)
+    try:
+        from orchestrator.specs.yaml_overrides import load_yaml
+
+        spec = load_yaml(path)
+        use_gpu = (spec.get("scientific") or {}).get("use_gpu")
+    except (OSError, ValueError, AttributeError):
+        return "device-hours"
+    return "device-hours" if use_gpu is None else ("GPU-hours" if use_gpu else "CPU-worker-hours")
+
+
+def check_out_dir(out: str) -> None:
+    """``--out`` must be a directory we can write (or create) -- checked before any compute, creating nothing."""
+    path = os.path.abspath(out)
+    if os.path.exists(path) and not os.path.isdir(path):
+        raise UserError(f"--out {out}: exists and is not a directory; give a directory for the results")
+    probe = path
+    while not os.path.exists(probe):
+        probe = os.path.dirname(probe)
+    if not os.path.isdir(probe):
+        raise UserError(f"--out {out}: {probe} is not a directory")
+    try:  # os.access says yes to root even on /proc: try it (a directory made and removed at once)
+        os.rmdir(tempfile.mkdtemp(prefix=".bcrit-write-test-", dir=probe))
+    except OSError as e:
+        what = "" if probe == path else f" (cannot create it in {probe})"
+        raise UserError(f"--out {out}: not writable{what} ({e.strerror}); choose another output directory") from None
+
+
+def check_own_store(sweep_dir: str, tracking_uri: str | None) -> None:
+    """A sweep directory copied (or moved) elsewhere keeps its ``mlflow_parent.json``, which names the original
+    sweep's SQLite store (and that store's artifact location is absolute): logging the copy's results would write
+    them into the original sweep's run. Refused in one line, naming both, before any compute."""
+    from analysis.sources.loaders import SWEEP_PARENT_FILE
+    from orchestrator.storage.layout import MLFLOW_DB  # not at the top: it loads numpy and pyarrow (bcrit --help)
+
+    prefix = "sqlite:///"
+    if not tracking_uri or not tracking_uri.startswith(prefix):
+        return
+    named = os.path.realpath(tracking_uri[len(prefix) :])
+    own = os.path.join(sweep_dir, MLFLOW_DB)
+    if os.path.exists(own) and os.path.realpath(own) != named:
+        raise UserError(
+            f"{sweep_dir} holds a copy of the sweep in {os.path.dirname(named)}: its {SWEEP_PARENT_FILE} names that "
+            f"sweep's MLflow store ({tracking_uri}), so the results would be logged to the original's run; pass "
+            "--no-mlflow to analyse the copy without logging, or analyse the original directory"
+        )
+
+
+def check_parent_run(tracking_uri: str | None, parent_run_id: str, source: str) -> str:
+    """The MLflow run the results are logged to must exist (a reachable store, checked within seconds). Returns
+    the resolved tracking URI. ``source`` says where the run id came from (for the message)."""
+    import mlflow
+    from mlflow.exceptions import MlflowException
+
+    from analysis.sources.mlflow_uri import TrackingUriError, check_tracking_uri
+
+    uri = tracking_uri or mlflow.get_tracking_uri()
+    fix = "; pass --no-mlflow to analyse without logging to MLflow"
+    try:
+        check_tracking_uri(uri, create=False, what=f"the MLflow store of {source}")
+    except TrackingUriError as e:
+        raise UserError(f"{e}{fix}") from None
+    try:
+        mlflow.MlflowClient(uri).get_run(parent_run_id)
+    except MlflowException:
+        raise UserError(f"MLflow run {parent_run_id} ({source}) does not exist at {uri}{fix}") from None
+    return uri

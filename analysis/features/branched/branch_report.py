@@ -16,7 +16,7 @@ import numpy as np
 
 from analysis.features.branched import branched as branch
 from analysis.fits import gns_view
-from analysis.reporting.report import cell_num
+from analysis.reporting.report import cell_num, short_num
 from analysis.sources.loaders import Runs
 from analysis.sources.schema import BRANCH_SETTINGS_FILE, RunsTableError
 
@@ -68,6 +68,20 @@ def analyze(runs: Runs, out_dir: str | Path | None = None, *, bootstrap: int = 2
 def _answer(a: dict) -> str:
     v = cell_num(a["b_crit"])
     return {"lower": f"≥ {v}", "upper": f"≤ {v}"}.get(a["bound"], v)
+
+
+def summary_lines(result: dict) -> list[str]:
+    """What ``bcrit analyze`` prints of a branched study: per branch point, B_crit at the first tolerance."""
+    eps = result["epsilons"][0]
+    lines = []
+    for p in result["points"]:
+        a = p["by_epsilon"][0]
+        lo, hi = a["b_crit_ci"]
+        lines.append(
+            f"step {p['branch_step']} ({p['examples']} examples): branched B_crit (eps={eps:g}) = "
+            f"{_answer(a)}  interval [{short_num(lo)}, {short_num(hi)}]"
+        )
+    return lines
 
 
 def render_markdown(result: dict, pngs: list[str]) -> str:
