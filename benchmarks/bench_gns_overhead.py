@@ -141,18 +141,23 @@ def bench_adaln(preset: str, dataset: str, reps: int, steps: int) -> list[dict]:
     return out
 
 
-def track(preset: str, dataset: str, max_steps: int, micro: int, gns_every: int, out: str | None) -> None:
-    """One trial with every GNS on; the adaLN-gradient B over the full-model B_simple, globally and per bin."""
+def track(
+    preset: str, dataset: str, max_steps: int, micro: int, gns_every: int, out: str | None, batch: int = 32,
+    bin_examples: int = 32, lr: float | None = None, warmup: int = 0, checkpoint: str | None = None,
+) -> None:  # fmt: skip
+    """One trial with every GNS on; the adaLN-gradient B over the full-model B_simple, globally and per bin.
+    ``checkpoint``: a directory for the trial's final checkpoint (for ``bcrit probe``)."""
     import json
 
     from analysis.core import metrics as M
     from trainables.trial import run_local
 
     cfg = TrialConfig(
-        preset=preset, dataset=dataset, batch_size=32, micro_batch_size=micro, max_steps=max_steps,
-        eval_every=gns_every, gns_global_every=1, gns_every=gns_every, gns_bin_examples=32, timestep_bins=10,
+        preset=preset, dataset=dataset, batch_size=batch, micro_batch_size=micro, max_steps=max_steps,
+        eval_every=gns_every, gns_global_every=1, gns_every=gns_every, gns_bin_examples=bin_examples,
+        timestep_bins=10, warmup_steps=warmup, **({"lr": lr} if lr is not None else {}),
     )  # fmt: skip
-    session = run_local(cfg)
+    session = run_local(cfg, checkpoint_root=checkpoint)
     rows: dict[str, dict[int, float]] = {}
     for rep in session.reports:
         for step, _examples, name, value, *_clocks in rep["rows"]:
@@ -162,7 +167,8 @@ def track(preset: str, dataset: str, max_steps: int, micro: int, gns_every: int,
         with open(out, "w") as f:
             json.dump({"config": cfg.to_dict(), "rows": rows}, f)
     bins = range(cfg.timestep_bins)
-    print(f"{preset}, B=32, micro {micro} ({cfg.global_gns}), per-bin full-model every {gns_every} steps")
+    print(f"{preset}, B={batch}, micro {micro} ({cfg.global_gns}), lr {cfg.lr:g}, per-bin full-model every "
+          f"{gns_every} steps ({cfg.bin_examples} examples/bin)")  # fmt: skip
     print(f"{'step':>6s} {'adaLN':>14s} {'full':>14s} {'ratio':>6s}   per-bin ratio adaLN / full, bins 0..9")
     a, f = rows.get(M.GNS_ADALN_B_SIMPLE, {}), rows.get(M.GNS_B_SIMPLE, {})
     for step in sorted(set(a) & set(f)):
@@ -190,13 +196,18 @@ def main() -> None:
     p.add_argument("--adaln", action="store_true", help="adaLN-gradient GNS on vs off instead (global GNS off)")
     p.add_argument("--track", action="store_true", help="adaLN-gradient B_simple against the full model's, one trial")
     p.add_argument("--max-steps", type=int, default=600, help="--track: the trial's steps")
-    p.add_argument("--micro", type=int, default=32, help="--track: micro-batch of B = 32 (32: halves, 16: A = 2)")
+    p.add_argument("--micro", type=int, default=32, help="--track: micro-batch (= --batch: halves; half: A = 2)")
+    p.add_argument("--batch", type=int, default=32, help="--track: the trial's batch size B")
+    p.add_argument("--lr", type=float, default=None, help="--track: peak learning rate (default: the config's)")
+    p.add_argument("--warmup", type=int, default=0, help="--track: linear warm-up steps")
+    p.add_argument("--checkpoint", default=None, help="--track: keep the final checkpoint here (for bcrit probe)")
     p.add_argument("--out", default=None, help="--track: write the B_simple rows here (JSON)")
     args = p.parse_args()
     if args.track:
         torch.set_num_threads(args.threads)
         for preset in args.presets:
-            track(preset, args.dataset, args.max_steps, args.micro, args.gns_every, args.out)
+            track(preset, args.dataset, args.max_steps, args.micro, args.gns_every, args.out, args.batch,
+                  args.bin_examples, args.lr, args.warmup, args.checkpoint)  # fmt: skip
         return
     global clock
     clock = CLOCKS[args.clock]

@@ -7,7 +7,7 @@
 - ``bins.png``: per timestep bin, ``B_crit`` and ``B_simple`` vs target side by side;
 - ``gns_training.png``: re-smoothed ``B_simple`` over training, globally and per bin;
 - ``adaln_bins.png``: the adaLN-gradient noise scale of every timestep bin over one trial's training (``gns_adaln``:
-  one line per bin, log scale, ± SE bands), for the largest batch size of ``gns_training``'s picks;
+  one line per bin, log scale, ± SE), for the one of ``gns_training``'s picks with the most reports (``adaln_pick``);
 - ``answer.png``: the answer (`answer`): steps vs B at the trustworthy targets, and per bin B_crit beside B_simple.
 
 Flagged targets (``analysis.fits.flags``) are drawn hollow with dashed fits and "(flagged)" in the legend; points
@@ -22,6 +22,7 @@ from pathlib import Path
 import numpy as np
 
 from analysis.core import metrics as M
+from analysis.core.bins import timestep_bins
 from analysis.fits import gns_view
 from analysis.fits.trust import headline
 from analysis.sources.loaders import Runs
@@ -212,9 +213,14 @@ def gns_training(result: dict, runs: Runs, path: Path, window: int | None = None
     return path
 
 
+ADALN_FEW_POINTS = 30  # up to this many reports a trial's adaLN lines are drawn as markers with error bars
+
+
 def adaln_bins(runs: Runs, row: int, path: Path, label: str = "") -> Path | None:
-    """Trial ``row``'s ``gns/adaln/bin{k}/b_simple`` over training: one line per timestep bin, log y, ± SE bands
-    (what the training step measured at every step; docs/gns.md, "adaLN-gradient GNS"). None without such metrics."""
+    """Trial ``row``'s ``gns/adaln/bin{k}/b_simple`` over training: one line per timestep bin, log y, ± SE (what the
+    training step measured at every step, logged at each report; docs/gns.md, "adaLN-gradient GNS"). A trial with
+    at most ``ADALN_FEW_POINTS`` reports (a demo's, ``report_every`` 60) gets markers with error bars, the bins set
+    side by side, so that even one report per bin shows; longer ones lines with bands. None without such metrics."""
     ks = gns_view.bins_in(runs, "gns/adaln/")
     lines = []
     for k in ks:
@@ -228,15 +234,48 @@ def adaln_bins(runs: Runs, row: int, path: Path, label: str = "") -> Path | None
     if not lines:
         return None
     fig, (ax,) = _figure()
+    spans = timestep_bins(max(ks) + 1)
     colors = _colors(len(lines))
-    for (k, steps, vals, err), c in zip(lines, colors, strict=True):
-        ax.plot(steps, vals, color=c, lw=1.2, label=f"bin {k}")
-        ax.fill_between(steps, np.maximum(vals - err, vals * 0.05), vals + err, color=c, alpha=0.15, lw=0)
-    ax.set(yscale="log", xlabel="optimizer step", ylabel="adaLN-gradient B_simple (examples)")
+    few = max(len(steps) for _, steps, _, _ in lines) <= ADALN_FEW_POINTS
+    span = float(max(s.max() for _, s, _, _ in lines)) or 1.0
+    for j, ((k, steps, vals, err), c) in enumerate(zip(lines, colors, strict=True)):
+        if few:
+            se = np.nan_to_num(err, nan=0.0)  # the lower bar stops short of 0 on the log axis
+            dx = (j - (len(lines) - 1) / 2) * 0.008 * span  # side by side: the bins' bars do not hide each other
+            ax.errorbar(steps + dx, vals, yerr=np.stack([np.minimum(se, 0.9 * vals), se]), fmt="o-", ms=4, lw=1.2,
+                        capsize=3, color=c, label=f"bin {k} (t={spans[k][0]}–{spans[k][1]})")  # fmt: skip
+        else:
+            ax.plot(steps, vals, color=c, lw=1.2, label=f"bin {k} (t={spans[k][0]}–{spans[k][1]})")
+            ax.fill_between(steps, np.maximum(vals - err, vals * 0.05), vals + err, color=c, alpha=0.15, lw=0)
+    ax.set_xlim(0, span * 1.05)
+    ax.set(yscale="log", xlabel="optimizer step", ylabel="adaLN-gradient B_simple ± SE (examples)")
     ax.set_title(f"Per-bin noise scale of the modulation parameters over training{label}", fontsize=9)
     ax.legend(fontsize=6, ncols=2)
     fig.savefig(path, dpi=100)
     return path
+
+
+def adaln_pick(runs: Runs, candidates: list[tuple[int, int]]) -> tuple[int, int] | None:
+    """Of ``(batch_size, row)`` candidates, the trial with the most reports of ``gns/adaln/bin{k}/b_simple`` (its
+    first bin's), ties to the larger batch size: a sweep's largest batch size stops first (a demo's B = 128 trial
+    reports once or twice), its smallest trains longest. None without candidates or such metrics."""
+    ks = gns_view.bins_in(runs, "gns/adaln/")
+    if not candidates or not ks:
+        return None
+    s = runs.series(M.per_bin(M.GNS_ADALN_BIN_B_SIMPLE, ks[0]))
+    count = {row: int(np.diff(np.searchsorted(s.trial, [row, row + 1]))[0]) for _, row in candidates}
+    best = max(candidates, key=lambda p: (count[p[1]], p[0]))
+    return best if count[best[1]] else None
+
+
+def _trial_label(runs: Runs, pick: tuple[int, int]) -> str:
+    """`` (B=8, lr 0.01, seed 2)``: the batch size and, where the trials table has them, the lr and seed of a trial."""
+    b, row = pick
+    parts = [f"B={b}"]
+    for name, fmt in (("lr", "lr {:.3g}"), ("seed", "seed {}")):
+        if name in runs.trials.column_names:
+            parts.append(fmt.format(runs.trials.column(name)[row].as_py()))
+    return f" ({', '.join(parts)})"
 
 
 def _plain_ticks(ax, x: bool = True) -> None:
@@ -319,6 +358,7 @@ def make_all(result: dict, runs: Runs, out: Path, gns_window: int | None = None)
     mid = result["targets"][len(result["targets"]) // 2] if result["targets"] else {"points": []}
     row_of = {t: i for i, t in enumerate(runs.trial_ids)}
     picks = sorted((p["batch_size"], row_of[p["trial_id"]]) for p in mid["points"] if p["trial_id"] in row_of)
-    ad = adaln_bins(runs, picks[-1][1], out / "adaln_bins.png", f" (B={picks[-1][0]})") if picks else None
+    pick = adaln_pick(runs, picks)
+    ad = adaln_bins(runs, pick[1], out / "adaln_bins.png", _trial_label(runs, pick)) if pick else None
     a = answer(result, out / ANSWER_PNG)
     return ([a] if a is not None else []) + paths + [p for p in (g, ad) if p is not None]

@@ -137,3 +137,56 @@ def test_adaln_bins_figure_from_logged_metrics(tmp_path) -> None:
     assert path is not None and path.stat().st_size > 10_000
     empty = runs_from_tables(trials_table(trials), metrics_table({k: [] for k in cols}), source="t")
     assert adaln_bins(empty, 0, tmp_path / "none.png") is None
+
+
+def _adaln_runs(steps_of: dict[str, list[int]], bins: int = 4):
+    from analysis.sources.loaders import runs_from_tables
+    from analysis.sources.schema import metrics_table, trials_table
+
+    ids = list(steps_of)
+    trials = {
+        "trial_id": ids, "batch_size": [8 * 2**i for i in range(len(ids))], "micro_batch_size": [8] * len(ids),
+        "grad_accum": [1] * len(ids), "num_workers": [1] * len(ids), "lr": [1e-2] * len(ids), "seed": [0] * len(ids),
+        "status": [M.STATUS_BUDGET_SPENT] * len(ids),
+    }  # fmt: skip
+    cols: dict[str, list] = {k: [] for k in ("trial_id", "step", "examples", "metric", "value")}
+    for tid, steps in steps_of.items():
+        for k in range(bins):
+            for name, value in ((M.GNS_ADALN_BIN_B_SIMPLE, 10.0 * (k + 1)), (M.GNS_ADALN_BIN_B_SIMPLE_SE, 2.0)):
+                cols["trial_id"] += [tid] * len(steps)
+                cols["step"] += steps
+                cols["examples"] += [8 * s for s in steps]
+                cols["metric"] += [M.per_bin(name, k)] * len(steps)
+                cols["value"] += [value] * len(steps)
+    return runs_from_tables(trials_table(trials), metrics_table(cols), source="t")
+
+
+def test_adaln_bins_figure_shows_a_trial_of_one_report(tmp_path, monkeypatch) -> None:
+    """A demo's largest batch size reports once or twice (report_every 60 of 70 steps): a line through one point draws
+    nothing, so few reports get a marker and an error bar per bin, inside the x range."""
+    from matplotlib.figure import Figure
+
+    from analysis.reporting.plots import adaln_bins
+
+    saved = []
+    real = Figure.savefig
+    monkeypatch.setattr(Figure, "savefig", lambda self, *a, **k: (saved.append(self), real(self, *a, **k))[1])
+    assert adaln_bins(_adaln_runs({"a": [60]}), 0, tmp_path / "one.png") is not None
+    (ax,) = saved[-1].axes
+    marked = [ln for ln in ax.lines if ln.get_marker() == "o"]
+    assert len(marked) == 4 and all(len(ln.get_xdata()) == 1 for ln in marked)
+    lo, hi = ax.get_xlim()
+    assert all(lo < ln.get_xdata()[0] < hi for ln in marked)
+    assert len(ax.containers) == 4  # one error bar set per bin
+    assert ax.get_legend().get_texts()[0].get_text() == "bin 0 (t=0–249)"
+
+
+def test_adaln_pick_takes_the_trial_with_most_reports() -> None:
+    from analysis.reporting.plots import adaln_pick
+
+    runs = _adaln_runs({"small": [60, 120, 180, 240], "mid": [60, 120], "big": [60]})
+    assert adaln_pick(runs, [(8, 0), (16, 1), (32, 2)]) == (8, 0)
+    assert adaln_pick(runs, [(16, 1), (32, 2)]) == (16, 1)
+    tie = _adaln_runs({"a": [60, 120], "b": [60, 120]})
+    assert adaln_pick(tie, [(8, 0), (16, 1)]) == (16, 1)  # ties: the larger batch size
+    assert adaln_pick(runs, []) is None
