@@ -1,5 +1,6 @@
 """The GPU figures of one trial, side by side in one run (interleaved repetitions, medians): trial examples/s over
-a bare PyTorch loop, the cost of global and per-bin GNS at their default cadences, and the host's input work.
+a bare PyTorch loop, the cost of global and per-bin GNS at their default cadences and of the every-step adaLN-gradient
+GNS, and the host's input work.
 
 Synthetic fast-DiT latents at the real shape (4x32x32, ``--n`` of them, packed float32: `bcrit pack-latents`'s
 store). Every variant trains the same preset, global batch (= micro-batch) and precision (bf16 autocast on CUDA):
@@ -8,9 +9,11 @@ store). Every variant trains the same preset, global batch (= micro-batch) and p
   It also gives model FLOP utilisation (FLOPs of one step from ``torch.utils.flop_counter`` over ``--peak-tflops``)
   and peak memory.
 - **trial, GNS off**: `run_local` (the real `train_loop`: packed store, prefetch 2, on-device draws) with
-  ``gns: false`` and per-bin GNS off: the trial's own overhead over bare.
-- **trial, global GNS**: the default ``gns: true`` (at W = A = 1 the ``halves`` mode: two backward passes, on the
-  steps its default cadence ``gns_global_every`` measures; the cost printed is over all timed steps).
+  ``gns: false``, ``gns_adaln: false`` and per-bin GNS off: the trial's own overhead over bare.
+- **trial, adaLN GNS**: GNS off but the default ``gns_adaln: true`` (the modulation linears' per-example gradients
+  on every step, trainables.gns_adaln); its cost is over GNS off.
+- **trial, global GNS**: the default ``gns: true``, adaLN off (at W = A = 1 the ``halves`` mode: two backward
+  passes, on the steps its default cadence ``gns_global_every`` measures; the cost printed is over all timed steps).
 - **trial, global + per-bin GNS**: also ``gns_every`` = half the steps, so one per-bin pass falls inside the
   timed steps; its cost is amortised to the config's default cadence ``gns_every`` (G): (time with bins - time
   without) / passes / (G x step time).
@@ -80,10 +83,10 @@ class InputClock:
         data_base.Dataset.gather, pipeline.MicroBatches.get = self._gather, self._get
 
 
-def trial(args, store: str, gns: bool, bins_every: int, clock: InputClock | None = None) -> dict:
+def trial(args, store: str, gns: bool, bins_every: int, clock: InputClock | None = None, adaln: bool = False) -> dict:
     cfg = TrialConfig(
         preset=args.preset, dataset=store, eval_size=16, batch_size=args.batch, micro_batch_size=args.batch,
-        max_steps=args.steps, eval_every=args.steps, eval_repeats=1, gns=gns, gns_every=bins_every,
+        max_steps=args.steps, eval_every=args.steps, eval_repeats=1, gns=gns, gns_every=bins_every, gns_adaln=adaln,
         threads_per_worker=1, prefetch=2, lr=1e-4, use_gpu=args.device == "cuda", bf16=not args.no_bf16,
     )  # fmt: skip
     if clock is None:
@@ -117,6 +120,7 @@ def main() -> None:
         variants = {
             "bare": lambda: {"ex_per_s": bare_loop(args.preset, store, args.batch, args.steps, dev, bf16, info)},
             "trial gns off": lambda: trial(args, store, False, 0, clock),
+            "trial adaln gns": lambda: trial(args, store, False, 0, adaln=True),
             "trial global gns": lambda: trial(args, store, True, 0),
             "trial global + per-bin gns": lambda: trial(args, store, True, half),
         }
@@ -132,6 +136,7 @@ def main() -> None:
     for k, v in med.items():
         print(f"  {k:28s} {v:9.1f} ex/s   ratio to bare {v / bare:.3f}")
     g = step["trial global gns"] / step["trial gns off"] - 1
+    a = step["trial adaln gns"] / step["trial gns off"] - 1
     passes = args.steps // half
     per_pass = (step["trial global + per-bin gns"] - step["trial global gns"]) * args.steps / passes
     b = per_pass / (DEFAULT_GNS_EVERY * step["trial global gns"])
@@ -139,8 +144,9 @@ def main() -> None:
     measured = args.steps // k if k else 0
     print(f"global GNS: +{100 * g:.2f}% step time (default cadence: every {k} steps, {measured} of {args.steps} timed)")
     print(f"per-bin GNS: {per_pass * 1e3:.1f} ms a pass = +{100 * b:.2f}% at the default gns_every {DEFAULT_GNS_EVERY}")
+    print(f"adaLN-gradient GNS (every step, global and per bin): +{100 * a:.2f}% step time")
     res = {"median_ex_per_s": med, "median_step_s": step, "global_gns_cost": g, "per_bin_gns_cost": b,
-           "per_bin_pass_s": per_pass}  # fmt: skip
+           "per_bin_pass_s": per_pass, "adaln_gns_cost": a}  # fmt: skip
     if clock.examples:
         res["host_gather_us_per_example"] = 1e6 * clock.gather_s / clock.examples
         res["step_wait_ms_per_step"] = 1e3 * clock.wait_s / max(1, clock.gets)

@@ -10,7 +10,8 @@ Parts (``--parts``, in this order), each a subprocess with a time limit, its lin
 
 1. ``tests``: ``pytest -m gpu tests/trainables/test_gpu.py`` (limit 120 s);
 2. ``bench``: benchmarks/bench_gpu.py, DiT-S/2 at B = 256, 2 interleaved repetitions of 40 steps: bare loop, trial
-   with GNS off, with global GNS at its default cadence, with per-bin GNS too; MFU, memory (limit 105 s;
+   with GNS off, with the every-step adaLN-gradient GNS, with global GNS at its default cadence, with per-bin GNS
+   too; MFU, memory (limit 130 s;
    OUT/bench.json);
 3. ``study``: benchmarks/gpu_study.py into OUT/study (trials.parquet, metrics.parquet, study.json): DiT-S/2 on
    16,384 packed synthetic latents, B in {32, 64, 128, 256} x lr {4e-4, 8e-4} x sqrt(B/256) x seeds {0, 1} = 16
@@ -55,12 +56,13 @@ Sizing (the figures of benchmarks/RESULTS.md, "GPU", 2026-11-26 H200 and 2026-11
   evaluation) ~3 s: 16 x 3 / 4 = 12 s. Workers' start (imports, CUDA context) ~15 s, beside making the data (5.4 s
   measured for 16,384 latents). Study: 15 + 104 + 24 + 12 = ~155 s, ~170 s with the last trials' imbalance.
 - Whole: preflight ~8 s, tests 82 s measured on the H100 (limit 120), bench 2 x ~46 s (a 60-step repetition took
-  55-60 s on the H100: ~25 s of start-up per 4 variants and ~30 s of steps; limit 105), study ~170 s, analyze ~30 s
+  55-60 s on the H100: ~25 s of start-up per 4 variants and ~30 s of steps; a fifth variant, adaLN GNS, since:
+  limit 130), study ~170 s, analyze ~30 s
   (1000 bootstrap replicates and the calibrated level; reserve 60 s): ~380 s expected of 480.
 - The clock decides the study's deadline: everything ends by ``--total-s`` (480) - ``--margin-s`` (30) = 450 s
   after the start, analyze gets its 60 s, and the study ends its trials 30 s before that (20 s grace, 10 s to
   compact and exit): deadline = 360 s after the start minus what the parts before it took (~175 s if they take
-  ~185 s; 127 s if tests and bench both reach their limits). A trial still running then ends at its next
+  ~185 s; 102 s if tests and bench both reach their limits). A trial still running then ends at its next
   evaluation and counts as ``budget_spent`` (censored there), and no trial starts with less than 15 s left, so a
   slower GPU gives fewer or shorter trials, never a run past 8 minutes.
 
@@ -342,7 +344,7 @@ def main(argv: list[str] | None = None) -> int:
     env = dict(os.environ, PYTHONUNBUFFERED="1")
     env["PYTHONPATH"] = os.pathsep.join([ROOT, *([env["PYTHONPATH"]] if env.get("PYTHONPATH") else [])])
     cmds = commands(args, out)
-    limits = {"tests": 240 if smoke else 120, "bench": 240 if smoke else 105}
+    limits = {"tests": 240 if smoke else 120, "bench": 240 if smoke else 130}
     rcs: dict[str, int] = {}
     for part in (p for p in PARTS if p in args.parts):
         left = end - time.time()

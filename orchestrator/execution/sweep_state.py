@@ -95,13 +95,15 @@ def reset_unstarted(spec: SweepSpec) -> None:
         # MLflow: deferred, the dry run (bcrit sweep --dry-run) loads this module
         from mlflow.tracking import MlflowClient
 
+        from orchestrator.records.mlflow_tracking import quiet_end  # Ray's Callback: deferred as mlflow is
+
         client = MlflowClient(spec.mlflow_uri)
         exp = client.get_run(parent).info.experiment_id
         for run in client.search_runs([exp], filter_string=f"tags.`mlflow.parentRunId` = '{parent}'"):
             client.delete_run(run.info.run_id)
         if _saved_spec_text(d) != spec.to_yaml():
             # another spec starts here: the old parent (its params are the old spec's) ends; a new one is made
-            client.set_terminated(parent, status="KILLED")
+            quiet_end(client, parent, "KILLED")
             os.remove(os.path.join(d, PARENT_FILE))
 
 
