@@ -9,6 +9,7 @@ for a number here."""
 
 from __future__ import annotations
 
+import difflib
 from typing import Annotated, Any, get_args, get_origin
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
@@ -93,7 +94,9 @@ def one_line(model: type[SpecModel], data: Any, where: str, err: dict, *, scoped
     key = ".".join([*path, str(loc[0])]) if loc else ".".join(path)
     if err["type"] == "extra_forbidden":
         scope = f" of {'.'.join(path)}" if scoped and path else ""
-        return f"unknown key {key}; valid keys{scope}: {list(model.model_fields)}"
+        near = difflib.get_close_matches(str(loc[0]), list(model.model_fields), n=1)
+        hint = f" (did you mean '{near[0]}'?)" if near else ""
+        return f"unknown key {key}{hint}; valid keys{scope}: {list(model.model_fields)}"
     if err["type"] in ("model_type", "dict_type"):
         return f"{key or 'spec'} must be a mapping of keys to values"
     return f"{key or 'spec'}: {err['msg']}"

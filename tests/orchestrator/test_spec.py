@@ -50,7 +50,12 @@ BAD = [
     (
         "unknown nested key",
         lambda t: quadratic_spec(t, stopping={"max_step": 3}),
-        "unknown key stopping.max_step",
+        "unknown key stopping.max_step (did you mean 'max_steps'?)",
+    ),
+    (
+        "unknown key, nothing close",
+        lambda t: quadratic_spec(t, scientific={"batch_sizes": [16], "zzz": 1}),
+        "unknown key scientific.zzz; valid keys",
     ),
     (
         "unknown split key",
