@@ -7,7 +7,6 @@ the JSON Schema (``bcrit schema trial``); each rule across fields is one ``check
 from __future__ import annotations
 
 import dataclasses
-import difflib
 import functools
 import os
 from dataclasses import dataclass, field
@@ -17,7 +16,7 @@ import pydantic
 from pydantic import BeforeValidator, Field, TypeAdapter, ValidationError, model_validator
 
 from analysis.core.allocation import SAMPLERS
-from analysis.core.bcrit_error import BcritError
+from analysis.core.bcrit_error import BcritError, did_you_mean
 from analysis.core.gns import DEFAULT_WINDOW
 from analysis.core.lr_rules import LR_RULES
 from analysis.core.stages import BatchStages
@@ -161,9 +160,7 @@ def one_line(cls: Any, e: ValidationError, given: dict) -> ConfigError:
         if key in RETIRED_KEYS and RETIRED_KEYS[key][0] in valid:
             return ConfigError(f"{key} was replaced by {RETIRED_KEYS[key][0]}: {RETIRED_KEYS[key][1]}; drop it")
     if unknown:
-        close = [m for k in unknown for m in difflib.get_close_matches(k, valid, 1)]
-        hint = f" (did you mean {close[0]!r}?)" if close else ""
-        return ConfigError(f"unknown {cls.WHAT} key(s) {unknown}{hint}; valid keys: {valid}")
+        return ConfigError(f"unknown {cls.WHAT} key(s) {unknown}{did_you_mean(unknown, valid)}; valid keys: {valid}")
     err = errors[0]
     if isinstance(err.get("ctx", {}).get("error"), ConfigError):
         return err["ctx"]["error"]

@@ -9,12 +9,12 @@ for a number here."""
 
 from __future__ import annotations
 
-import difflib
 from typing import Annotated, Any, get_args, get_origin
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
 from pydantic_core import PydanticCustomError
 
+from analysis.core.bcrit_error import did_you_mean
 from orchestrator.errors import UserError
 
 RULE = "spec_rule"
@@ -94,8 +94,7 @@ def one_line(model: type[SpecModel], data: Any, where: str, err: dict, *, scoped
     key = ".".join([*path, str(loc[0])]) if loc else ".".join(path)
     if err["type"] == "extra_forbidden":
         scope = f" of {'.'.join(path)}" if scoped and path else ""
-        near = difflib.get_close_matches(str(loc[0]), list(model.model_fields), n=1)
-        hint = f" (did you mean '{near[0]}'?)" if near else ""
+        hint = did_you_mean([str(loc[0])], model.model_fields)
         return f"unknown key {key}{hint}; valid keys{scope}: {list(model.model_fields)}"
     if err["type"] in ("model_type", "dict_type"):
         return f"{key or 'spec'} must be a mapping of keys to values"
