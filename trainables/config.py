@@ -196,7 +196,7 @@ class BaseConfig:
     schedule_lr_rule: LR_RULE = "sqrt"  # a later stage's lr = lr x sqrt(B / batch_size) (Adam); linear | constant
     lr: POSITIVE = 1e-3  # peak learning rate
     seed: Int(0, 2**32 - 1) = 0  # numpy's seed range
-    # --- budget and stopping (decided inside the loop: REFERENCE.md, placement-group leak) ---------------
+    # --- budget and stopping (decided inside the loop, not by a Tune stopper: docs/design.md) -------------------
     max_steps: POS = 200  # step budget
     target_loss: Float(0, lo_open=True, optional=True) = None  # stop once eval/loss <= this
     divergence_factor: Float(1, lo_open=True) = 3.0  # diverged: eval/loss > factor x first (or a non-finite loss)

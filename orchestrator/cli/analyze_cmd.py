@@ -63,8 +63,6 @@ def run(args: argparse.Namespace) -> int:
     from analysis.reporting.plots import ANSWER_PNG
     from analysis.reporting.publish import log_analysis
     from analysis.reporting.sweep_kind import BRANCHED, check_sweep, sweep_kind
-    from analysis.sources import loaders
-
     inputs.localize_sweep_dir(args)  # a storage URI: its local directory, fetched
     if (args.sweep_dir is None) == (args.mlflow_experiment is None) or (args.out is None and not args.sweep_dir):
         inputs.load_runs(args, DEFAULT_OUT)  # says which (one line), before any other check
@@ -74,12 +72,7 @@ def run(args: argparse.Namespace) -> int:
     options.check_seed(args.seed)
     inputs.check_out_dir(args.out or os.path.join(args.sweep_dir, DEFAULT_OUT))
     runs = inputs.load_runs(args, DEFAULT_OUT)
-    parent, uri = None if args.no_mlflow else (args.parent_run_id or runs.parent_run_id), None
-    if parent is not None:
-        source = "--parent-run-id" if args.parent_run_id else f"{args.sweep_dir}/{loaders.SWEEP_PARENT_FILE}"
-        if args.sweep_dir and not (args.parent_run_id or args.tracking_uri):
-            inputs.check_own_store(args.sweep_dir, runs.tracking_uri)
-        uri = inputs.check_parent_run(args.tracking_uri or runs.tracking_uri, parent, source)
+    parent, uri = inputs.parent_run(args, runs)
     kind = sweep_kind(runs)  # branched, or the S(B) fit on the constant-batch trials (of the uniform sampler)
     for note in kind.notes:
         print(f"[bcrit] {note}", file=sys.stderr)

@@ -126,6 +126,26 @@ def check_own_store(sweep_dir: str, tracking_uri: str | None) -> None:
         )
 
 
+def parent_run(args: argparse.Namespace, runs) -> tuple[str | None, str | None]:
+    """The MLflow run a command logs its results to and its tracking URI, checked before any compute; ``(None,
+    None)`` with ``--no-mlflow`` or when the sweep has none. ``--parent-run-id`` and ``--tracking-uri`` win over what
+    the sweep directory names; a sweep directory's own parent run must be in its own store (`check_own_store`)."""
+    from analysis.sources.loaders import SWEEP_PARENT_FILE
+
+    parent = None if args.no_mlflow else (args.parent_run_id or runs.parent_run_id)
+    if parent is None:
+        return None, None
+    if args.parent_run_id:
+        source = "--parent-run-id"
+    elif args.sweep_dir:
+        source = f"{args.sweep_dir}/{SWEEP_PARENT_FILE}"
+    else:
+        source = f"--mlflow-experiment {args.mlflow_experiment}"
+    if args.sweep_dir and not (args.parent_run_id or args.tracking_uri):
+        check_own_store(args.sweep_dir, runs.tracking_uri)
+    return parent, check_parent_run(args.tracking_uri or runs.tracking_uri, parent, source)
+
+
 def check_parent_run(tracking_uri: str | None, parent_run_id: str, source: str) -> str:
     """The MLflow run the results are logged to must exist (a reachable store, checked within seconds). Returns
     the resolved tracking URI. ``source`` says where the run id came from (for the message)."""

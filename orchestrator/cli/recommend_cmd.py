@@ -72,17 +72,12 @@ def register(subparsers) -> argparse.ArgumentParser:
 def run(args: argparse.Namespace) -> int:
     from analysis.features.recommend import recommend_report as rr
     from analysis.reporting.publish import log_recommendation
-    from analysis.sources import loaders
 
     check_args(args)
     runs = inputs.load_runs(args)
     out = args.out
     inputs.check_out_dir(out)
-    parent = None if args.no_mlflow else runs.parent_run_id
-    if parent and args.sweep_dir:
-        inputs.check_own_store(args.sweep_dir, runs.tracking_uri)
-    source = f"{args.sweep_dir}/{loaders.SWEEP_PARENT_FILE}" if args.sweep_dir else "--mlflow-experiment"
-    uri = inputs.check_parent_run(runs.tracking_uri, parent, source) if parent else None
+    parent, uri = inputs.parent_run(args, runs)
     rr.check(runs, args.metric, args.target)
     target, how = (
         (args.target, "--target") if args.target is not None else inputs.default_target(runs, args.metric, out)

@@ -155,12 +155,13 @@ def restore_spec(sweep_dir: str, name: str = SPEC_FILE, parse=parse_spec, what: 
     """The spec an existing sweep dir was started with: its file ``name``, read by ``parse`` (a branched study's:
     ``STUDY_FILE``, ``parse_branch_spec``, "branched study")."""
     path = os.path.join(os.path.abspath(sweep_dir), name)
+    kept = " (it is also an artifact of the sweep's MLflow parent run)" if name == SPEC_FILE else ""
     if not os.path.exists(path):
         raise UserError(f"{sweep_dir}: not a bcrit {what} directory (no {name}); pass the spec YAML instead")
     try:
         return parse(load_yaml(path, allow_empty=False), sweep_dir=sweep_dir, source=path)
     except UserError as e:
         raise UserError(
-            f"{e} -- {name} is the spec this {what} was started with; restore it (it is also an artifact of "
-            f"the {what}'s MLflow parent run) or start the {what} again in a new storage directory"
+            f"{e} -- {name} is the spec this {what} was started with; restore it{kept} or start the {what} again "
+            "in a new storage directory"
         ) from None

@@ -135,14 +135,11 @@ class SweepSpec:
 
     def num_trials(self) -> int:
         """The sweep's trials (adaptive: the most it may run, its trial budget or its whole grid)."""
-        if self.search in ("grid", "adaptive"):  # the configs `trial_configs` makes, counted
-            points = self.grid_points()
-            space = max(1, len(self.samplers)) * sum(
-                sum(1 for p in points if s.runs(p)) for _b, s, _seed in self.groups()
-            )
-            budget = self.adaptive.budget_trials if self.search == "adaptive" else None
-            return space if budget is None else min(space, budget)
-        return len(self.groups()) * self.trials_per_batch_size  # one study per group (batch size x split x seed)
+        if self.search == "optuna":  # one study per group (batch size x split x seed)
+            return len(self.groups()) * self.trials_per_batch_size
+        space = len(self.trial_configs())
+        budget = self.adaptive.budget_trials if self.search == "adaptive" else None
+        return space if budget is None else min(space, budget)
 
     def to_yaml(self) -> str:
         return dump_yaml(self.raw)

@@ -91,6 +91,20 @@ def test_parent_run_checked_before_compute(tracked, tmp_path, capsys, no_compute
     assert f"MLflow run {'f' * 32} (--parent-run-id) does not exist" in err and "--no-mlflow" in err
 
 
+def test_recommend_takes_the_parent_run_flag_as_analyze_does(tracked, tmp_path, capsys, monkeypatch):
+    """`bcrit recommend` resolves the run it logs to as `bcrit analyze` does: --parent-run-id wins over the sweep
+    directory's own run, and a missing one is refused before any compute."""
+    from analysis.features.recommend import recommend_report
+
+    monkeypatch.setattr(recommend_report, "run", lambda *a, **k: (_ for _ in ()).throw(AssertionError("computed")))
+    d, uri, _ = tracked
+    argv = ["recommend", str(d), "--parent-run-id", "f" * 32, "--target", "0.5", "--bootstrap", "5"]
+    assert bcrit([*argv, "--out", str(tmp_path / "o")]) == 2
+    err = capsys.readouterr().err
+    assert err.startswith("bcrit recommend: error: ") and err.count("\n") == 1, err
+    assert f"MLflow run {'f' * 32} (--parent-run-id) does not exist at {uri}" in err
+
+
 def test_deleted_mlflow_db_of_the_sweep(tracked, tmp_path, capsys, monkeypatch):
     d, uri, _ = tracked
     gone = tmp_path / "gone"

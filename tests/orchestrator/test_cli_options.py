@@ -167,3 +167,20 @@ def test_bcrit_help_starts_without_the_heavy_libraries():
     root = Path(__file__).resolve().parents[2]
     out = subprocess.run([sys.executable, "-c", code], cwd=root, capture_output=True, text=True, check=True)
     assert out.stdout.strip() == "[]"
+
+
+@pytest.mark.parametrize("kind", ["sweep", "branched study"])
+def test_a_garbled_saved_spec_says_where_a_copy_is_kept(tmp_path, kind):
+    """A sweep's saved spec is also an artifact of its MLflow parent run, so its error says so; a branched study's
+    saved spec is not logged to MLflow, so its error does not send the user there."""
+    from orchestrator.errors import UserError
+    from orchestrator.execution.sweep_state import restore_spec
+    from orchestrator.specs.branch_spec import STUDY_FILE, parse_branch_spec
+    from orchestrator.storage.layout import SPEC_FILE
+
+    name, args = (SPEC_FILE, ()) if kind == "sweep" else (STUDY_FILE, (STUDY_FILE, parse_branch_spec, kind))
+    (tmp_path / name).write_text("name: x\nnot_a_key: 1\n")
+    with pytest.raises(UserError) as e:
+        restore_spec(str(tmp_path), *args)
+    assert f"{name} is the spec this {kind} was started with" in str(e.value)
+    assert ("MLflow parent run" in str(e.value)) == (kind == "sweep")
