@@ -63,6 +63,7 @@ def run(args: argparse.Namespace) -> int:
     from analysis.reporting.plots import ANSWER_PNG
     from analysis.reporting.publish import log_analysis
     from analysis.reporting.sweep_kind import BRANCHED, check_sweep, sweep_kind
+
     inputs.localize_sweep_dir(args)  # a storage URI: its local directory, fetched
     if (args.sweep_dir is None) == (args.mlflow_experiment is None) or (args.out is None and not args.sweep_dir):
         inputs.load_runs(args, DEFAULT_OUT)  # says which (one line), before any other check
