@@ -30,21 +30,13 @@ from orchestrator.storage.layout import TUNE_DIR
 from trainables.sweep_signal import signal_name
 
 
-def sweep_trainable(spec: SweepSpec, worker_failures: int, verbose: bool = False, behind: bool | None = None):
-    """The workload's Tune function trainable, holding what `trial_bundle` says (its Train workers hold their own).
-    ``behind``: `stops_behind` of the spec, when the caller has it."""
+def sweep_trainable(spec: SweepSpec, worker_failures: int, verbose: bool = False):
+    """The workload's Tune function trainable, holding what `trial_bundle` says (its Train workers hold their own)."""
     adaptive = getattr(spec, "search", None) == "adaptive"  # a BranchSpec has no search
     ends = adaptive and spec.adaptive.end_running  # goal.running: end: its trials ask whether to end
-    behind = stops_behind(spec) if behind is None else behind
-    signal = signal_name(spec.sweep_dir) if ends or behind else None
+    signal = signal_name(spec.sweep_dir) if ends or spec.stops_behind else None
     fn = make_trainable(spec.workload, spec.storage_root, worker_failures, verbose=verbose, signal=signal)
     return tune.with_resources(fn, lambda config: PlacementGroupFactory([trial_bundle(config["trial"])]))
-
-
-def stops_behind(spec) -> bool:
-    """Whether the sweep stops trials behind their batch size's best (``stopping.behind``, on by default): only
-    where its trials have a target to reach (a BranchSpec: never)."""
-    return bool(getattr(spec, "stop_behind", False)) and getattr(spec, "stopping", {}).get("target_loss") is not None
 
 
 def planned_seeds(spec, configs: list[dict] | None = None):
@@ -57,14 +49,12 @@ def planned_seeds(spec, configs: list[dict] | None = None):
     return Seeds(default=len(spec.seeds) if spec.search == "adaptive" else 1)
 
 
-def callbacks(
-    spec: SweepSpec, verbose: bool = False, total: int | None = None, behind: bool | None = None, configs=None
-) -> list:
+def callbacks(spec: SweepSpec, verbose: bool = False, total: int | None = None, configs=None) -> list:
     """The driver-side callbacks every bcrit sweep needs: MLflow tracking, the Parquet tables, the terminal
     (event lines; the live bar unless ``verbose``); on resume, trials Tune lost removed from the first two
     (orchestrator.records.lost_trials); fault injection for tests (orchestrator.faults); ``stopping.behind``'s
-    (orchestrator.features.stop_behind.behind_callback), first, so that the others see why a trial stopped (``behind``:
-    `stops_behind` of the spec, when the caller has it; ``configs``: the checked trial configs, when it has them)."""
+    (orchestrator.features.stop_behind.behind_callback), first, so that the others see why a trial stopped
+    (``configs``: the checked trial configs, when the caller has them)."""
     tracking = MLflowTracking(spec.mlflow_uri, spec.experiment, spec.name, spec.sweep_dir, spec.to_yaml())
     progress = SweepProgress(spec.num_trials() if total is None else total, live=not verbose)
     watch = []
@@ -72,7 +62,7 @@ def callbacks(
         watch = [AdaptiveWatch(spec.sweep_dir, tracking, progress)]
     tables = TablesCallback(spec.sweep_dir, storage_uri=spec.storage_uri)
     stop = []
-    if stops_behind(spec) if behind is None else behind:
+    if spec.stops_behind:
         stop = [StopBehind(spec.sweep_dir, signal_name(spec.sweep_dir), planned_seeds(spec, configs))]
     return [*fault_callbacks(), ForgetLost(tracking, tables), *stop, *watch, tracking, tables, progress]
 
@@ -92,10 +82,9 @@ def build_tuner(
     ``verbose``: Tune's
     own tables and Ray Train's INFO logs instead of bcrit's progress bar."""
     configs = configs if configs is not None else check_spec(spec)
-    behind = stops_behind(spec)
     save_spec(spec)
     if spec.search == "grid":  # with stopping.behind, each batch size's middle lrs first (its likely best)
-        if behind:
+        if spec.stops_behind:
             configs = [configs[i] for i in centre_first(configs)]
         param_space, search_alg, num_samples = {"trial": tune.grid_search(configs)}, None, 1
     elif (
@@ -113,7 +102,6 @@ def build_tuner(
         search_alg=search_alg,
         num_samples=num_samples,
         max_concurrent=sweep_concurrency(spec, configs),
-        behind=behind,
         configs=configs,
         extra_callbacks=extra_callbacks,
         worker_failures=worker_failures,
@@ -132,7 +120,6 @@ def tuner_of(
     name: str = TUNE_DIR,
     storage_path: str | None = None,
     total: int | None = None,
-    behind: bool | None = None,
     configs: list[dict] | None = None,
     extra_callbacks: list | tuple = (),
     worker_failures: int = 3,
@@ -144,7 +131,7 @@ def tuner_of(
     under ``storage_path`` (default the spec's storage root), trial directories named by trial id."""
     quiet_driver_logs(verbose)
     return tune.Tuner(
-        sweep_trainable(spec, worker_failures, verbose, behind),
+        sweep_trainable(spec, worker_failures, verbose),
         param_space=param_space,
         tune_config=tune.TuneConfig(
             search_alg=search_alg,
@@ -156,7 +143,7 @@ def tuner_of(
         run_config=tune.RunConfig(
             name=name,
             storage_path=spec.storage_root if storage_path is None else storage_path,
-            callbacks=[*callbacks(spec, verbose, total, behind=behind, configs=configs), *extra_callbacks, StripRows()],
+            callbacks=[*callbacks(spec, verbose, total, configs=configs), *extra_callbacks, StripRows()],
             failure_config=tune.FailureConfig(max_failures=trial_retries),
             verbose=1 if verbose else 0,  # 0: none of Tune's boxes (Ray 2.60's output ignores progress_reporter)
         ),

@@ -70,6 +70,7 @@ class BranchSpec:
     raw: dict = field(compare=False, repr=False)
 
     storage_uri = None  # a branched study's storage is a directory (a URI is refused when the spec is read)
+    stops_behind = False  # its branches are all measured to the end
 
     @property
     def storage_root(self) -> str:

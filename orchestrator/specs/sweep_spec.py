@@ -86,6 +86,12 @@ class SweepSpec:
         """Where Ray Tune and Ray Train write (RunConfig storage_path): the URI, else the sweep directory."""
         return self.storage_uri or self.sweep_dir
 
+    @property
+    def stops_behind(self) -> bool:
+        """Whether trials behind their batch size's best are stopped: ``stopping.behind`` where the trials have a
+        target to reach."""
+        return self.stop_behind and self.stopping.get("target_loss") is not None
+
     adaptive: Adaptive | None = None  # search: adaptive only: its goal and budget
 
     # --- trial configs -----------------------------------------------------------------------------------

@@ -309,14 +309,14 @@ def test_timestep_sampling_is_a_scientific_variable(tmp_path, no_ray_address):
 def test_stopping_behind_is_on_by_default_a_sweep_key_and_checked(tmp_path, no_ray_address):
     """stopping.behind (analysis.features.stop_behind.stop_behind): on unless set false; the sweep's, not its trials'
     config."""
-    from orchestrator.execution.tuner import callbacks, stops_behind
+    from orchestrator.execution.tuner import callbacks
 
     spec = parse_spec(quadratic_spec(tmp_path), sweep_dir=str(tmp_path / "s"))
-    assert spec.stop_behind and stops_behind(spec) == (spec.stopping.get("target_loss") is not None)
+    assert spec.stop_behind and spec.stops_behind == (spec.stopping.get("target_loss") is not None)
     assert all("behind" not in c for c in check_spec(spec, {"CPU": 2.0, "GPU": 0.0}))
     raw = quadratic_spec(tmp_path)
     off = parse_spec({**raw, "stopping": {**raw.get("stopping", {}), "behind": False}}, sweep_dir=str(tmp_path / "o"))
-    assert not off.stop_behind and not stops_behind(off)
+    assert not off.stop_behind and not off.stops_behind
     assert not any(type(cb).__name__ == "StopBehind" for cb in callbacks(off))
     with pytest.raises(UserError, match="stopping.behind must be true or false"):
         parse_spec({**raw, "stopping": {**raw.get("stopping", {}), "behind": "yes"}}, sweep_dir=str(tmp_path / "b"))
