@@ -32,8 +32,7 @@ from trainables.sweep_signal import signal_name
 
 def sweep_trainable(spec: SweepSpec, worker_failures: int, verbose: bool = False):
     """The workload's Tune function trainable, holding what `trial_bundle` says (its Train workers hold their own)."""
-    adaptive = getattr(spec, "search", None) == "adaptive"  # a BranchSpec has no search
-    ends = adaptive and spec.adaptive.end_running  # goal.running: end: its trials ask whether to end
+    ends = spec.search == "adaptive" and spec.adaptive.end_running  # goal.running: end: its trials ask whether to end
     signal = signal_name(spec.sweep_dir) if ends or spec.stops_behind else None
     fn = make_trainable(spec.workload, spec.storage_root, worker_failures, verbose=verbose, signal=signal)
     return tune.with_resources(fn, lambda config: PlacementGroupFactory([trial_bundle(config["trial"])]))
@@ -58,7 +57,7 @@ def callbacks(spec: SweepSpec, verbose: bool = False, total: int | None = None, 
     tracking = MLflowTracking(spec.mlflow_uri, spec.experiment, spec.name, spec.sweep_dir, spec.to_yaml())
     progress = SweepProgress(spec.num_trials() if total is None else total, live=not verbose)
     watch = []
-    if getattr(spec, "search", None) == "adaptive":  # its refits as progress lines and parent-run metrics
+    if spec.search == "adaptive":  # its refits as progress lines and parent-run metrics
         watch = [AdaptiveWatch(spec.sweep_dir, tracking, progress)]
     tables = TablesCallback(spec.sweep_dir, storage_uri=spec.storage_uri)
     stop = []

@@ -71,6 +71,7 @@ class BranchSpec:
 
     storage_uri = None  # a branched study's storage is a directory (a URI is refused when the spec is read)
     stops_behind = False  # its branches are all measured to the end
+    search = "grid"  # its trials are the grid it names
 
     @property
     def storage_root(self) -> str:

@@ -39,7 +39,7 @@ def spec_to_run(args, load, restore, *, what: str, command: str, started=None):
     if saved.to_yaml() != spec.to_yaml():
         raise UserError(
             f"{args.spec} differs from the spec {spec.sweep_dir} was started with; resume it with "
-            f"`bcrit {command} {getattr(spec, 'storage_uri', None) or spec.sweep_dir} --resume`, or start the new "
+            f"`bcrit {command} {spec.storage_uri or spec.sweep_dir} --resume`, or start the new "
             "spec in another storage directory"
         )
     return saved
