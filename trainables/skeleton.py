@@ -18,6 +18,7 @@ from __future__ import annotations
 import contextlib
 import os
 import shutil
+import sys
 import tempfile
 import time
 from collections.abc import Callable
@@ -211,8 +212,6 @@ class Learner:
         bool or a small non-negative int) from rank 0, the same on every rank, through the workers' process group,
         on the learner's ``device`` when it has one (the DiT's: its GPU under NCCL), else the CPU (gloo). One
         process: ``flag``."""
-        import sys
-
         dist = sys.modules.get("torch.distributed")  # a Train worker has it; an in-process trial may lack torch
         if dist is None or not dist.is_available() or not dist.is_initialized() or dist.get_world_size() == 1:
             return flag

@@ -10,6 +10,7 @@ memory at its share right after its session picks the device (`gpu_share`), so i
 from __future__ import annotations
 
 import contextlib
+import json
 import logging
 import os
 import tempfile
@@ -175,8 +176,6 @@ def extra_worker_resources(share: float = 1.0) -> dict[str, float]:
     every Train worker's request, so CPU trials are placed one worker per accelerator-like slot as GPU trials
     would be; ``share`` (the config's ``gpus_per_worker``) scales them as it scales a GPU. Unset (always, outside
     tests and rehearsals): nothing; ``use_gpu`` is unaffected either way."""
-    import json
-
     raw = os.environ.get(WORKER_RESOURCES_ENV)
     return {str(k): share * float(v) for k, v in json.loads(raw).items()} if raw else {}
 
@@ -236,8 +235,6 @@ def ensure_ray(num_cpus: int | None = None, quiet: bool = False) -> None:
     """Connect to ``RAY_ADDRESS`` when set, else start a local Ray (embedded default). On small machines the
     logical CPUs are over-subscribed: each Tune driver takes a CPU besides its workers (docs/design.md). ``quiet``:
     the driver's own Ray logger says only errors (not its start-up INFO and token-auth notice)."""
-    import logging
-
     import ray
 
     if ray.is_initialized():

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import json
 import math
+from pathlib import Path
 
 import numpy as np
 
@@ -109,8 +110,6 @@ def add_to_report(bcrit: dict, runs: Runs, out_dir, bootstrap: int = 200) -> dic
     """For a sweep that compared samplers: the comparison at the report's first target, with each bin's empirical
     B_crit (``bcrit["bins"]``, from the uniform trials) in the per-bin table, appended to ``report.md`` with its
     figure, and ``report.html`` rendered again; ``allocation.json`` beside them. None for a one-sampler sweep."""
-    from pathlib import Path
-
     if len(set(samplers_of(runs))) < 2 or not bcrit["targets"]:
         return None
     out = Path(out_dir)
