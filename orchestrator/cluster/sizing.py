@@ -67,11 +67,20 @@ def max_concurrent(configs: list[dict], resources: dict) -> int:
     return max(1, worst)
 
 
+def concurrency(configs: list[dict], resources: dict, search: str, cluster: bool) -> int:
+    """Tune's ``max_concurrent_trials`` of a sweep: what ``resources`` hold (`max_concurrent`); an adaptive sweep on
+    the embedded local Ray no more than compute at once on the cores (`compute_slots`): its refits choose each trial
+    from the ones finished, and a local Ray's oversubscribed CPUs would only add trials chosen blind. On a cluster
+    its capacity."""
+    n = max_concurrent(configs, resources)
+    return min(n, compute_slots(configs)) if search == "adaptive" and not cluster else n
+
+
 def compute_slots(configs: list[dict]) -> int:
     """Trials whose training computes at once on this machine's cores: cores / the largest trial's training CPUs
     (an in-process trial's own, or its Train workers'; a Tune driver idles while its workers train). The embedded
     local Ray holds twice the cores (:func:`local_cpus`), so :func:`max_concurrent` runs up to twice this many,
-    each slower: the same throughput. An adaptive sweep runs this many instead (orchestrator.execution.tuner): a trial
+    each slower: the same throughput. An adaptive sweep runs this many instead (`concurrency`): a trial
     started while others run is chosen without their results, so more trials in flight cost more of the grid's
     examples (benchmarks/RESULTS.md)."""
     need = 1.0

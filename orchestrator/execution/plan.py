@@ -4,7 +4,7 @@ branch SPEC --dry-run``.
 The plan is built the way a real launch builds it (orchestrator.execution.launch.prepare): the trial configs checked
 by `orchestrator.execution.preflight.check_trials` against the resources they will get -- with ``RAY_ADDRESS`` set,
 what the cluster can hold (orchestrator.cluster.capacity, joined to read it), else the local Ray a sweep would start,
-which is not started -- and the concurrency Tune would get (orchestrator.execution.tuner.sweep_concurrency). Nothing
+which is not started -- and the concurrency Tune would get (orchestrator.cluster.sizing.concurrency). Nothing
 is written: not the sweep directory, not MLflow.
 
 The cost: each trial's step budget (``max_steps``: an upper bound, as a trial that reaches its target or falls
@@ -27,7 +27,7 @@ import pyarrow.parquet as pq
 from analysis.sources.mlflow_uri import TrackingUriError, check_tracking_uri, sqlite_path
 from orchestrator.cluster import capacity, ray_start
 from orchestrator.cluster.ray_start import local_resources, on_cluster, sweep_cpus
-from orchestrator.cluster.sizing import compute_slots, max_concurrent, ray_cpus, trial_need
+from orchestrator.cluster.sizing import concurrency, max_concurrent, ray_cpus, trial_need
 from orchestrator.errors import UserError
 from orchestrator.execution.preflight import check_trials, local_where
 from orchestrator.execution.sweep_state import NO_SWEEP, has_results, sweep_state
@@ -66,9 +66,7 @@ def sweep_plan(spec) -> Plan:
         configs = check_trials(spec, local)
         held = {**local, "CPU": float(sweep_cpus(spec, configs))}  # the local Ray's size (launch.prepare)
         where = local_where(held)
-    n = max_concurrent(configs, held)
-    if spec.search == "adaptive" and not on_cluster():
-        n = min(n, compute_slots(configs))
+    n = concurrency(configs, held, spec.search, on_cluster())
     if spec.search == "adaptive":
         notes.append(f"adaptive search: at most {spec.num_trials()} trials, chosen as results come in")
     return Plan(spec.name, configs, where, n, "sweep", spec.search, notes)

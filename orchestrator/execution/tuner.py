@@ -10,7 +10,7 @@ from ray.tune.execution.placement_groups import PlacementGroupFactory
 from analysis.features.stop_behind.stop_behind import Seeds, centre_first
 from orchestrator.cluster.ray_logs import quiet_driver_logs
 from orchestrator.cluster.ray_start import on_cluster, sweep_capacity
-from orchestrator.cluster.sizing import compute_slots, max_concurrent, trial_bundle
+from orchestrator.cluster.sizing import concurrency, trial_bundle
 from orchestrator.errors import UserError
 from orchestrator.execution.preflight import check_spec, trial_configs
 from orchestrator.execution.sweep_state import can_restore
@@ -150,12 +150,9 @@ def tuner_of(
 
 
 def sweep_concurrency(spec: SweepSpec, configs: list[dict]) -> int:
-    """Tune's ``max_concurrent_trials``: what the resources hold (:func:`orchestrator.cluster.sizing.max_concurrent`);
-    an adaptive sweep on the embedded local Ray no more than compute at once on the cores
-    (:func:`orchestrator.cluster.sizing.compute_slots`): its refits choose each trial from the ones finished, and a
-    local Ray's oversubscribed CPUs would only add trials chosen blind. On a cluster (``RAY_ADDRESS``) its capacity."""
-    n = max_concurrent(configs, sweep_capacity())
-    return min(n, compute_slots(configs)) if spec.search == "adaptive" and not on_cluster() else n
+    """Tune's ``max_concurrent_trials`` (orchestrator.cluster.sizing.concurrency) on the Ray this driver
+    holds: the local one it started, or the cluster at ``RAY_ADDRESS``."""
+    return concurrency(configs, sweep_capacity(), spec.search, on_cluster())
 
 
 def restore_tuner(spec: SweepSpec, worker_failures: int = 3, verbose: bool = False):
