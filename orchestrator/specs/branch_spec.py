@@ -35,7 +35,6 @@ from trainables.branch_points import kept_path
 from trainables.config import ConfigError
 from trainables.workloads import get_workload
 
-KIND = "branched"
 STUDY_FILE = "branched_spec.yaml"  # the resolved spec in the study dir (what --resume reads)
 KEEP_DIR = "reference_checkpoints"
 REFERENCE_ID = "reference_trial.txt"  # the reference's Tune trial id, once it has finished
