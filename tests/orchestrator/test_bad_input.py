@@ -16,7 +16,7 @@ from orchestrator.cli.main import main
 from orchestrator.specs.sweep_spec import OWNED
 from tests.orchestrator.conftest import quadratic_spec
 from trainables.config import BOUNDS, Bound, TrialConfig
-from trainables.nqm_trial import QUADRATIC_BOUNDS, QuadraticConfig
+from trainables.nqm_trial import QuadraticConfig
 
 SETTINGS = settings(
     max_examples=int(os.environ.get("BCRIT_HYPOTHESIS_EXAMPLES", "150")),
@@ -150,12 +150,12 @@ def bad_spec(draw, tmp):
         return put(spec, path, draw(st.sampled_from(SPEC_BAD[path])))
     if kind == "fixed":
         skip = {*OWNED, "grad_accum"}
-        key, value = draw(bad_trial_value(QUADRATIC_BOUNDS, QKINDS, skip=skip))
+        key, value = draw(bad_trial_value(QuadraticConfig.BOUNDS, QKINDS, skip=skip))
         return put(spec, ("fixed", key), value)
     if kind == "stopping":
         key = draw(st.sampled_from(["target_loss", "max_steps", "divergence_factor"]))
         value = draw(st.one_of(JUNK, st.sampled_from([-1, 0, 0.5, float("nan")])))
-        assume(refused(QUADRATIC_BOUNDS[key], key, QKINDS[key], value))
+        assume(refused(QuadraticConfig.BOUNDS[key], key, QKINDS[key], value))
         return put(spec, ("stopping", key), value)
     key = draw(st.sampled_from(["lr", "warmup_steps", "beta2", "weight_decay"]))
     value = draw(st.one_of(JUNK, st.sampled_from([-10, -1, 1.5, 0.0])))

@@ -86,7 +86,7 @@ def test_gns_window_is_in_steps_and_holds_two_per_bin_measurements():
 from dataclasses import fields  # noqa: E402
 
 from trainables.config import BOUNDS, Bound  # noqa: E402
-from trainables.nqm_trial import QUADRATIC_BOUNDS, QuadraticConfig  # noqa: E402
+from trainables.nqm_trial import QuadraticConfig  # noqa: E402
 
 
 def bad_values(b: Bound) -> list:
@@ -122,7 +122,7 @@ def good_values(b: Bound) -> list:
 
 def test_bounds_table_covers_every_field():
     assert {f.name for f in fields(TrialConfig)} == set(BOUNDS)
-    assert {f.name for f in fields(QuadraticConfig)} == set(QUADRATIC_BOUNDS)
+    assert {f.name for f in fields(QuadraticConfig)} == set(QuadraticConfig.BOUNDS)
 
 
 @pytest.mark.parametrize("name", sorted(BOUNDS))
@@ -135,9 +135,9 @@ def test_each_trial_field_refuses_out_of_range_and_wrong_type(name):
     assert all(b.accepts(v) for v in good_values(b)), name
 
 
-@pytest.mark.parametrize("name", sorted(QUADRATIC_BOUNDS))
+@pytest.mark.parametrize("name", sorted(QuadraticConfig.BOUNDS))
 def test_each_quadratic_field_refuses_out_of_range_and_wrong_type(name):
-    for v in bad_values(QUADRATIC_BOUNDS[name]):
+    for v in bad_values(QuadraticConfig.BOUNDS[name]):
         with pytest.raises(ConfigError, match=name):
             QuadraticConfig.from_dict({name: v})
 
