@@ -146,8 +146,8 @@ def branch_checkpoint(keep_dir: str, point: int) -> str:
 
 
 # --- parsing ----------------------------------------------------------------------------------------------------
-def load_branch_spec(path: str, overrides: list[str] | None = None, *, sweep_dir: str | None = None) -> BranchSpec:
-    return parse_branch_spec(apply_overrides(load_yaml(path), overrides or []), sweep_dir=sweep_dir, source=path)
+def load_branch_spec(path: str, overrides: list[str] | None = None) -> BranchSpec:
+    return parse_branch_spec(apply_overrides(load_yaml(path), overrides or []), source=path)
 
 
 def parse_branch_spec(data: dict, *, sweep_dir: str | None = None, source: str = "spec") -> BranchSpec:

@@ -74,10 +74,8 @@ def _save_study(spec: BranchSpec, ref_id: str | None = None) -> None:
 REF_TUNE, BRANCH_TUNE = "reference", "branches"  # Tune experiments of the two phases, under the study dir
 
 
-def _tuner(
-    spec: BranchSpec, name: str, configs: list[dict], verbose: bool, worker_failures: int = 3, trial_retries: int = 2
-):
-    """A grid Tuner over ``configs`` with the sweep's trainable, resources and callbacks (MLflow, tables)."""
+def _tuner(spec: BranchSpec, name: str, configs: list[dict], verbose: bool):
+    """A grid Tuner over ``configs`` with the sweep's trainable, resources, callbacks (MLflow, tables) and retries."""
     # Ray: deferred, importing branch_study loads no Ray
     from ray import tune
 
@@ -90,8 +88,6 @@ def _tuner(
         name=name,
         storage_path=spec.sweep_dir,
         total=len(configs),
-        worker_failures=worker_failures,
-        trial_retries=trial_retries,
         verbose=verbose,
     )
 

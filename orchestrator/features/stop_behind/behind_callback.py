@@ -27,9 +27,9 @@ from analysis.sources.schema import TRIALS_FILE
 from trainables import sweep_signal
 
 
-def curve_of(trial_id: str, cfg: dict, status: str = M.STATUS_RUNNING) -> Curve:
-    """An empty curve for a trial config (its setting: the nuisance values, lr first; splits pooled)."""
-    return Curve(trial_id, int(cfg["batch_size"]), setting_of(cfg), int(cfg.get("seed", 0) or 0), status)
+def curve_of(trial_id: str, cfg: dict) -> Curve:
+    """An empty curve of a running trial's config (its setting: the nuisance values, lr first; splits pooled)."""
+    return Curve(trial_id, int(cfg["batch_size"]), setting_of(cfg), int(cfg.get("seed", 0) or 0), M.STATUS_RUNNING)
 
 
 class StopBehind(Callback):
