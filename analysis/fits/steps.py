@@ -346,9 +346,9 @@ def best_per_batch(value: np.ndarray, lower: np.ndarray, st: Settings) -> BestPe
     return BestPerBatch(bs, best, arg, cens, block, cand)
 
 
-def crossing_jitter(series: Series, rows: np.ndarray, t_cross: float, width: float = 0.25, min_pts: int = 6):
+def crossing_jitter(series: Series, rows: np.ndarray, t_cross: float, min_pts: int = 6):
     """How much the loss fluctuates around a trial's crossing, relative to its descent: ``scatter / (|slope| ·
-    t_cross)``, from a quadratic fit of the evaluations within ``t_cross·(1 ± width)`` (at least ``min_pts``,
+    t_cross)``, from a quadratic fit of the evaluations within ``t_cross·(1 ± 0.25)`` (at least ``min_pts``,
     the nearest ones). ``inf`` where the fitted curve does not descend at the crossing; ``nan`` with too few
     rows. ``rows``: the trial's row range ``[a, b)`` in the series."""
     a, b = rows
@@ -358,7 +358,7 @@ def crossing_jitter(series: Series, rows: np.ndarray, t_cross: float, width: flo
     s, v = s[fin], v[fin]
     if len(s) < min_pts or not t_cross > 0:
         return float("nan")
-    near = np.abs(s - t_cross) <= width * t_cross
+    near = np.abs(s - t_cross) <= 0.25 * t_cross
     if near.sum() < min_pts:
         near = np.zeros(len(s), dtype=bool)
         near[np.argsort(np.abs(s - t_cross), kind="stable")[:min_pts]] = True
