@@ -13,7 +13,7 @@ from dataclasses import dataclass, field
 from typing import Annotated, Any, ClassVar, Literal
 
 import pydantic
-from pydantic import BeforeValidator, Field, TypeAdapter, ValidationError, model_validator
+from pydantic import BeforeValidator, Field, ValidationError, model_validator
 
 from analysis.core.allocation import SAMPLERS
 from analysis.core.bcrit_error import BcritError, did_you_mean
@@ -80,14 +80,6 @@ class Bound:
         else:
             interval = "finite"
         return f"{'an integer' if self.kind == 'int' else 'a number'} {interval}" + (" (or null)" * self.optional)
-
-    def accepts(self, v: Any) -> bool:
-        """Whether the field takes ``v`` (pydantic's check of `type`, number strings read as numbers)."""
-        try:
-            TypeAdapter(self.type).validate_python(v)
-        except ValidationError:
-            return False
-        return True
 
 
 def _number(value: Any) -> Any:

@@ -6,7 +6,7 @@ gradients are rank one (``analysis.core.gns_pairs``), so a forward hook keeps ea
 hook on its output keeps ``d(backward loss)/dy`` of the backward the step runs anyway. At the end of each backward pass
 (``end_piece``) the micro-batch's ``(n, n)`` Gram matrix ``sum_l (Delta_l Delta_l^T) * (X_l X_l^T + 1)`` (two batched
 products in the gradients' float32, bf16 promoted) is folded, and accumulated in float64, into ``4 (K + 1)`` sums
-(``pair_sums``: pairs, squared norms and counts per timestep bin and overall), summed over the step's micro-batches,
+(`SUMS`: pairs, squared norms and counts per timestep bin and overall), summed over the step's micro-batches,
 read with the step's one host synchronisation and all-reduced with its other statistics. The hooks only read: nothing
 they compute reaches ``.grad``, the optimizer or any RNG, so training is bit-identical with them on and off (tested).
 Not with ``compile: true`` (hooks inside a compiled graph): the trial turns it off there and says so.

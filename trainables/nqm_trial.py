@@ -81,9 +81,6 @@ class QuadraticConfig(BaseConfig):
         return h, self.noise_scale * h, np.full(self.dim, self.theta0)
 
 
-QUADRATIC_BOUNDS = QuadraticConfig.BOUNDS  # the shared fields' bounds plus the problem's own
-
-
 def check_quadratic(cfg: QuadraticConfig, resources: dict | None = None) -> None:
     """Resources only (the problem needs no data)."""
     resources = resources or {"CPU": os.cpu_count() or 1}

@@ -16,10 +16,6 @@ class DiTPreset:
     attention_head_dim: int  # hidden size = heads * head_dim
     patch_size: int  # image is cut into patch_size x patch_size tokens
 
-    @property
-    def hidden_size(self) -> int:
-        return self.num_attention_heads * self.attention_head_dim
-
 
 PRESETS: dict[str, DiTPreset] = {
     # 8x8 digits -> 16 tokens of width 64: several optimizer steps/s on a 2-core CPU; used by tests and demo.

@@ -123,7 +123,6 @@ def probe_draws(
     reps: int = DEFAULT_REPS,
     ema: bool = False,
     seed: int = 0,
-    device: str | None = None,
 ) -> tuple[int, list[tuple[int | None, int, int, list[float], list[float]]]]:
     """The probe's raw repetitions: ``(step, [(bin or None, lo, hi, g2 draws, trace draws), ...])``, global last.
 
@@ -131,7 +130,7 @@ def probe_draws(
     ``reps >= R`` are exactly those of a call with ``reps = R`` (a study of the SE against ``reps`` can reuse them).
     """
     _check_args(bins, b, B, reps)
-    dev = torch.device(device or ("cuda" if torch.cuda.is_available() else "cpu"))
+    dev = torch.device("cuda" if torch.cuda.is_available() else "cpu")
     cfg, model, data, step = load_model(checkpoint, ema, dev)
     num_bins = bins or cfg.timestep_bins
     sched = make_scheduler()
@@ -168,7 +167,6 @@ def probe(
     reps: int = DEFAULT_REPS,
     ema: bool = False,
     seed: int = 0,
-    device: str | None = None,
 ) -> dict:
     """Per-bin and global GNS of ``checkpoint``; returns the ``--json`` document (see module docstring).
 
@@ -177,7 +175,7 @@ def probe(
     ``per_example_gradients`` counts each example once per gradient it enters: ``B`` per repetition.
     """
     t0 = time.perf_counter()
-    step, draws = probe_draws(checkpoint, bins=bins, b=b, B=B, reps=reps, ema=ema, seed=seed, device=device)
+    step, draws = probe_draws(checkpoint, bins=bins, b=b, B=B, reps=reps, ema=ema, seed=seed)
     rows = [probe_row(*d) for d in draws]
     seconds = time.perf_counter() - t0
     return {

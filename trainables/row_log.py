@@ -49,14 +49,11 @@ class RowLog:
         names = self._names
         return [[s, e, names[c], v, w, u] for s, e, c, v, w, u in zip(*self._cols, strict=True)]
 
-    def state_dict(self, as_lists: bool = False) -> dict:
-        """Numpy arrays (for torch.save), or plain lists (``as_lists``: JSON, the quadratic trial's state file)."""
+    def state_dict(self) -> dict:
+        """The names and the columns as numpy arrays (for torch.save)."""
         kinds = (np.int64, np.int64, np.int32, np.float64, np.float64, np.float64)
         cols = [np.frombuffer(c, dtype=k).copy() for c, k in zip(self._cols, kinds, strict=True)]
-        out = dict(zip(COLUMNS, cols, strict=True))
-        if as_lists:
-            out = {k: v.tolist() for k, v in out.items()}
-        return {"names": list(self._names), **out}
+        return {"names": list(self._names), **dict(zip(COLUMNS, cols, strict=True))}
 
     def load_state_dict(self, state: dict | None) -> None:
         """Restore (``None``: a checkpoint written before the log existed -- nothing to re-send)."""

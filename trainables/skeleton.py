@@ -71,7 +71,7 @@ class LocalSession:
 
     @property
     def device(self) -> torch.device:
-        # torch: deferred, the quadratic workload's in-process trials (a branched study's run_inprocess) load none
+        # torch: deferred, the quadratic workload's in-process trials (the tests' in-process branched studies) load none
         import torch
 
         return torch.device(self._device)

@@ -107,8 +107,8 @@ class SignalReader:
     trip was a visible share of a dense trial's evaluation time). A failed lookup (no actor yet) is retried at
     most every ``LOOKUP_EVERY_S`` seconds."""
 
-    def __init__(self, name: str | None, trial_id: str | None = None, clock=time.monotonic):
-        self.name, self.trial_id, self.clock = name, trial_id, clock
+    def __init__(self, name: str | None, trial_id: str | None = None):
+        self.name, self.trial_id = name, trial_id
         self._actor = self._pending = self._answer = None
         self._retry_at = -float("inf")
 
@@ -119,9 +119,9 @@ class SignalReader:
 
         try:
             if self._actor is None:
-                if self.clock() < self._retry_at:
+                if time.monotonic() < self._retry_at:
                     return None
-                self._retry_at = self.clock() + LOOKUP_EVERY_S
+                self._retry_at = time.monotonic() + LOOKUP_EVERY_S
                 self._actor = ray.get_actor(self.name)
                 self._answer = ray.get(self._actor.verdict.remote(self.trial_id), timeout=ASK_TIMEOUT_S)
             elif ray.wait([self._pending], timeout=0)[0]:

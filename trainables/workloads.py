@@ -115,7 +115,6 @@ def _quadratic() -> Workload:
 
 # name -> its factory (imports are inside: the DiT's loads torch and diffusers, a spec check needs only the names)
 BUILTIN: dict[str, Callable[[], Workload]] = {"dit": _dit, "quadratic": _quadratic}
-DEFAULT = "dit"
 
 
 def known(name: Any) -> bool:

@@ -1,5 +1,5 @@
-"""Timestep allocation by measured gradient noise: the allocations, their importance weights, and the predicted
-per-example noise, B_simple and steps-to-target ratio under any allocation (pure numpy; docs/allocation.md).
+"""Timestep allocation by measured gradient noise: the allocations and the predicted per-example noise, B_simple and
+steps-to-target ratio under any allocation (pure numpy; docs/allocation.md).
 
 The trial optimises ``L = sum_k q_k L_k`` over K timestep bins (``q_k`` the bin's share of the timesteps, ``L_k`` the
 mean loss over ``t`` uniform in bin k, whose ``G_k`` and ``tr Sigma_k`` the per-bin GNS pass measures). Drawing bin k
@@ -27,14 +27,10 @@ __all__ = [
     "SAMPLERS",
     "AllocationPrediction",
     "bin_shares",
-    "importance_weights",
     "loss_allocation",
     "mix_floor",
     "noise_allocation",
     "predict",
-    "sample_bins",
-    "second_moment",
-    "steps_ratio",
 ]
 
 SAMPLERS = ("uniform", "noise", "loss")  # config timestep_sampling: uniform (default), Neyman on m_k, loss-based
@@ -75,7 +71,8 @@ def _proportional(score: F64, q: F64, floor: float) -> F64:
 
 
 def noise_allocation(m: ArrayLike, q: ArrayLike, floor: float) -> F64:
-    """Neyman allocation ``p_k ∝ q_k sqrt(m_k)`` (minimises ``second_moment``), mixed with a uniform floor.
+    """Neyman allocation ``p_k ∝ q_k sqrt(m_k)`` (minimises the weighted gradient's second moment ``M(p)``), mixed
+    with a uniform floor.
 
     ``m_k = tr Sigma_k + |G_k|^2`` per bin; a negative or non-finite estimate counts as 0 (the floor keeps the bin).
     """
@@ -85,30 +82,6 @@ def noise_allocation(m: ArrayLike, q: ArrayLike, floor: float) -> F64:
 def loss_allocation(loss_sq: ArrayLike, q: ArrayLike, floor: float) -> F64:
     """improved-diffusion's ``LossSecondMomentResampler`` per bin: ``p_k ∝ q_k sqrt(E[L^2]_k)`` with a floor."""
     return _proportional(np.sqrt(np.maximum(np.asarray(loss_sq, np.float64), 0.0)), np.asarray(q, np.float64), floor)
-
-
-def importance_weights(p: ArrayLike, q: ArrayLike) -> F64:
-    """``w_k = q_k / p_k``: per-example weights that keep the gradient an unbiased estimate of ``grad L``."""
-    p, q = _check_p(p, q)
-    return q / p
-
-
-def second_moment(m: ArrayLike, p: ArrayLike, q: ArrayLike) -> float:
-    """``M(p) = sum_k q_k^2 m_k / p_k``: per-example second moment of the weighted gradient under allocation p."""
-    p, q = _check_p(p, q)
-    return float(np.sum(q * q * np.asarray(m, np.float64) / p))
-
-
-def steps_ratio(b_simple_p: ArrayLike, b_simple_u: ArrayLike, batch_size: ArrayLike) -> F64 | float:
-    """``S_p / S_u = (B + B_simple(p)) / (B + B_simple(u))`` (McCandlish et al. 2018, ``S = S_min (1 + B_noise/B)``)."""
-    r = (np.asarray(batch_size, np.float64) + b_simple_p) / (np.asarray(batch_size, np.float64) + b_simple_u)
-    return float(r) if np.ndim(r) == 0 else r
-
-
-def sample_bins(u: ArrayLike, p: ArrayLike) -> NDArray[np.int64]:
-    """Bin of each uniform ``u`` in [0, 1) under allocation ``p`` (inverse CDF; the trial's draw, in numpy)."""
-    cdf = np.cumsum(np.asarray(p, np.float64))
-    return np.minimum(np.searchsorted(cdf / cdf[-1], np.asarray(u, np.float64), side="right"), len(cdf) - 1)
 
 
 @dataclass(frozen=True)

@@ -6,14 +6,14 @@ per-example gradient of ``(W, b)`` is ``(delta_i x_i^T, delta_i)``, so
 
     g_i . g_j = (delta_i . delta_j) (x_i . x_j + 1),      |g_i|^2 = |delta_i|^2 (|x_i|^2 + 1),
 
-summed over the modulation linears (``rank_one_gram``). From the Gram matrix of one micro-batch (examples iid,
+summed over the modulation linears. From the Gram matrix of one micro-batch (examples iid,
 same parameters), for a group of examples (a timestep bin, or all):
 
     |G|^2     ~= mean over pairs i != j in the group of g_i . g_j          (unbiased)
     E|g|^2    ~= mean over the group's examples of |g_i|^2                 (unbiased)
     tr(Sigma) ~= E|g|^2 - |G|^2                                            (unbiased)
 
-A step keeps four float64 sums per group (``pair_sums``): the pair-product sum, the pair count, the sum of
+A step keeps four float64 sums per group (`SUMS`): the pair-product sum, the pair count, the sum of
 ``|g_i|^2`` and the example count. They add over micro-batches and ranks (pairs are only ever formed inside one
 micro-batch on one rank: independent examples at the same parameters), so data parallelism needs one all-reduce of
 ``4 (K + 1)`` numbers. A group without a pair in the step (0 or 1 example in every micro-batch) gives no measurement
@@ -34,52 +34,13 @@ from numpy.typing import ArrayLike, NDArray
 from analysis.core.gns import GNSWindow
 from analysis.core.metrics import adaln_names
 
-__all__ = ["AdaLNWindows", "SUMS", "pair_sums", "rank_one_gram", "step_estimates"]
+__all__ = ["AdaLNWindows", "SUMS", "step_estimates"]
 
 SUMS = ("pair_sum", "pairs", "sq_sum", "examples")  # the columns of a step's sums, one row per bin and a global row
 
 
-def rank_one_gram(xs: Sequence[ArrayLike], deltas: Sequence[ArrayLike]) -> NDArray[np.float64]:
-    """``(n, n)`` float64 Gram matrix ``g_i . g_j`` of the per-example gradients of linears ``y = W x + b``.
-
-    ``xs[l]`` is linear ``l``'s input ``(n, D_l)``, ``deltas[l]`` the gradient of each example's own loss with
-    respect to its output ``(n, O_l)``: ``sum_l (Delta_l Delta_l^T) * (X_l X_l^T + 1)``."""
-    if len(xs) != len(deltas) or not xs:
-        raise ValueError("need one delta per input, and at least one linear")
-    gram = None
-    for x, d in zip(xs, deltas, strict=True):
-        x64, d64 = np.asarray(x, dtype=np.float64), np.asarray(d, dtype=np.float64)
-        term = (d64 @ d64.T) * (x64 @ x64.T + 1.0)
-        gram = term if gram is None else gram + term
-    return gram
-
-
-def pair_sums(gram: ArrayLike, bins: ArrayLike, num_bins: int) -> NDArray[np.float64]:
-    """``(num_bins + 1, 4)`` float64 sums ``[pair-product sum, pair count, sum |g_i|^2, examples]`` of one micro-batch:
-    row ``k`` over the examples of bin ``k`` (``bins[i]`` in ``0..num_bins-1``), the last row over all examples.
-    Ordered pairs (``i != j`` both ways), so the count of a group of ``m`` is ``m (m - 1)``."""
-    g = np.asarray(gram, dtype=np.float64)
-    b = np.asarray(bins, dtype=np.int64)
-    n = b.size
-    if g.shape != (n, n):
-        raise ValueError(f"gram must be ({n}, {n}) for {n} examples, got {g.shape}")
-    if n and (b.min() < 0 or b.max() >= num_bins):
-        raise ValueError(f"bins must lie in 0..{num_bins - 1}")
-    onehot = np.zeros((n, num_bins), dtype=np.float64)
-    onehot[np.arange(n), b] = 1.0
-    diag = np.diag(g)
-    out = np.zeros((num_bins + 1, 4), dtype=np.float64)
-    counts = onehot.sum(0)
-    out[:num_bins, 0] = ((g @ onehot) * onehot).sum(0) - onehot.T @ diag
-    out[:num_bins, 1] = counts * (counts - 1.0)
-    out[:num_bins, 2] = onehot.T @ diag
-    out[:num_bins, 3] = counts
-    out[num_bins] = [g.sum() - diag.sum(), n * (n - 1.0), diag.sum(), float(n)]
-    return out
-
-
 def step_estimates(sums: ArrayLike) -> tuple[NDArray[np.float64], NDArray[np.float64]]:
-    """Per-row unbiased ``(|G|^2, tr Sigma)`` of a step's summed ``pair_sums`` rows (``nan`` for a row without a
+    """Per-row unbiased ``(|G|^2, tr Sigma)`` of a step's summed `SUMS` rows (``nan`` for a row without a
     pair)."""
     s = np.asarray(sums, dtype=np.float64)
     with np.errstate(divide="ignore", invalid="ignore"):
@@ -91,7 +52,7 @@ def step_estimates(sums: ArrayLike) -> tuple[NDArray[np.float64], NDArray[np.flo
 class AdaLNWindows:
     """The live adaLN-gradient B ± SE, global and per bin: one ``GNSWindow`` per stream, fed every step.
 
-    ``update(step, sums)`` adds a step's summed ``pair_sums`` (rows with a pair and finite values only);
+    ``update(step, sums)`` adds a step's summed `SUMS` (rows with a pair and finite values only);
     ``metrics()`` gives what a report logs (names ``analysis.core.metrics.adaln_names``): per stream the window's
     ``b_simple`` and ``b_simple_se`` (when defined), the window means of ``|G|^2`` and ``tr(Sigma)`` and the number
     of measurements, and the running count of reports whose window had no valid ratio when there was one. The window
@@ -103,7 +64,7 @@ class AdaLNWindows:
         self._pending: list[tuple[int, Sequence[Sequence[float]]]] = []  # steps not yet in the windows
 
     def update(self, step: int, sums: Sequence[Sequence[float]]) -> None:
-        """Add a step's summed ``pair_sums`` rows. Kept as given until the next ``metrics`` or ``state_dict`` (the
+        """Add a step's summed `SUMS` rows. Kept as given until the next ``metrics`` or ``state_dict`` (the
         windows only move then: a step pays for an append, not for eleven window updates)."""
         if len(sums) != self.num_bins + 1:
             raise ValueError(f"expected {self.num_bins + 1} rows of sums, got {len(sums)}")

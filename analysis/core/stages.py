@@ -100,9 +100,3 @@ class BatchStages:
             return base_lr
         own = self.lrs[k] if self.lrs is not None else None
         return own if own is not None else base_lr * lr_factor(rule, self.sizes[k] / self.sizes[0])
-
-    def to_list(self) -> list[list]:
-        """The ``batch_schedule`` list (stage 0 is the trial's ``batch_size``)."""
-        lrs = self.lrs or (None,) * len(self.sizes)
-        rows = zip(self.starts, self.sizes, lrs, strict=True)
-        return [[s, b] if lr is None else [s, b, lr] for s, b, lr in rows][1:]

@@ -3,8 +3,8 @@
 The percentile interval of :func:`analysis.fits.sweep_fit.analyze_metric` treats each batch size's per-point
 variance ``v_i`` and the lack of fit ``tau²`` (:func:`analysis.fits.pareto.lack_of_fit_var`) as known; they are
 estimated from a handful of seeds and ``n - 2`` residual degrees of freedom, so the nominal interval holds the truth
-less often than its level says. :func:`calibrated_level` simulates sweeps from the fitted model (``outer`` draws,
-each with its own variance estimates), runs the interval procedure on each (``inner`` replicates), and returns the
+less often than its level says. :func:`calibrated_level` simulates sweeps from the fitted model (`OUTER` draws,
+each with its own variance estimates), runs the interval procedure on each (`INNER` replicates), and returns the
 level at which those intervals held the model's own ``B_crit`` ``level`` of the time, clipped to ``[MIN_LEVEL,
 MAX_LEVEL]``; the real bootstrap's replicates are then read at that level. The procedure and its approximations
 (Gaussian, independent errors in log steps; lr selection and censoring not re-simulated): docs/design.md and
@@ -94,10 +94,8 @@ def calibrated_level(
     dof: float | np.ndarray,
     level: float,
     rng: np.random.Generator,
-    outer: int = OUTER,
-    inner: int = INNER,
 ) -> float:
     """The level whose percentile interval holds the fitted B_crit ``level`` of the time on sweeps simulated from
     the fit (:func:`coverage_stats`, :func:`level_for`)."""
-    u = coverage_stats(batch_sizes, s_min, e_min, v, tau2, dof, rng, outer, inner)
+    u = coverage_stats(batch_sizes, s_min, e_min, v, tau2, dof, rng, OUTER, INNER)
     return level_for(u, level)

@@ -63,24 +63,18 @@ def brackets(value: np.ndarray, st: Settings, best: BestPerBatch, tried: dict[in
 
 
 def relative_curvature(x: np.ndarray, s: np.ndarray) -> float:
-    """``kappa`` of the parabola ``S = C (1 + kappa (x - x_v)²)`` through three points ``(x, S)`` (``nan`` unless
-    convex). One replicate of :func:`curvatures_batched`."""
-    return float(curvatures_batched(np.asarray(x, np.float64), np.asarray(s, np.float64)[None])[0])
-
-
-def curvatures_batched(x: np.ndarray, s: np.ndarray) -> np.ndarray:
-    """:func:`relative_curvature` of R parabolas through the same three ``x`` at once (the product calls it with
-    R = 1, through :func:`relative_curvature`): ``x`` (3,), ``s`` (R, 3) steps. ``kappa = a / S_min`` of
-    ``S = a x² + b x + c`` (divided differences), ``S_min = c - b²/(4a)``; ``nan`` unless convex (``a > 0`` and
-    ``S_min > 0``)."""
+    """``kappa`` of the parabola ``S = C (1 + kappa (x - x_v)²)`` through three points ``(x, S)``: ``kappa = a /
+    S_min`` of ``S = a x² + b x + c`` (divided differences), ``S_min = c - b²/(4a)``; ``nan`` unless convex (``a > 0``
+    and ``S_min > 0``)."""
     x0, x1, x2 = (float(v) for v in x)
-    d01, d12 = (s[:, 1] - s[:, 0]) / (x1 - x0), (s[:, 2] - s[:, 1]) / (x2 - x1)
+    s0, s1, s2 = np.asarray(s, np.float64)
+    d01, d12 = (s1 - s0) / (x1 - x0), (s2 - s1) / (x2 - x1)
     a = (d12 - d01) / (x2 - x0)
     b = d01 - a * (x0 + x1)
-    c = s[:, 0] - a * x0 * x0 - b * x0
+    c = s0 - a * x0 * x0 - b * x0
     with np.errstate(divide="ignore", invalid="ignore"):
         s_min = c - b * b / (4 * a)
-        return np.where((a > 0) & (s_min > 0), a / s_min, np.nan)
+        return float(a / s_min) if a > 0 and s_min > 0 else float("nan")
 
 
 def shared_curvature(br: list) -> float:
@@ -91,13 +85,13 @@ def shared_curvature(br: list) -> float:
     return float(np.median(k)) if k else float("nan")
 
 
-def _sse(x: np.ndarray, y: np.ndarray, xs: np.ndarray, kappa: np.ndarray) -> np.ndarray:
-    """(R, n) residual sums of squares of ``log S = c + log(1 + kappa (x - x_v)²)`` at the vertices ``xs`` ((n,) or
-    (R, n)), ``c`` fitted; ``x`` (P,), ``y`` (R, P), ``kappa`` (R,). ``Σ r² - (Σ r)²/P``, one point at a time."""
-    s1 = np.zeros(np.broadcast_shapes(xs.shape, (len(y), 1)))
+def _sse(x: np.ndarray, y: np.ndarray, xs: np.ndarray, kappa: float) -> np.ndarray:
+    """(n,) residual sums of squares of ``log S = c + log(1 + kappa (x - x_v)²)`` at the vertices ``xs`` (n,), ``c``
+    fitted; ``x``, ``y`` (P,). ``Σ r² - (Σ r)²/P``, one point at a time."""
+    s1 = np.zeros(xs.shape)
     s2 = np.zeros_like(s1)
     for p in range(len(x)):
-        r = y[:, p : p + 1] - np.log1p(kappa[:, None] * (x[p] - xs) ** 2)
+        r = y[p] - np.log1p(kappa * (x[p] - xs) ** 2)
         s1 += r
         s2 += r * r
     return s2 - s1 * s1 / len(x)
@@ -110,34 +104,18 @@ def vertex_fit(x: np.ndarray, y: np.ndarray, lo: float, hi: float, kappa: float)
     times. ``gap = y_best - c >= 0`` with ``c`` refitted at ``x_v`` clipped to the bracket (the fit whose vertex the
     grid allows: the constrained least squares where the sum of squares does not rise again between the clip and
     ``x_v``, as with the best first and at most one neighbour on each side). ``x_v`` itself is returned unclipped.
-    ``(0, x_best)`` with the best alone (no slope to read). One replicate of :func:`vertex_fit_batched`."""
-    gap, xv = vertex_fit_batched(np.asarray(x, np.float64), np.asarray(y, np.float64)[None], lo, hi, np.array([kappa]))
-    return float(gap[0]), float(xv[0])
-
-
-def vertex_fit_batched(
-    x: np.ndarray, y: np.ndarray, lo: float, hi: float, kappa: np.ndarray
-) -> tuple[np.ndarray, np.ndarray]:
-    """:func:`vertex_fit` for R replicates of the same points' log steps at once (the product calls it with R = 1,
-    through :func:`vertex_fit`): ``x`` (P,) log lr (best first), ``y`` (R, P), ``kappa`` (R,). Returns ``(gap,
-    x_v)``, each (R,); ``(0, x_best)`` where ``kappa`` is not positive or there is one point."""
-    y = np.asarray(y, dtype=np.float64)
-    kappa = np.asarray(kappa, dtype=np.float64)
-    gap, xv = np.zeros(len(y)), np.full(len(y), float(x[0]))
-    ok = kappa > 0
-    if len(x) < 2 or not ok.any():
-        return gap, xv
-    y, k, n = y[ok], kappa[ok], VERTEX_GRID
-    w = max(hi - lo, 1e-12)
-    xs = np.broadcast_to(np.linspace(lo - w, hi + w, n), (len(y), n))
-    rows = np.arange(len(y))
+    ``(0, x_best)`` with the best alone (no slope to read) or ``kappa`` not positive."""
+    x, y = np.asarray(x, np.float64), np.asarray(y, np.float64)
+    if len(x) < 2 or not kappa > 0:
+        return 0.0, float(x[0])
+    n, w = VERTEX_GRID, max(hi - lo, 1e-12)
+    xs = np.linspace(lo - w, hi + w, n)
     for _ in range(VERTEX_STAGES - 1):
-        j = np.argmin(_sse(x, y, xs, k), axis=1)
-        xs = np.linspace(xs[rows, np.maximum(j - 1, 0)], xs[rows, np.minimum(j + 1, n - 1)], n, axis=1)
-    v = xs[rows, np.argmin(_sse(x, y, xs, k), axis=1)]
-    c = np.mean(y - np.log1p(k[:, None] * (x[None, :] - np.clip(v, lo, hi)[:, None]) ** 2), axis=1)
-    gap[ok], xv[ok] = np.maximum(0.0, y[:, 0] - c), v
-    return gap, xv
+        j = int(np.argmin(_sse(x, y, xs, kappa)))
+        xs = np.linspace(xs[max(j - 1, 0)], xs[min(j + 1, n - 1)], n)
+    v = float(xs[np.argmin(_sse(x, y, xs, kappa))])
+    c = np.mean(y - np.log1p(kappa * (x - np.clip(v, lo, hi)) ** 2))
+    return float(np.maximum(0.0, y[0] - c)), v
 
 
 def refined_optima(

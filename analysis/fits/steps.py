@@ -223,7 +223,6 @@ def pool_splits(runs: Runs, steps: np.ndarray, last: np.ndarray, ok: np.ndarray)
 class Settings:
     """Usable trials grouped into nuisance settings; the trials of one setting are its seeds (repeats)."""
 
-    of_trial: np.ndarray  # (n_trials,) setting index of each trial, -1 where not usable
     batch_size: np.ndarray  # (n_settings,) int64
     lr: np.ndarray  # (n_settings,) float64
     members: list[np.ndarray]  # per setting, its trial rows (ascending)
@@ -251,22 +250,20 @@ def settings_of(runs: Runs, ok: np.ndarray) -> Settings:
 
     others = [*SPLIT_COLUMNS, *[c for c in NUISANCE_COLUMNS[1:] if c in runs.trials.column_names]]
     rows = np.flatnonzero(ok)
-    of_trial = np.full(len(ok), -1, dtype=np.int64)
     lr = runs.trials.column("lr").to_numpy().astype(np.float64)
     other = np.stack([_column_codes(runs.trials.column(c)) for c in others], axis=1).astype(np.float64)
     key = np.concatenate([runs.batch_size[rows, None].astype(np.float64), lr[rows, None], other[rows]], axis=1)
     if len(rows) == 0:
         z = np.zeros(0)
-        return Settings(of_trial, z.astype(np.int64), z, [], np.zeros(0, bool))
+        return Settings(z.astype(np.int64), z, [], np.zeros(0, bool))
     uniq, inv = np.unique(key, axis=0, return_inverse=True)
     inv = inv.ravel()
-    of_trial[rows] = inv
     order = np.argsort(inv, kind="stable")
     bounds = np.flatnonzero(np.r_[True, np.diff(inv[order]) != 0, True])
     members = [rows[order[a:b]] for a, b in zip(bounds[:-1], bounds[1:], strict=True)]
     bs = uniq[:, 0].astype(np.int64)
     lr_only = np.array([len(np.unique(uniq[bs == b, 2:], axis=0)) == 1 for b in np.unique(bs)])
-    return Settings(of_trial, bs, uniq[:, 1], members, lr_only)
+    return Settings(bs, uniq[:, 1], members, lr_only)
 
 
 @dataclass(frozen=True)
@@ -349,9 +346,9 @@ def best_per_batch(value: np.ndarray, lower: np.ndarray, st: Settings) -> BestPe
     return BestPerBatch(bs, best, arg, cens, block, cand)
 
 
-def crossing_jitter(series: Series, rows: np.ndarray, t_cross: float, width: float = 0.25, min_pts: int = 6):
+def crossing_jitter(series: Series, rows: np.ndarray, t_cross: float, min_pts: int = 6):
     """How much the loss fluctuates around a trial's crossing, relative to its descent: ``scatter / (|slope| ·
-    t_cross)``, from a quadratic fit of the evaluations within ``t_cross·(1 ± width)`` (at least ``min_pts``,
+    t_cross)``, from a quadratic fit of the evaluations within ``t_cross·(1 ± 0.25)`` (at least ``min_pts``,
     the nearest ones). ``inf`` where the fitted curve does not descend at the crossing; ``nan`` with too few
     rows. ``rows``: the trial's row range ``[a, b)`` in the series."""
     a, b = rows
@@ -361,7 +358,7 @@ def crossing_jitter(series: Series, rows: np.ndarray, t_cross: float, width: flo
     s, v = s[fin], v[fin]
     if len(s) < min_pts or not t_cross > 0:
         return float("nan")
-    near = np.abs(s - t_cross) <= width * t_cross
+    near = np.abs(s - t_cross) <= 0.25 * t_cross
     if near.sum() < min_pts:
         near = np.zeros(len(s), dtype=bool)
         near[np.argsort(np.abs(s - t_cross), kind="stable")[:min_pts]] = True

@@ -30,20 +30,22 @@ from analysis.sources.loaders import Runs
 ANSWER_PNG = "answer.png"  # the one figure that shows the answer (analysis.fits.answer)
 
 
-def _figure(ncols: int = 1, width: float = 6.4, height: float = 4.6):
+def _figure(ncols: int = 1):
+    """``ncols`` panels side by side, each 6.4 x 4.6 inches."""
     from matplotlib.figure import Figure
 
-    fig = Figure(figsize=(width * ncols, height), layout="constrained")
+    fig = Figure(figsize=(6.4 * ncols, 4.6), layout="constrained")
     return fig, fig.subplots(1, ncols, squeeze=False)[0]
 
 
-def _grid(n: int, width: float = 4.2, height: float = 3.6):
-    """``n`` panels on a near-square grid (``ceil(sqrt(n))`` columns), unused cells hidden: a page, not a strip."""
+def _grid(n: int):
+    """``n`` panels of 4.2 x 3.6 inches on a near-square grid (``ceil(sqrt(n))`` columns), unused cells hidden: a
+    page, not a strip."""
     from matplotlib.figure import Figure
 
     ncols = max(1, int(np.ceil(np.sqrt(n))))
     nrows = int(np.ceil(n / ncols))
-    fig = Figure(figsize=(width * ncols, height * nrows), layout="constrained")
+    fig = Figure(figsize=(4.2 * ncols, 3.6 * nrows), layout="constrained")
     axes = list(fig.subplots(nrows, ncols, squeeze=False).ravel())
     for ax in axes[n:]:
         ax.set_visible(False)

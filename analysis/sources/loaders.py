@@ -298,9 +298,9 @@ def subset_tables(runs: Runs, ids: list[str]) -> tuple[pa.Table, pa.Table]:
     return tables[0], tables[1]
 
 
-def runs_subset(runs: Runs, ids: list[str], source: str | None = None) -> Runs:
+def runs_subset(runs: Runs, ids: list[str]) -> Runs:
     """The trials ``ids`` of ``runs`` (:func:`subset_tables`)."""
-    return runs_from_tables(*subset_tables(runs, ids), source=runs.source if source is None else source)
+    return runs_from_tables(*subset_tables(runs, ids), source=runs.source)
 
 
 UNIFORM = "uniform"  # the timestep sampler of a trial whose runs table names none

@@ -12,9 +12,8 @@ import urllib.parse
 
 from analysis.core.bcrit_error import BcritError
 
-# schemes MLflow's SQLAlchemy store and REST client accept; the file store is refused by MLflow 3
+# schemes of the databases MLflow's SQLAlchemy store accepts; the file store is refused by MLflow 3
 DB_SCHEMES = ("postgresql", "mysql", "mssql")
-HTTP_SCHEMES = ("http", "https", "databricks")
 TIMEOUT_S = 3.0
 
 

@@ -96,13 +96,13 @@ class LogLines:
     """tqdm's output for a file or a pipe: each refresh as its own ``[bcrit] ...`` line; the carriage returns and
     blank clears of in-place redrawing dropped."""
 
-    def __init__(self, stream: TextIO, prefix: str = "[bcrit] "):
-        self.stream, self.prefix = stream, prefix
+    def __init__(self, stream: TextIO):
+        self.stream = stream
 
     def write(self, s: str) -> None:
         text = s.strip()  # tqdm writes CR + text + padding; CR + blanks + CR to clear
         if text:
-            self.stream.write(f"{self.prefix}{text}\n")
+            self.stream.write(f"[bcrit] {text}\n")
 
     def flush(self) -> None:
         self.stream.flush()

@@ -25,7 +25,6 @@ from typing import Any
 from analysis.core import metrics as M
 from orchestrator.records.runs_tables import trial_row
 
-TAG_STATUS = "status"
 TAG_TRIAL_DIR = "bcrit.trial_dir"
 TAG_CHECKPOINT = "bcrit.checkpoint"
 TAG_GIT_COMMIT = "mlflow.source.git.commit"  # MLflow's own tag: the UI shows it on the run page

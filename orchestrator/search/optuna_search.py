@@ -115,10 +115,6 @@ class GroupedOptunaSearch(Searcher):
     def total_trials(self) -> int:
         return len(self._groups) * self._quota
 
-    def issued(self) -> list[int]:
-        """Trials suggested so far, per group."""
-        return list(self._issued)
-
     def studies(self) -> list:
         """The groups' Optuna studies (built on first use)."""
         if self._studies is None:

@@ -35,7 +35,6 @@ from trainables.branch_points import kept_path
 from trainables.config import ConfigError
 from trainables.workloads import get_workload
 
-KIND = "branched"
 STUDY_FILE = "branched_spec.yaml"  # the resolved spec in the study dir (what --resume reads)
 KEEP_DIR = "reference_checkpoints"
 REFERENCE_ID = "reference_trial.txt"  # the reference's Tune trial id, once it has finished
@@ -149,8 +148,8 @@ def branch_checkpoint(keep_dir: str, point: int) -> str:
 
 
 # --- parsing ----------------------------------------------------------------------------------------------------
-def load_branch_spec(path: str, overrides: list[str] | None = None, *, sweep_dir: str | None = None) -> BranchSpec:
-    return parse_branch_spec(apply_overrides(load_yaml(path), overrides or []), sweep_dir=sweep_dir, source=path)
+def load_branch_spec(path: str, overrides: list[str] | None = None) -> BranchSpec:
+    return parse_branch_spec(apply_overrides(load_yaml(path), overrides or []), source=path)
 
 
 def parse_branch_spec(data: dict, *, sweep_dir: str | None = None, source: str = "spec") -> BranchSpec:

@@ -208,13 +208,13 @@ def _is_gcs(uri: str) -> bool:
     return urllib.parse.urlsplit(uri).scheme.lower() in ("gs", "gcs")
 
 
-def filesystem(uri: str, gcs_retry_s: float = GCS_RETRY_S, s3_request_timeout_s: float = S3_REQUEST_TIMEOUT_S):
+def filesystem(uri: str):
     """``(pyarrow FileSystem, path in it)`` of a URI, its network waits bounded; one UserError line for a URI pyarrow
     cannot use. The URI's query options keep working (``?endpoint_override=``, ``scheme=``, ``region=``, ...), and
     so do the environment's (``AWS_ENDPOINT_URL_S3``/``AWS_ENDPOINT_URL``, ``AWS_REGION``, credentials): pyarrow
     reads them as before.
 
-    - ``gs://``: ``retry_limit_seconds=gcs_retry_s`` is added to the query unless the URI sets it (pyarrow's GCS
+    - ``gs://``: ``retry_limit_seconds=GCS_RETRY_S`` is added to the query unless the URI sets it (pyarrow's GCS
       option; the default is google-cloud-cpp's, minutes, and it retries even a missing credential).
     - ``s3://``: the S3FileSystem from_uri built is rebuilt from its own options (its pickling state) with
       ``connect_timeout``, ``request_timeout`` (a stall timeout: no byte for that long, not a cap on a transfer) and
@@ -225,7 +225,7 @@ def filesystem(uri: str, gcs_retry_s: float = GCS_RETRY_S, s3_request_timeout_s:
     if _is_gcs(uri) and "retry_limit_seconds" not in urllib.parse.parse_qs(u.query):
         query = f"{u.query}&" if u.query else ""
         target = urllib.parse.urlunsplit(
-            (u.scheme, u.netloc, u.path, f"{query}retry_limit_seconds={gcs_retry_s:g}", u.fragment)
+            (u.scheme, u.netloc, u.path, f"{query}retry_limit_seconds={GCS_RETRY_S:g}", u.fragment)
         )
     try:
         fs, path = pafs.FileSystem.from_uri(target)
@@ -238,7 +238,7 @@ def filesystem(uri: str, gcs_retry_s: float = GCS_RETRY_S, s3_request_timeout_s:
         if options.get("connect_timeout", -1) < 0:
             options["connect_timeout"] = S3_CONNECT_TIMEOUT_S
         if options.get("request_timeout", -1) < 0:
-            options["request_timeout"] = s3_request_timeout_s
+            options["request_timeout"] = S3_REQUEST_TIMEOUT_S
         fs = pafs.S3FileSystem(**options, retry_strategy=pafs.AwsStandardS3RetryStrategy(max_attempts=2))
     return fs, path.rstrip("/")
 

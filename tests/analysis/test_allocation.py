@@ -12,17 +12,8 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from analysis.core.allocation import (
-    bin_shares,
-    importance_weights,
-    loss_allocation,
-    mix_floor,
-    noise_allocation,
-    predict,
-    sample_bins,
-    second_moment,
-    steps_ratio,
-)
+from analysis.core.allocation import bin_shares, loss_allocation, mix_floor, noise_allocation, predict
+from tests.oracles.allocation import sample_bins, second_moment
 
 
 def population(seed: int = 0, widths=(3, 3, 4), dim: int = 5, n: int = 40):
@@ -83,9 +74,6 @@ def test_floor_keeps_every_bin_and_bad_scores_fall_back_to_uniform():
     assert np.allclose(noise_allocation([0, 0, 0, 0], q, 0.1), q)
     np.testing.assert_allclose(loss_allocation([4.0, 1.0, 1.0, 1.0], q, 1e-9), [0.4, 0.2, 0.2, 0.2], rtol=1e-8)
     np.testing.assert_allclose(mix_floor([1, 0, 0, 0], q, 0.5), [0.625, 0.125, 0.125, 0.125])
-    np.testing.assert_allclose(importance_weights(q, q), 1.0)
-    with pytest.raises(ValueError, match="p_k > 0"):
-        importance_weights([1.0, 0.0, 0.0, 0.0], q)
 
 
 def test_two_stage_draw_is_uniform_in_t_under_q():
@@ -110,12 +98,6 @@ def test_monte_carlo_of_the_two_stage_draw_matches_the_prediction():
     assert abs(sq.mean() - second_moment(m, p, q)) < 4 * sq.std() / np.sqrt(n)
     G = sum(qk * gk.mean(0) for qk, gk in zip(q, g, strict=True))
     assert np.all(np.abs(allv.mean(0) - G) < 4 * allv.std(0) / np.sqrt(n))
-
-
-def test_steps_ratio_limits():
-    assert steps_ratio(5.0, 10.0, 1e9) == pytest.approx(1.0, abs=1e-7)  # large B: no gain
-    assert steps_ratio(5.0, 10.0, 1e-9) == pytest.approx(0.5, rel=1e-7)  # small B: the noise ratio
-    assert steps_ratio(5.0, 10.0, 10.0) == pytest.approx(15 / 20)
 
 
 def test_predict_point_values_match_exact_population():

@@ -7,7 +7,8 @@ import pytest
 
 from analysis.core import metrics as M
 from analysis.core.gns import GNSWindow
-from analysis.core.gns_pairs import AdaLNWindows, pair_sums, rank_one_gram, step_estimates
+from analysis.core.gns_pairs import AdaLNWindows, step_estimates
+from tests.oracles.gns_pairs import pair_sums, rank_one_gram
 
 
 def _explicit(g: np.ndarray, bins: np.ndarray, num_bins: int) -> np.ndarray:

@@ -71,7 +71,7 @@ def _settings(batch_sizes, lrs, steps):
             if np.isfinite(steps[i, j]):
                 bs.append(b), lr.append(q), val.append(steps[i, j])
     bs, lr, val = np.array(bs), np.array(lr), np.array(val)
-    st = Settings(np.arange(len(bs)), bs, lr, [np.array([k]) for k in range(len(bs))], np.ones(len(batch_sizes), bool))
+    st = Settings(bs, lr, [np.array([k]) for k in range(len(bs))], np.ones(len(batch_sizes), bool))
     arg = np.array([np.flatnonzero(bs == b)[np.argmin(val[bs == b])] for b in batch_sizes])
     none = np.full(len(batch_sizes), -1)
     best = BestPerBatch(np.array(batch_sizes), val[arg], arg, np.zeros(len(batch_sizes), bool), none, val[arg])

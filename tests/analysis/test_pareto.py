@@ -248,7 +248,7 @@ def _one_seed_settings(batch_size, lr):
     from analysis.fits.steps import Settings
 
     b = np.asarray(batch_size, dtype=np.int64)
-    return Settings(np.arange(len(b)), b, np.asarray(lr, float), [np.array([i]) for i in range(len(b))], None)
+    return Settings(b, np.asarray(lr, float), [np.array([i]) for i in range(len(b))], None)
 
 
 def test_bootstrap_trials_draws_settings_within_each_batch_size():
@@ -420,8 +420,7 @@ def _seed_settings(groups):
         members.append(np.arange(start, start + k))
         start += k
     b = np.array([g[0] for g in groups], dtype=np.int64)
-    of = np.concatenate([np.full(k, i) for i, (_, k) in enumerate(groups)])
-    return Settings(of, b, np.arange(len(b), dtype=float), members, None)
+    return Settings(b, np.arange(len(b), dtype=float), members, None)
 
 
 def test_ci_resamples_seeds_from_two_seeds_per_setting():

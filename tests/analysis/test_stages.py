@@ -30,7 +30,7 @@ def test_examples_are_the_sum_of_every_steps_batch(seed):
 
 def test_no_schedule_is_the_constant_batch():
     stages = BatchStages.from_schedule(32, [], unit=16)
-    assert stages.constant and stages.to_list() == []
+    assert stages.constant and (stages.starts, stages.sizes) == ((0,), (32,))
     assert [stages.examples(n) for n in (0, 1, 7)] == [0, 32, 224]
     assert stages.lr(100, 0.3, "sqrt") == 0.3
 
@@ -42,10 +42,10 @@ def test_lr_follows_the_rule_of_the_stage_or_its_own():
     assert stages.lr(19, 0.1, "linear") == pytest.approx(0.4)
     assert stages.lr(25, 0.1, "sqrt") == pytest.approx(0.1 * math.sqrt(2))
     assert stages.lr(25, 0.1, "constant") == 0.1
-    assert stages.to_list() == [[10, 64], [20, 32]]
+    assert (stages.starts, stages.sizes, stages.lrs) == ((0, 10, 20), (16, 64, 32), None)
     own = BatchStages.from_schedule(16, [[10, 64, 0.5], [20, 32]], unit=16)
     assert (own.lr(12, 0.1, "sqrt"), own.lr(20, 0.1, "linear")) == (0.5, pytest.approx(0.2))
-    assert own.to_list() == [[10, 64, 0.5], [20, 32]]
+    assert (own.starts, own.sizes, own.lrs) == ((0, 10, 20), (16, 64, 32), (None, 0.5, None))
 
 
 @pytest.mark.parametrize(

@@ -9,8 +9,9 @@ import pytest
 from analysis.features.branched import branch_report
 from analysis.sources.loaders import load_mlflow, load_sweep_dir
 from analysis.sources.schema import RunsTableError
-from orchestrator.features.branched.branch_study import check_branch_spec, parse_branch_spec, run_inprocess
+from orchestrator.features.branched.branch_study import check_branch_spec, parse_branch_spec
 from orchestrator.records.mlflow_tracking import MLflowTracking
+from tests.orchestrator.branch_inprocess import run_inprocess
 from tests.orchestrator.test_branch_quadratic import quadratic_branch_spec
 
 

@@ -12,8 +12,9 @@ import pytest
 
 from analysis.features.branched import branched as br
 from analysis.sources.loaders import load_sweep_dir
-from orchestrator.features.branched.branch_study import parse_branch_spec, run_inprocess
+from orchestrator.features.branched.branch_study import parse_branch_spec
 from tests.oracles.nqm import branched_critical_k
+from tests.orchestrator.branch_inprocess import run_inprocess
 from trainables.branch_points import kept_path
 from trainables.nqm_trial import STATE_FILE, QuadraticConfig
 

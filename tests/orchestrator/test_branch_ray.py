@@ -13,7 +13,8 @@ import yaml
 
 from analysis.core import metrics as M
 from orchestrator.cli.main import main
-from orchestrator.features.branched.branch_study import parse_branch_spec, run_inprocess
+from orchestrator.features.branched.branch_study import parse_branch_spec
+from tests.orchestrator.branch_inprocess import run_inprocess
 from tests.orchestrator.conftest import mlflow_runs
 from tests.orchestrator.test_branch_quadratic import quadratic_branch_spec
 

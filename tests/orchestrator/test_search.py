@@ -71,7 +71,7 @@ def test_exact_quota_per_group_round_robin_then_finished(tmp_path):
     expected = {(b, s.micro_batch_size, s.grad_accum, s.num_workers, seed) for b, s, seed in spec.groups()}
     assert set(counts) == expected and set(counts.values()) == {4}
     assert len({group_key(c) for c in cfgs[:6]}) == 6  # round robin: every group once before any twice
-    assert s.issued() == [4] * 6
+    assert s._issued == [4] * 6
 
 
 def test_values_in_ranges_log_and_int_scales(tmp_path):
@@ -143,11 +143,11 @@ def test_save_restore_mid_search_continues_with_remaining_quota(tmp_path):
 
     resumed = GroupedOptunaSearch.from_spec(spec)  # what Tuner.restore unpickles: the searcher as first built
     resumed.restore(path)
-    assert resumed.issued() == first.issued() and sum(resumed.issued()) == 18
+    assert resumed._issued == first._issued and sum(resumed._issued) == 18
     resumed.on_trial_complete("t17", {OBJECTIVE: fake_objective(pending["trial"]), "training_iteration": 3})
     tail = drive(resumed, 18, 32)
     assert head + [pending] + tail == full  # same suggestions: nothing re-issued, nothing lost, same samplers
-    assert full[30:] == [GroupedOptunaSearch.FINISHED] * 2 and resumed.issued() == [5] * 6
+    assert full[30:] == [GroupedOptunaSearch.FINISHED] * 2 and resumed._issued == [5] * 6
     assert all(len(st.trials) == 5 for st in resumed.studies())
     assert all(t.state == optuna.trial.TrialState.COMPLETE for st in resumed.studies() for t in st.trials)
 
@@ -172,9 +172,9 @@ def test_restore_recounts_quotas_from_the_trials_tune_restores(tmp_path):
     resumed.reconcile(tune_knows)
     group_of = {tid: resumed.group_index(c["trial"]) for tid, c in suggested.items()}
     expected = [sum(1 for tid in tune_knows if group_of[tid] == i) for i in range(6)]
-    assert resumed.issued() == expected and sum(expected) == 8
+    assert resumed._issued == expected and sum(expected) == 8
     tail = [resumed.suggest(f"n{j}") for j in range(3 * 6 - 8 + 1)]
-    assert tail[-1] == GroupedOptunaSearch.FINISHED and resumed.issued() == [3] * 6  # quota met, no more, no less
+    assert tail[-1] == GroupedOptunaSearch.FINISHED and resumed._issued == [3] * 6  # quota met, no more, no less
     # t8 (unknown to the restored study) is told to its study when it completes, without a KeyError
     resumed.on_trial_result("t8", {OBJECTIVE: 5.0, "training_iteration": 1})
     resumed.on_trial_complete("t8", {OBJECTIVE: 5.0, "training_iteration": 1})
@@ -199,9 +199,9 @@ def test_restore_counts_a_trial_that_ended_after_tunes_last_save(tmp_path):
     resumed.reconcile(tune_knows)
     group_of = {tid: resumed.group_index(c["trial"]) for tid, c in suggested.items()}
     expected = [sum(1 for tid in [*tune_knows, "t7"] if group_of[tid] == i) for i in range(6)]
-    assert resumed.issued() == expected and sum(expected) == 7
+    assert resumed._issued == expected and sum(expected) == 7
     tail = [resumed.suggest(f"n{j}") for j in range(3 * 6 - 7 + 1)]
-    assert tail[-1] == GroupedOptunaSearch.FINISHED and resumed.issued() == [3] * 6  # t6's place taken, not t7's
+    assert tail[-1] == GroupedOptunaSearch.FINISHED and resumed._issued == [3] * 6  # t6's place taken, not t7's
     study = resumed.studies()[group_of["t7"]]
     assert [t.value for t in study.trials if t.user_attrs.get("tune_trial_id") == "t7"] == [5.0]  # told once
 
@@ -280,7 +280,7 @@ def test_search_state_is_data_and_a_pickle_is_refused_unopened(tmp_path):
     path = str(tmp_path / "searcher-state-x.pkl")
     s.save(path)
     with open(path) as f:
-        assert json.load(f)["issued"] == s.issued()
+        assert json.load(f)["issued"] == s._issued
     with open(os.path.join(spec.sweep_dir, "optuna-journal.log")) as f:
         assert all(json.loads(line) for line in f)
     marker = tmp_path / "PWNED"

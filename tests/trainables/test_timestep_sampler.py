@@ -1,7 +1,7 @@
 """Non-uniform timestep sampling in the DiT trial (`trainables.timestep_sampler`, docs/allocation.md).
 
 - the step under a skewed allocation equals a float64 reference built independently: the same keyed generator,
-  the bins by `analysis.core.allocation.sample_bins` (numpy inverse CDF), each loss weighted by ``q_k / p_k``; for
+  the bins by `tests.oracles.allocation.sample_bins` (numpy inverse CDF), each loss weighted by ``q_k / p_k``; for
   every split of the batch into micro-batches (split invariance);
 - a trial with ``noise`` / ``loss`` re-estimates and logs its allocation, resumes bit for bit, and its checkpoint
   state is JSON;
@@ -19,8 +19,9 @@ import numpy as np
 import pytest
 import torch
 
-from analysis.core.allocation import bin_shares, noise_allocation, sample_bins
+from analysis.core.allocation import bin_shares, noise_allocation
 from analysis.core.bins import timestep_bins
+from tests.oracles.allocation import sample_bins
 from trainables.config import ConfigError, TrialConfig
 from trainables.data import load_dataset
 from trainables.diffusion import NUM_TIMESTEPS, make_scheduler, per_example_loss

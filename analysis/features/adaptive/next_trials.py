@@ -63,18 +63,17 @@ def next_trials(
     budget: Budget,
     pending: tuple[Trial, ...] | list[Trial] = (),
     n: int = 1,
-    metric: str = m.EVAL_LOSS,
     bootstrap: int = CONFIRM_BOOTSTRAP,
     seed: int = 0,
-    confirm_bootstrap: int = CONFIRM_BOOTSTRAP,
     end_pending: bool = False,
     hold: bool = True,
 ) -> Decision:
     """Refit the runs at the goal targets and choose up to ``n`` next trials, or say why the sweep stops.
 
-    ``bootstrap``: the resamples of each refit. ``confirm_bootstrap``: when that refit meets the goal with no trial
-    pending, the goal is checked again on a refit with this many (``bcrit analyze``'s default); the sweep stops only
-    if it holds there too, else it goes on from the confirming refit (docs/sweeps.md, "The decision rule").
+    The refits are of ``eval/loss``. ``bootstrap``: the resamples of each refit; when that refit meets the goal with
+    no trial pending, the goal is checked again on a refit with `CONFIRM_BOOTSTRAP` (``bcrit analyze``'s default);
+    the sweep stops only if it holds there too, else it goes on from the confirming refit (docs/sweeps.md, "The
+    decision rule").
     ``end_pending``: the caller ends the pending trials at a stop on the goal (their status ``ended_at_goal``), so a
     goal met on the finished trials is confirmed and taken with trials pending, instead of waiting for them. Trials
     of ``runs`` with that status count as spent (examples and trials) and are otherwise left out. ``hold``: choose
@@ -89,7 +88,7 @@ def next_trials(
     n_done = len(spent_all)
     dec = Decision(None, [], {float(t): np.inf for t in goal.targets}, [], float(spent_all.sum()), n_done)
     if runs is not None and len(spent):
-        _refit(dec, runs, goal, metric, bootstrap, seed)
+        _refit(dec, runs, goal, m.EVAL_LOSS, bootstrap, seed)
     fits = dec.fits
     committed = dec.examples_spent + sum(cost.of(t.batch_size, fits) for t in pending)
     if budget.trials is not None and n_done + len(pending) >= budget.trials:
@@ -110,9 +109,9 @@ def next_trials(
     if _goal_met(fits, goal, space, judged) and _bins_met(dec.bins, goal):
         if pending and not end_pending:  # met on the finished trials; pending ones may change the fit: wait
             return dec
-        if confirm_bootstrap > bootstrap:  # the stop is taken on a refit as large as bcrit analyze's
-            _refit(dec, runs, goal, metric, confirm_bootstrap, seed)
-            dec.confirmed, fits = confirm_bootstrap, dec.fits
+        if CONFIRM_BOOTSTRAP > bootstrap:  # the stop is taken on a refit as large as bcrit analyze's
+            _refit(dec, runs, goal, m.EVAL_LOSS, CONFIRM_BOOTSTRAP, seed)
+            dec.confirmed, fits = CONFIRM_BOOTSTRAP, dec.fits
         if _goal_met(fits, goal, space, judged) and _bins_met(dec.bins, goal):
             dec.stop = GOAL_MET
             return dec
@@ -120,7 +119,7 @@ def next_trials(
         dec.holding = True  # another trial now would be waited for, or ended, by the stop they are expected to bring
         return dec
     for _ in range(n):
-        c = _best_candidate(runs, space, goal, fits, tried, cost, metric, dec.bins)
+        c = _best_candidate(runs, space, goal, fits, tried, cost, m.EVAL_LOSS, dec.bins)
         if c is None:
             break
         dec.choices.append(c)

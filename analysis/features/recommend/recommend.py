@@ -276,10 +276,11 @@ def choose(p: Plan) -> None:
     p.front = ok[pareto_front(t, c)]
 
 
-def pollux_choice(p: Plan, b_simple: float, m0: float | None = None) -> int:
-    """The eligible candidate of largest Pollux goodput ``B/T_step · (φ + M₀)/(φ + B)``, ``φ = b_simple``."""
+def pollux_choice(p: Plan, b_simple: float) -> int:
+    """The eligible candidate of largest Pollux goodput ``B/T_step · (φ + M₀)/(φ + B)``, ``φ = b_simple``, ``M₀`` the
+    smallest candidate batch size."""
     b = p.batch_size.astype(np.float64)
-    m0 = float(b.min()) if m0 is None else m0
+    m0 = float(b.min())
     goodput = b / p.step_s * (b_simple + m0) / (b_simple + b)
     goodput = np.where(p.eligible, goodput, -np.inf)
     return int(np.argmax(goodput))

@@ -66,10 +66,9 @@ def split_columns(runs: Runs) -> np.ndarray:
     return out
 
 
-def measured_splits(runs: Runs, rows: np.ndarray | None = None) -> SplitTimes:
-    """Step time and peak memory per split from the trials ``rows`` (default: every trial not failed)."""
-    if rows is None:
-        rows = np.flatnonzero(runs.status != m.STATUS_FAILED)
+def measured_splits(runs: Runs) -> SplitTimes:
+    """Step time and peak memory per split from every trial not failed."""
+    rows = np.flatnonzero(runs.status != m.STATUS_FAILED)
     rate = _per_trial(runs, m.SYS_EXAMPLES_PER_S)
     mem = _per_trial(runs, m.SYS_PEAK_MEM_GB)
     have = [int(r) for r in rows if int(r) in rate]

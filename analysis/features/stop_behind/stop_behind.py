@@ -85,12 +85,12 @@ class Seeds:
         return int(self.planned.get((int(batch_size), setting), self.default))
 
     @classmethod
-    def of_configs(cls, configs: list[dict], default: int = 0) -> Seeds:
+    def of_configs(cls, configs: list[dict]) -> Seeds:
         """Counted from trial configs (or trials-table rows): distinct seeds per (batch size, setting)."""
         got: dict = {}
         for c in configs:
             got.setdefault((int(c["batch_size"]), setting_of(c)), set()).add(int(c.get("seed", 0) or 0))
-        return cls({k: len(v) for k, v in got.items()}, default)
+        return cls({k: len(v) for k, v in got.items()})
 
 
 def setting_of(values: dict) -> tuple:

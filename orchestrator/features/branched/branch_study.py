@@ -1,5 +1,4 @@
-"""Running a branched study (spec: orchestrator.specs.branch_spec): in-process (`run_inprocess`, no Ray: tests and quick
-checks) or through Ray Tune (`run_study`, ``bcrit branch``).
+"""Running a branched study (spec: orchestrator.specs.branch_spec) through Ray Tune (`run_study`, ``bcrit branch``).
 
 1. the reference as one Tune trial (Tune experiment ``<dir>/reference``), keeping its checkpoints at the branch
    points in ``<dir>/reference_checkpoints/step<N>`` (trainables.branch_points);
@@ -39,34 +38,8 @@ from orchestrator.specs.branch_spec import (
     load_branch_spec,
     parse_branch_spec,
 )
-from trainables.skeleton import LocalSession
-from trainables.workloads import get_workload
 
-__all__ = ["load_branch_spec", "parse_branch_spec", "run_inprocess", "run_study"]
-
-
-# --- running: in-process (no Ray; tests and quick checks) ---------------------------------------------------------
-def run_inprocess(spec: BranchSpec) -> str:
-    """Run the whole study in this process (every trial with ``num_workers: 0``): the reference, then every
-    branch, rows into ``trials.parquet`` / ``metrics.parquet`` of the study dir. Returns the study dir."""
-    ref_cfg, _ = check_branch_spec(spec)
-    if ref_cfg["num_workers"] or spec.ref_split.num_workers or spec.scale_by == "num_workers":
-        raise UserError("run_inprocess runs in-process trials only (num_workers: 0); use bcrit branch for workers")
-    w = get_workload(spec.workload)
-    tables = RunsTables(spec.sweep_dir)
-    ref_id = _external_reference(spec, ref_cfg) if spec.checkpoints else "reference"
-    jobs = [] if spec.checkpoints else [(ref_id, ref_cfg)]
-    jobs += [
-        (f"b{p}-k{k:g}-s{s}", cfg) for (p, k, s), cfg in zip(spec.branches(), spec.branch_configs(ref_id), strict=True)
-    ]
-    for tid, cfg in jobs:
-        session = LocalSession()  # its rows written once, at the end of the trial (few part files)
-        summary = w.loop(w.config_cls.from_dict(cfg), session)
-        tables.add_rows(tid, [row for r in session.reports for row in r.get("rows") or []])
-        tables.write_trial(trial_row(tid, cfg, summary["status"], session.reports[-1] if session.reports else {}))
-    tables.compact()
-    _save_study(spec, ref_id)
-    return spec.sweep_dir
+__all__ = ["load_branch_spec", "parse_branch_spec", "run_study"]
 
 
 EXTERNAL_ID = "external-reference"
@@ -101,10 +74,8 @@ def _save_study(spec: BranchSpec, ref_id: str | None = None) -> None:
 REF_TUNE, BRANCH_TUNE = "reference", "branches"  # Tune experiments of the two phases, under the study dir
 
 
-def _tuner(
-    spec: BranchSpec, name: str, configs: list[dict], verbose: bool, worker_failures: int = 3, trial_retries: int = 2
-):
-    """A grid Tuner over ``configs`` with the sweep's trainable, resources and callbacks (MLflow, tables)."""
+def _tuner(spec: BranchSpec, name: str, configs: list[dict], verbose: bool):
+    """A grid Tuner over ``configs`` with the sweep's trainable, resources, callbacks (MLflow, tables) and retries."""
     # Ray: deferred, importing branch_study loads no Ray
     from ray import tune
 
@@ -117,8 +88,6 @@ def _tuner(
         name=name,
         storage_path=spec.sweep_dir,
         total=len(configs),
-        worker_failures=worker_failures,
-        trial_retries=trial_retries,
         verbose=verbose,
     )
 

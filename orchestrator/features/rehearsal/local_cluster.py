@@ -11,7 +11,6 @@ from __future__ import annotations
 
 import json
 import os
-import shutil
 import signal
 import subprocess
 import sys
@@ -121,9 +120,6 @@ class LocalCluster:
                 node.proc.kill()
                 node.proc.wait(10)
         self.nodes.clear()
-
-    def remove_logs(self) -> None:
-        shutil.rmtree(self.logs, ignore_errors=True)
 
     def __enter__(self) -> LocalCluster:
         return self

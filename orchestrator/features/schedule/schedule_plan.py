@@ -97,8 +97,8 @@ def summary(proposal, seg_lrs: list[dict], throughput: dict[int, float], notes: 
     }
 
 
-def fmt_num(x: float | None, fmt: str = ".4g") -> str:
-    return "-" if x is None or not math.isfinite(x) else format(x, fmt)
+def fmt_num(x: float | None) -> str:
+    return "-" if x is None or not math.isfinite(x) else format(x, ".4g")
 
 
 def proposed(result: dict, batch_sizes: str | None, reference: int | None, sweep: str | None, runs=None) -> dict | None:

@@ -27,18 +27,16 @@ from analysis.sources.schema import TRIALS_FILE
 from trainables import sweep_signal
 
 
-def curve_of(trial_id: str, cfg: dict, status: str = M.STATUS_RUNNING) -> Curve:
-    """An empty curve for a trial config (its setting: the nuisance values, lr first; splits pooled)."""
-    return Curve(trial_id, int(cfg["batch_size"]), setting_of(cfg), int(cfg.get("seed", 0) or 0), status)
+def curve_of(trial_id: str, cfg: dict) -> Curve:
+    """An empty curve of a running trial's config (its setting: the nuisance values, lr first; splits pooled)."""
+    return Curve(trial_id, int(cfg["batch_size"]), setting_of(cfg), int(cfg.get("seed", 0) or 0), M.STATUS_RUNNING)
 
 
 class StopBehind(Callback):
     """Ray Tune callback: marks trials that are behind (module docstring) on the sweep's signal actor."""
 
-    def __init__(
-        self, sweep_dir: str, signal: str, seeds: Seeds | None = None, every_s: float = 1.0, clock=time.monotonic
-    ):
-        self.sweep_dir, self.signal, self.every_s, self.clock = sweep_dir, signal, every_s, clock
+    def __init__(self, sweep_dir: str, signal: str, seeds: Seeds | None = None, every_s: float = 1.0):
+        self.sweep_dir, self.signal, self.every_s = sweep_dir, signal, every_s
         self.seeds = seeds  # how many seeds each setting will have (a comparator needs them all)
         self.curves: dict[str, Curve] = {}
         self.reasons: dict[str, str] = {}  # trial id -> why it was told to stop
@@ -94,7 +92,7 @@ class StopBehind(Callback):
 
     def decide(self, force: bool = False) -> list[str]:
         """Tell the signal actor about the trials newly behind; returns their ids."""
-        now = self.clock()
+        now = time.monotonic()
         if not force and now - self._last < self.every_s:
             return []
         self._last = now
