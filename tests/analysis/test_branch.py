@@ -9,6 +9,7 @@ from __future__ import annotations
 import math
 
 import numpy as np
+import pyarrow as pa
 import pytest
 
 from analysis.core import metrics as m
@@ -224,3 +225,26 @@ def test_seeds_are_averaged_before_the_rule():
     assert r["k_per_seed"] == pytest.approx([2**3.0, 2**1.0])
     lo, hi = r["k_ci"]
     assert lo == pytest.approx(2.0) and hi == pytest.approx(8.0)  # resamples: both seeds 1, mixed, both seed 0
+
+
+def test_the_references_live_b_simple_stands_beside_each_branch_point(tmp_path):
+    """The reference's B_simple at each branch point, globally and per bin, re-smoothed over its own window: with
+    |G|^2 = 1 and tr(Sigma) = S, E|G_b|^2 = 1 + S/b, so measurements at b = 4 and B = 8 give B_simple = S exactly;
+    the figure draws the same traces."""
+    from analysis.features.branched.branch_report import plot
+    from analysis.fits.gns_view import gns_names
+
+    runs = make_study(seeds=(0,))
+    noise = {None: 10.0, 0: 4.0, 1: 20.0}
+    rows = {k: [] for k in ("trial_id", "step", "examples", "metric", "value")}
+    for k, s in noise.items():
+        for step in range(1, 401):
+            for name, v in zip(gns_names(k), (1 + s / 4, 1 + s / 8, 4.0, 8.0), strict=True):
+                for key, x in zip(rows, ("ref", step, step * B0, name, v), strict=True):
+                    rows[key].append(x)
+    with_gns = runs_from_tables(runs.trials, pa.concat_tables([runs.metrics, metrics_table(rows)]))
+    out = br.analyze(with_gns, epsilons=[0.025], bootstrap=0)
+    assert [p["b_simple"] for p in out["points"]] == pytest.approx([10.0] * len(POINTS), rel=1e-12)
+    for b in out["bins"]:
+        assert [p["b_simple"] for p in b["points"]] == pytest.approx([noise[b["bin"]]] * len(POINTS), rel=1e-12)
+    assert plot(out, with_gns, tmp_path / "branched.png").exists()

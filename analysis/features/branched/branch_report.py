@@ -138,7 +138,7 @@ def _series(points: list[dict], eps_index: int) -> tuple[np.ndarray, ...]:
     return x, y, ci, lower
 
 
-def plot(result: dict, runs: Runs, path: Path, gns_beta: float = 0.99) -> Path:
+def plot(result: dict, runs: Runs, path: Path) -> Path:
     """One panel per series (global, then each bin): B_crit vs the reference's examples at the branch point, the
     other tolerances as thin lines, the reference's live B_simple dashed."""
     from matplotlib import colormaps
@@ -158,7 +158,7 @@ def plot(result: dict, runs: Runs, path: Path, gns_beta: float = 0.99) -> Path:
             if i == 0:
                 ax.fill_between(x, ci[:, 0], ci[:, 1], color=c, alpha=0.2, lw=0)
                 ax.plot(x[lower], y[lower], "^", color=c, ms=9, label="lower bound (largest k passed)")
-        tr = gns_view.b_simple_trace(runs, ref_row, k, gns_beta)
+        tr = gns_view.b_simple_trace(runs, ref_row, k)
         if tr is not None:
             ax.plot(tr.step * result["b0"], tr.b_simple, "--", color="C3", lw=1, label="B_simple (reference, live)")
         ax.set(xscale="log", yscale="log", xlabel="reference examples at the branch point")

@@ -302,11 +302,11 @@ def analyze(
     bootstrap: int = 200,
     level: float = 0.9,
     seed: int = 0,
-    gns_beta: float = 0.99,
     num_timesteps: int = 1000,
 ) -> dict:
     """The branched study's answer: globally (``eval/loss``) and per timestep bin (``eval/loss/bin{k}``), with the
-    live ``B_simple`` of the reference at each branch point beside it, and what the study cost in examples."""
+    live ``B_simple`` of the reference at each branch point beside it (re-smoothed over the reference's own GNS
+    window), and what the study cost in examples."""
 
     if compare not in COMPARE:
         raise ValueError(f"compare must be one of {list(COMPARE)}, got {compare!r}")
@@ -331,7 +331,7 @@ def analyze(
         "bootstrap": {"replicates": bootstrap, "level": level, "seed": seed},
         "points": analyze_metric(runs, study, m.EVAL_LOSS, eps, **kw),
     }
-    trace = gns_view.b_simple_trace(runs, study.ref_row, None, gns_beta)
+    trace = gns_view.b_simple_trace(runs, study.ref_row, None)
     for pt in result["points"]:
         pt["b_simple"] = _num(gns_view.b_simple_at(trace, pt["branch_step"]))
     ks = gns_view.bins_in(runs, m.EVAL_LOSS + "/")
@@ -339,7 +339,7 @@ def analyze(
     result["bins"] = []
     for b in ks:
         pts = analyze_metric(runs, study, m.per_bin(m.EVAL_LOSS_BIN, b), eps, **kw)
-        tr = gns_view.b_simple_trace(runs, study.ref_row, b, gns_beta)
+        tr = gns_view.b_simple_trace(runs, study.ref_row, b)
         for pt in pts:
             pt["b_simple"] = _num(gns_view.b_simple_at(tr, pt["branch_step"]))
         result["bins"].append({"bin": b, "timesteps": list(ranges[b]), "points": pts})
