@@ -188,7 +188,7 @@ def test_every_example_spec_loads(name, tmp_path):
     path = str(Path(__file__).parents[2] / "examples" / name)
     with open(path) as f:
         kind = yaml.safe_load(f).get("kind")
-    spec = (load_branch_spec if kind == "branched" else load_spec)(path, [], sweep_dir=str(tmp_path / "s"))
+    spec = load_branch_spec(path, []) if kind == "branched" else load_spec(path, [], sweep_dir=str(tmp_path / "s"))
     assert spec.name
 
 
