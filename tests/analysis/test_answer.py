@@ -1,5 +1,7 @@
 """The answer (analysis.fits.answer): per-bin B_crit at one common point of training, against known answers."""
 
+import copy
+
 import numpy as np
 import pytest
 
@@ -35,10 +37,14 @@ def test_matched_bin_target_is_the_bin_loss_where_the_global_loss_crosses():
     assert got == pytest.approx(2 * y, rel=1e-3)
 
 
-def test_per_bin_answer_recovers_known_bcrit_and_says_they_differ():
-    runs = _runs()
-    res = analyze(runs, targets=[0.3, 0.25], bootstrap=200, seed=1, plots=False)
-    ans = res["answer"]
+@pytest.fixture(scope="module")
+def analyzed() -> dict:
+    """The known-answer sweep analysed once (the slow part of the two tests below)."""
+    return analyze(_runs(), targets=[0.3, 0.25], bootstrap=200, seed=1, plots=False)
+
+
+def test_per_bin_answer_recovers_known_bcrit_and_says_they_differ(analyzed):
+    ans = analyzed["answer"]
     assert ans["at_target"] in (0.3, 0.25)
     truth = [e / S_MIN for e in BIN_E_MIN]
     assert [b["bin"] for b in ans["bins"]] == [0, 1, 2]
@@ -65,9 +71,8 @@ def test_sentence_overlap_and_too_few():
     assert answer.trusted_bins([_bin(0, 10, None, 12)]) == []
 
 
-def test_answer_lines_quote_trusted_targets_and_bins():
-    runs = _runs()
-    res = analyze(runs, targets=[0.3, 0.25], bootstrap=100, seed=1, plots=False)
+def test_answer_lines_quote_trusted_targets_and_bins(analyzed):
+    res = copy.deepcopy(analyzed)  # its flags are changed below
     lines = answer_lines(res)
     assert lines[0].startswith("answer: B_crit = ")
     assert "90% intervals over seeds" in lines[0]
