@@ -10,8 +10,10 @@ is written: not the sweep directory, not MLflow.
 The cost: each trial's step budget (``max_steps``: an upper bound, as a trial that reaches its target or falls
 behind stops earlier), its examples (steps x batch size), and, with a throughput from a past sweep of the same
 workload, preset, dataset and device (its ``trials.parquet``: ``step``, ``train_seconds``, ``startup_seconds`` per
-trial), its seconds; the wall time is those trials scheduled in grid order on the concurrency's slots. An estimate
-follows the bound: each batch size's trials stopping at the share of ``max_steps`` they took in that sweep.
+trial), its seconds; the wall time is those trials scheduled in grid order on the concurrency's slots, each holding
+its slot for its own seconds plus the past sweep's time per trial outside them (Ray's start and end of a trial, the
+driver's work: `overhead`, measured from its trials' ``started_at`` / ``ended_at``). An estimate follows the bound:
+each batch size's trials stopping at the share of ``max_steps`` they took in that sweep.
 """
 
 from __future__ import annotations
@@ -141,6 +143,68 @@ class Throughput:
     startup_kind: dict[bool, float]
     gpu: bool
     used: dict[int, float] = field(default_factory=dict)  # batch size -> the share of max_steps its trials took
+    overhead: Overhead | None = None  # None: the past sweep's trials carry no started_at / ended_at
+
+
+@dataclass(frozen=True)
+class Overhead:
+    """A past sweep's seconds per trial outside the trials' own: ``inside`` a trial's span (Ray's start and end of
+    its actor or worker group; by kind, in process or not: a worker group costs more) and ``between`` a trial's end
+    and the next one's start on the slot it freed (the driver's work), means over its trials; ``slots``: the most it
+    ran at once; ``wall``: its first trial's start to its last one's end, per driver (a resumed sweep's pause left
+    out)."""
+
+    inside: dict[bool, float]
+    between: float
+    trials: int
+    slots: int
+    wall: float
+
+    def inside_of(self, cfg: dict) -> float:
+        """The seconds a trial of ``cfg``'s kind spans beyond its own (a kind not run there: the kinds' mean)."""
+        return self.inside.get(split_key(cfg)[4], sum(self.inside.values()) / len(self.inside))
+
+
+def overhead(rows: list[dict]) -> Overhead | None:
+    """The `Overhead` of a past sweep's trials.parquet rows: None when no trial carries both ends of its span."""
+    timed = [r for r in rows if r.get("started_at") and r.get("ended_at")]
+    if not timed:
+        return None
+    inside, drivers = defaultdict(list), defaultdict(list)
+    for r in timed:
+        own = (r.get("startup_seconds") or 0.0) + (r.get("train_seconds") or 0.0)
+        inside[bool(r.get("in_process"))].append(max(0.0, r["ended_at"] - r["started_at"] - own))  # resumed: own > span
+        drivers[r.get("driver_started_at")].append((r["started_at"], r["ended_at"]))
+    gaps = [g for spans in drivers.values() for g in _gaps(sorted(spans))]
+    return Overhead(
+        {k: sum(v) / len(v) for k, v in inside.items()},
+        sum(gaps) / len(gaps) if gaps else 0.0,
+        len(timed),
+        max(_most_at_once(spans) for spans in drivers.values()),
+        sum(max(b for _, b in spans) - min(a for a, _ in spans) for spans in drivers.values()),
+    )
+
+
+def _gaps(spans: list[tuple[float, float]]) -> list[float]:
+    """Each trial's wait after the slot it took was freed: its start less the earliest end, at or before it, that
+    no trial has started after yet (which freed slot it took does not change the sum)."""
+    freed, gaps = [], []
+    for a, b in spans:
+        ready = [e for e in freed if e <= a]
+        if ready:
+            freed.remove(min(ready))
+            gaps.append(a - min(ready))
+        freed.append(b)
+    return gaps
+
+
+def _most_at_once(spans: list[tuple[float, float]]) -> int:
+    events = sorted([(a, 1) for a, _ in spans] + [(b, -1) for _, b in spans], key=lambda e: (e[0], e[1]))
+    now = most = 0
+    for _, d in events:  # an end before a start at the same instant: a slot handed on, not two trials at once
+        now += d
+        most = max(most, now)
+    return most
 
 
 def split_key(cfg: dict) -> tuple:
@@ -193,6 +257,7 @@ def throughput_from(sweep_dir: str, spec_raw: dict) -> Throughput:
         {k: sum(v) / len(v) for k, v in kind_start.items()},
         bool(_get(past, ("scientific", "use_gpu"))),
         {b: took[b] / budget[b] for b in budget},
+        overhead(rows),
     )
 
 
@@ -210,6 +275,12 @@ def trial_seconds(cfg: dict, steps: int, tp: Throughput) -> float | None:
     if key[4] in tp.per_example:
         return tp.startup_kind[key[4]] + steps * key[0] * tp.per_example[key[4]]
     return None
+
+
+def busy_until(seconds: list[float], between: float, slots: int) -> float:
+    """`makespan` of trials that hold their slot ``between`` seconds past their own before the next one starts
+    there: the time the last one ends (its own ``between`` not counted)."""
+    return makespan([s + between for s in seconds], slots) - between
 
 
 def makespan(seconds: list[float], slots: int) -> float:
@@ -257,21 +328,43 @@ def show(plan: Plan, tp: Throughput | None = None) -> list[str]:
     known = [s for s in secs if s is not None]
     if len(known) < len(secs):
         out.append(f"[bcrit] time: {len(secs) - len(known)} trials of a kind {tp.source} did not run: not counted")
-    wall = makespan(known, plan.concurrency)
+    between = tp.overhead.between if tp.overhead else 0.0
+    wall = busy_until(_held(secs, plan.configs, tp.overhead), between, plan.concurrency)
     line = f"[bcrit] at most {wall / 3600:.2f} wall hours ({wall:.0f} s, {plan.concurrency} trials at once)"
     if tp.gpu:
         gpu_s = sum(s * trial_need(c).get("GPU", 0.0) for s, c in zip(secs, plan.configs, strict=True) if s is not None)
         line += f", {gpu_s / 3600:.2f} GPU hours"
     out.append(f"{line}; {sum(known) / 3600:.2f} trial hours, at the speed of {tp.source}")
-    out.append("[bcrit] (the trials' own seconds: Ray's start and end of each trial and the driver's work come on top)")
+    out.append(_overhead_line(tp))
     if tp.used:  # the estimate: each batch size's trials stopping as early (in share of max_steps) as they did there
         every = sum(tp.used.values()) / len(tp.used)
         est = [s * tp.used.get(int(c["batch_size"]), every) for c, s in zip(plan.configs, steps, strict=True)]
         est_s = [trial_seconds(c, round(n), tp) for c, n in zip(plan.configs, est, strict=True)]
         est_ex = sum(n * int(c["batch_size"]) for c, n in zip(plan.configs, est, strict=True))
-        wall = makespan([x for x in est_s if x is not None], plan.concurrency)
+        wall = busy_until(_held(est_s, plan.configs, tp.overhead), between, plan.concurrency)
         out.append(
             f"[bcrit] if trials stop as early as in {tp.source}: ~{sum(est):,.0f} steps, ~{est_ex:,.0f} examples, "
             f"~{wall / 3600:.2f} wall hours ({wall:.0f} s)"
         )
     return out
+
+
+def _held(secs: list[float | None], configs: list[dict], o: Overhead | None) -> list[float]:
+    """The seconds each trial of a known kind holds its slot: its own, plus Ray's inside its span where measured."""
+    return [s + (o.inside_of(c) if o else 0.0) for s, c in zip(secs, configs, strict=True) if s is not None]
+
+
+def _overhead_line(tp: Throughput) -> str:
+    o = tp.overhead
+    if o is None:
+        return (
+            "[bcrit] (the trials' own seconds: Ray's start and end of each trial and the driver's work come on top; "
+            f"{tp.source}'s trials carry no started_at / ended_at to measure them)"
+        )
+    kinds = " / ".join(
+        f"{o.inside[k]:.1f} s {'in process' if k else 'a worker group'}" for k in sorted(o.inside, reverse=True)
+    )
+    return (
+        f"[bcrit] (each trial's own seconds + Ray's time per trial, measured in {tp.source}: {kinds} inside a "
+        f"trial, {o.between:.1f} s between trials; its {o.trials} trials kept {o.slots} slots busy for {o.wall:.0f} s)"
+    )

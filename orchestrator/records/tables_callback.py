@@ -5,6 +5,8 @@ sweep directory too, e.g. a script on a device whose image has no Ray)."""
 
 from __future__ import annotations
 
+import time
+
 from ray.tune import Callback
 
 from analysis.core import metrics as M
@@ -22,6 +24,8 @@ class TablesCallback(Callback):
         self.storage_uri = storage_uri  # a URI sweep: the sweep dir is mirrored there after each compaction
         self._tables: RunsTables | None = None
         self._mirror = None
+        self._started: dict[str, float] = {}  # trial id -> when this driver started it (Unix seconds)
+        self._driver_started = time.time()  # which driver: a resumed sweep's trials carry the later one's
 
     def _compact(self, min_interval_s: float = 0.0) -> None:
         if self.tables.compact(min_interval_s) is not None and self.storage_uri:
@@ -54,23 +58,34 @@ class TablesCallback(Callback):
             self._tables = RunsTables(self.sweep_dir)
         return self._tables
 
+    def _span(self, trial_id: str, ended: bool) -> dict[str, float | None]:
+        """The trial's ``started_at`` / ``ended_at`` on the driver's clock (Unix seconds; None where this driver did
+        not see it) and ``driver_started_at``: the slots' real occupancy, Ray's and the driver's time per trial
+        included, which ``--dry-run --throughput-from`` measures against the trials' own seconds
+        (orchestrator.execution.plan.overhead)."""
+        end = time.time() if ended else None
+        return {"started_at": self._started.get(trial_id), "ended_at": end, "driver_started_at": self._driver_started}
+
     def on_trial_start(self, iteration, trials, trial, **info) -> None:
         if self.tables.trial_status(trial.trial_id) in M.FINAL_STATUSES:
             return
-        self.tables.write_trial(trial_row(trial.trial_id, trial.config["trial"], M.STATUS_RUNNING))
+        self._started[trial.trial_id] = time.time()
+        row = trial_row(trial.trial_id, trial.config["trial"], M.STATUS_RUNNING)
+        self.tables.write_trial({**row, **self._span(trial.trial_id, ended=False)})
 
     def on_trial_result(self, iteration, trials, trial, result, **info) -> None:
         self.tables.add_rows(trial.trial_id, result.get("rows") or [])
         status = result.get("status", M.STATUS_RUNNING)
         if status != M.STATUS_RUNNING:
-            self.tables.write_trial(trial_row(trial.trial_id, trial.config["trial"], status, result))
+            row = trial_row(trial.trial_id, trial.config["trial"], status, result)
+            self.tables.write_trial({**row, **self._span(trial.trial_id, ended=True)})
             self._compact()
         else:
             self._compact(self.compact_every_s)
 
     def on_trial_error(self, iteration, trials, trial, **info) -> None:
-        last = trial.last_result or {}
-        self.tables.write_trial(trial_row(trial.trial_id, trial.config["trial"], M.STATUS_FAILED, last))
+        row = trial_row(trial.trial_id, trial.config["trial"], M.STATUS_FAILED, trial.last_result or {})
+        self.tables.write_trial({**row, **self._span(trial.trial_id, ended=True)})
         self._compact()
 
     def on_experiment_end(self, trials, **info) -> None:
