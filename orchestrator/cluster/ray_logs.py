@@ -8,7 +8,8 @@ trial; and the raylet warns that "N PYTHON worker processes have been started ..
 concurrency" as the sweep starts trial actors and Train workers (ray#3644); and on a loaded machine the Train
 controller warns, with a traceback, that a resource request to Ray's autoscaling coordinator timed out ("safe to
 ignore" when transient, its message says; it is retried every 20 s). Nothing is wrong (the trials run on); so the
-driver's log printer drops exactly these lines (the last with its traceback) and nothing else. Ray's driver-side
+driver's log printer drops exactly these lines (the last with its traceback, also when Ray sends it in two
+batches) and nothing else. Ray's driver-side
 printers are a handler named ``ray_print_logs`` on its stream dispatcher (workers' logs) and
 ``ray._private.worker.print_to_stdstream`` (the raylet's messages): private APIs; if they move, nothing is filtered
 and the sweep runs as before.
@@ -31,32 +32,44 @@ HARMLESS_WITH_TRACEBACK = (
     # Ray Train 2.60's controller, when the autoscaling coordinator answers a resource request after its 5 s timeout
     re.compile(r"Failed to send resource request for train-\w+\. If this only happens transiently"),
 )
-_TRACEBACK_LINE = re.compile(r"^(Traceback \(most recent call last\):|\s+\S|\^+$|[\w.]+(Error|Exception)\b.*)")
+_TRACEBACK_LINE = re.compile(r"^(Traceback \(most recent call last\):|\s+\S|\^+$)")
+_EXCEPTION_LINE = re.compile(r"^[\w.]+(Error|Exception)\b")  # a traceback's last line
 
 
 def is_harmless(line: str) -> bool:
     return any(p.search(line) for p in HARMLESS)
 
 
-def _kept_lines(lines: list[str]) -> list[str]:
+def _kept_lines(lines: list[str], in_traceback: bool = False) -> tuple[list[str], bool]:
     """``lines`` without the harmless ones, and without the traceback that follows a harmless warning logged with
-    one (its ``Traceback ...`` header, indented frames and carets, and the exception's line)."""
-    kept, in_traceback = [], False
+    one (its ``Traceback ...`` header, indented frames and carets, and the exception's line); ``in_traceback``:
+    whether the batch starts inside such a traceback, and, returned, whether it ends inside one."""
+    kept = []
     for ln in lines:
         if any(p.search(ln) for p in HARMLESS_WITH_TRACEBACK):
             in_traceback = True
             continue
         if in_traceback and _TRACEBACK_LINE.match(ln):
             continue
+        if in_traceback and _EXCEPTION_LINE.match(ln):
+            in_traceback = False
+            continue
         in_traceback = False
         if not is_harmless(ln):
             kept.append(ln)
-    return kept
+    return kept, in_traceback
+
+
+# the log sources (node, process) whose last batch ended inside a dropped traceback: Ray's log monitor sends a
+# process's lines in batches as it reads them, so a traceback can go on in the source's next batch
+_IN_TRACEBACK: set[tuple] = set()
 
 
 def drop_harmless(data: dict) -> dict | None:
     """A log batch without the harmless lines; ``None`` when nothing is left to print."""
-    lines = _kept_lines(data.get("lines", []))
+    source = (data.get("ip"), data.get("pid"))
+    lines, open_traceback = _kept_lines(data.get("lines", []), source in _IN_TRACEBACK)
+    (_IN_TRACEBACK.add if open_traceback else _IN_TRACEBACK.discard)(source)
     if not lines:
         return None
     return data if len(lines) == len(data.get("lines", [])) else {**data, "lines": lines}

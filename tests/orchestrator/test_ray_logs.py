@@ -86,3 +86,12 @@ def test_autoscaling_request_timeout_goes_with_its_traceback_and_nothing_else():
         "lines": [*other, REAL, *other]
     }
     assert ray_logs.drop_harmless({"lines": other}) == {"lines": other}
+    assert ray_logs.drop_harmless({"lines": [warning, *traceback, *other]}) == {"lines": other}  # ends at its error
+    split = len(traceback) // 2  # a traceback Ray's log monitor sends in two batches of one process goes too
+    first = {"lines": [warning, *traceback[:split]], "ip": "10.0.0.1", "pid": 7}
+    assert ray_logs.drop_harmless(first) is None
+    assert ray_logs.drop_harmless({"lines": other, "ip": "10.0.0.1", "pid": 8}) == {"lines": other, "ip": "10.0.0.1",
+                                                                                     "pid": 8}  # fmt: skip
+    rest = {"lines": [*traceback[split:], REAL], "ip": "10.0.0.1", "pid": 7}
+    assert ray_logs.drop_harmless(rest) == {**rest, "lines": [REAL]}
+    assert ray_logs.drop_harmless({"lines": other, "ip": "10.0.0.1", "pid": 7})["lines"] == other  # ended with it
