@@ -9,10 +9,9 @@ concurrency" as the sweep starts trial actors and Train workers (ray#3644); and 
 controller warns, with a traceback, that a resource request to Ray's autoscaling coordinator timed out ("safe to
 ignore" when transient, its message says; it is retried every 20 s). Nothing is wrong (the trials run on); so the
 driver's log printer drops exactly these lines (the last with its traceback, also when Ray sends it in two
-batches) and nothing else. Ray's driver-side
-printers are a handler named ``ray_print_logs`` on its stream dispatcher (workers' logs) and
-``ray._private.worker.print_to_stdstream`` (the raylet's messages): private APIs; if they move, nothing is filtered
-and the sweep runs as before.
+batches) and nothing else. Ray's driver-side printers are a handler named ``ray_print_logs`` on its stream
+dispatcher (workers' logs) and ``ray._private.worker.print_to_stdstream`` (the raylet's messages): private APIs; if
+they move, nothing is filtered and the sweep runs as before.
 """
 
 from __future__ import annotations
