@@ -18,7 +18,7 @@ from collections.abc import Callable
 
 import torch
 
-from trainables import quiet_exit
+from trainables import quiet_exit, quiet_user_errors
 from trainables.checkpoint import UnsafeCheckpoint
 from trainables.compiling import check_compile, compile_failure_in
 from trainables.config import WORKER_RESOURCES_ENV, ConfigError, TrialConfig
@@ -165,6 +165,7 @@ def train_func(config: dict, config_cls: type = TrialConfig, loop: Callable | No
     RaySession())``; default: the DiT trial. Bind another workload with ``functools.partial`` (e.g.
     `orchestrator.execution.tune_trainable.Workload.train_func`): Ray Train counts one required argument either way."""
     quiet_exit.install()  # ended by Ray's SIGTERM inside a finalizer: no traceback (trainables.quiet_exit)
+    quiet_user_errors.install()  # a BcritError raised here: the driver's one line, not Ray Train's traceback too
     cfg = config_cls.from_dict(config["trial"])
     session = RaySession(config.get(SIGNAL_KEY), config.get(TRIAL_KEY))
     with gpu_share(cfg.gpus_per_worker, session.device):

@@ -10,6 +10,7 @@ import os
 import random
 import shlex
 import shutil
+import time
 
 import numpy as np
 import pytest
@@ -17,6 +18,7 @@ import torch
 import yaml
 
 from orchestrator.cli.main import main
+from tests.conftest import start_session_ray
 from trainables import checkpoint
 from trainables.checkpoint import STATE_FILE, UnsafeCheckpoint
 from trainables.config import TrialConfig
@@ -215,7 +217,8 @@ def test_save_converts_to_data_and_refuses_what_has_no_data_form(tmp_path):
 def test_ray_train_worker_refuses_it(ckpt, tmp_path, marker, capsys, monkeypatch, ray_local):
     """A run with one Ray Train worker: its newest checkpoint crafted after the fact. ``bcrit train`` refuses it in
     the driver (exit 2); with that check bypassed, Ray Train's own restore in the worker refuses it too, and the
-    error reaching the user is still one line naming the file."""
+    error reaching the user is still one line naming the file, on a Ray bcrit started (as a user's: workers' logs
+    forwarded to the terminal)."""
     import glob
 
     import trainables.resume
@@ -235,6 +238,13 @@ def test_ray_train_worker_refuses_it(ckpt, tmp_path, marker, capsys, monkeypatch
     assert REFUSAL in line and newest in line
 
     monkeypatch.setattr(trainables.resume, "resume_point", lambda *a, **k: (None, None))  # the driver's check off
-    line = one_line(capsys, main(argv), "train")
+    ray_local.shutdown()  # bcrit starts its own Ray as for a user: workers' logs reach the terminal (the session's not)
+    try:
+        code = main(argv)
+        time.sleep(2)  # Ray's log monitor forwards a worker's lines within a second
+        line = one_line(capsys, code, "train")
+    finally:
+        ray_local.shutdown()
+        start_session_ray()
     assert REFUSAL in line and os.path.basename(newest) in line
     assert not os.path.exists(marker)
