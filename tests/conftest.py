@@ -80,12 +80,20 @@ def ray_local():
     group then waited forever for a CPU (docs/testing.md)."""
     import ray
 
+    start_session_ray()
+    yield ray
+    ray.shutdown()
+
+
+def start_session_ray() -> None:
+    """The session's local Ray (`ray_local`), started unless it runs: also by a fixture that joined another cluster
+    for its module, when it leaves, so that the tests after it find the Ray they were given."""
+    import ray
+
     if ray.is_initialized() and ray.cluster_resources().get("CPU") != SESSION_CPUS:
         ray.shutdown()
     if not ray.is_initialized():
         ray.init(address="local", num_cpus=SESSION_CPUS, include_dashboard=False, log_to_driver=False)
-    yield ray
-    ray.shutdown()
 
 
 # Test files that compare floats computed by torch or numpy kernels (docs/testing.md, "What the suite assumes about

@@ -37,6 +37,9 @@ from orchestrator.storage.layout import PARTS
 # trial-config keys copied into trials.parquet besides the schema's (nuisance values and budget)
 EXTRA_PARAMS = ("warmup_steps", "beta2", "weight_decay", "max_steps", "target_loss", "gns_window", "gns_window_half")
 EXTRA_RESULTS = (M.STEP, M.EXAMPLES, "train_seconds", "startup_seconds")
+# when the sweep's driver started and ended the trial, and when that driver started (Unix seconds on its clock;
+# orchestrator.records.tables_callback): what ``--dry-run --throughput-from`` measures Ray's time per trial from
+SPAN_COLUMNS = ("started_at", "ended_at", "driver_started_at")
 
 
 def trial_row(trial_id: str, cfg: dict, status: str, result: dict | None = None) -> dict[str, Any]:

@@ -10,7 +10,7 @@ import time
 from ray.tune import Callback
 
 from analysis.core import metrics as M
-from orchestrator.records.runs_tables import RunsTables, trial_row
+from orchestrator.records.runs_tables import SPAN_COLUMNS, RunsTables, trial_row
 from orchestrator.storage.layout import PARTS
 from orchestrator.storage.uri import Mirror
 
@@ -63,8 +63,8 @@ class TablesCallback(Callback):
         not see it) and ``driver_started_at``: the slots' real occupancy, Ray's and the driver's time per trial
         included, which ``--dry-run --throughput-from`` measures against the trials' own seconds
         (orchestrator.execution.plan.overhead)."""
-        end = time.time() if ended else None
-        return {"started_at": self._started.get(trial_id), "ended_at": end, "driver_started_at": self._driver_started}
+        span = (self._started.get(trial_id), time.time() if ended else None, self._driver_started)
+        return dict(zip(SPAN_COLUMNS, span, strict=True))
 
     def on_trial_start(self, iteration, trials, trial, **info) -> None:
         if self.tables.trial_status(trial.trial_id) in M.FINAL_STATUSES:

@@ -94,9 +94,9 @@ def test_a_goal_met_with_trials_running_ends_them(tmp_path, ray_local, no_ray_ad
     once and the running trials end themselves at their next evaluation (trainables.sweep_signal): status
     ``ended_at_goal`` in the tables and the MLflow child run (FINISHED), the progress and `bcrit analyze` say so,
     and the analysis leaves them out."""
-    import orchestrator.execution.tuner
+    import orchestrator.cluster.sizing
 
-    monkeypatch.setattr(orchestrator.execution.tuner, "compute_slots", lambda configs: 4)
+    monkeypatch.setattr(orchestrator.cluster.sizing, "compute_slots", lambda configs: 4)  # the Tuner's concurrency
     sweep_dir = str(tmp_path / "sweep")
     sets = [
         f"storage={sweep_dir}",

@@ -20,6 +20,8 @@ import pytest
 
 from analysis.core import metrics as M
 from orchestrator.cli.main import main
+from orchestrator.records.runs_tables import SPAN_COLUMNS
+from tests.oracles.reproducibility import is_system
 from tests.orchestrator.conftest import mlflow_runs, quadratic_spec, write_spec
 
 pytestmark = [pytest.mark.ray, pytest.mark.slow]
@@ -40,12 +42,13 @@ CLOCKS = (M.WALL_TIME, M.SECONDS_TO_TARGET, "train_seconds", "startup_seconds") 
 
 
 def outcome(sweep_dir: str) -> dict:
-    """What must not depend on kills: the trial rows and metric rows (less wall times and the random trial id),
-    and every MLflow history but the clocks (`CLOCKS`); asserting one FINISHED parent and one FINISHED child per
-    trial."""
+    """What must not depend on kills: the trial rows and metric rows (less wall times, the driver's spans and the
+    random trial id), and every MLflow history but the clocks (`CLOCKS`); asserting one FINISHED parent and one
+    FINISHED child per trial."""
     trials = pq.read_table(os.path.join(sweep_dir, "trials.parquet")).to_pylist()
     metrics = pq.read_table(os.path.join(sweep_dir, "metrics.parquet"))
     rows = list(zip(*(metrics.column(c).to_pylist() for c in ("step", "examples", "metric", "value")), strict=True))
+    rows = [r for r in rows if not is_system(r[2])]  # sys/ rows: the machine's speed and memory, not the result
     assert len(set(rows)) == len(rows), "duplicate rows"
     client, parents, children = mlflow_runs(sweep_dir)
     assert [p.info.status for p in parents] == ["FINISHED"], [p.info.run_id for p in parents]
@@ -53,13 +56,13 @@ def outcome(sweep_dir: str) -> dict:
     histories = {}
     for c in children:
         for name in c.data.metrics:
-            if name in CLOCKS:  # when it ran, not what it computed
+            if name in CLOCKS or is_system(name):  # when it ran and how fast, not what it computed
                 continue
             hist = sorted((h.step, h.value) for h in client.get_metric_history(c.info.run_id, name))
             assert len({s for s, _ in hist}) == len(hist), f"duplicate MLflow steps of {name}"
             histories[name] = hist
     assert histories[M.EVAL_LOSS] == sorted((s, v) for s, _, n, v in rows if n == M.EVAL_LOSS)
-    drop = ("trial_id", "train_seconds", "startup_seconds")
+    drop = ("trial_id", "train_seconds", "startup_seconds", *SPAN_COLUMNS)
     return {"trials": [{k: v for k, v in t.items() if k not in drop} for t in trials], "rows": sorted(rows),
             "mlflow": histories}  # fmt: skip
 

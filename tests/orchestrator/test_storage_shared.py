@@ -13,6 +13,7 @@ import pytest
 import yaml
 
 from orchestrator.errors import UserError
+from tests.conftest import start_session_ray
 from tests.orchestrator.conftest import quadratic_spec
 
 
@@ -44,6 +45,8 @@ def two_nodes():
     import ray
     from ray.cluster_utils import Cluster
 
+    session = ray.is_initialized()  # the session's local Ray (tests/conftest.py): left, and started again after
+    ray.shutdown()
     cluster = Cluster(initialize_head=True, head_node_args={"num_cpus": 1})
     try:
         cluster.add_node(num_cpus=1)
@@ -53,6 +56,8 @@ def two_nodes():
     finally:
         ray.shutdown()
         cluster.shutdown()
+        if session:
+            start_session_ray()
 
 
 @pytest.mark.slow
