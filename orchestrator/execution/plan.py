@@ -190,10 +190,10 @@ def _gaps(spans: list[tuple[float, float]]) -> list[float]:
     no trial has started after yet (which freed slot it took does not change the sum)."""
     freed, gaps = [], []
     for a, b in spans:
-        ready = [e for e in freed if e <= a]
-        if ready:
-            freed.remove(min(ready))
-            gaps.append(a - min(ready))
+        ready = min((e for e in freed if e <= a), default=None)
+        if ready is not None:
+            freed.remove(ready)
+            gaps.append(a - ready)
         freed.append(b)
     return gaps
 

@@ -58,34 +58,33 @@ class TablesCallback(Callback):
             self._tables = RunsTables(self.sweep_dir)
         return self._tables
 
-    def _span(self, trial_id: str, ended: bool) -> dict[str, float | None]:
-        """The trial's ``started_at`` / ``ended_at`` on the driver's clock (Unix seconds; None where this driver did
-        not see it) and ``driver_started_at``: the slots' real occupancy, Ray's and the driver's time per trial
-        included, which ``--dry-run --throughput-from`` measures against the trials' own seconds
-        (orchestrator.execution.plan.overhead)."""
-        span = (self._started.get(trial_id), time.time() if ended else None, self._driver_started)
-        return dict(zip(SPAN_COLUMNS, span, strict=True))
+    def _write(self, trial, status: str, result: dict | None = None) -> None:
+        """The trial's row with its span: ``started_at`` / ``ended_at`` on the driver's clock (Unix seconds; None
+        where this driver did not see it, or while it runs) and ``driver_started_at``: the slots' real occupancy,
+        Ray's and the driver's time per trial included, which ``--dry-run --throughput-from`` measures against the
+        trials' own seconds (orchestrator.execution.plan.overhead)."""
+        ended = time.time() if status != M.STATUS_RUNNING else None
+        span = (self._started.get(trial.trial_id), ended, self._driver_started)
+        row = trial_row(trial.trial_id, trial.config["trial"], status, result)
+        self.tables.write_trial({**row, **dict(zip(SPAN_COLUMNS, span, strict=True))})
 
     def on_trial_start(self, iteration, trials, trial, **info) -> None:
         if self.tables.trial_status(trial.trial_id) in M.FINAL_STATUSES:
             return
         self._started[trial.trial_id] = time.time()
-        row = trial_row(trial.trial_id, trial.config["trial"], M.STATUS_RUNNING)
-        self.tables.write_trial({**row, **self._span(trial.trial_id, ended=False)})
+        self._write(trial, M.STATUS_RUNNING)
 
     def on_trial_result(self, iteration, trials, trial, result, **info) -> None:
         self.tables.add_rows(trial.trial_id, result.get("rows") or [])
         status = result.get("status", M.STATUS_RUNNING)
         if status != M.STATUS_RUNNING:
-            row = trial_row(trial.trial_id, trial.config["trial"], status, result)
-            self.tables.write_trial({**row, **self._span(trial.trial_id, ended=True)})
+            self._write(trial, status, result)
             self._compact()
         else:
             self._compact(self.compact_every_s)
 
     def on_trial_error(self, iteration, trials, trial, **info) -> None:
-        row = trial_row(trial.trial_id, trial.config["trial"], M.STATUS_FAILED, trial.last_result or {})
-        self.tables.write_trial({**row, **self._span(trial.trial_id, ended=True)})
+        self._write(trial, M.STATUS_FAILED, trial.last_result or {})
         self._compact()
 
     def on_experiment_end(self, trials, **info) -> None:
